@@ -1,0 +1,56 @@
+"""`python -m planner COMMAND ...`: every command lives in its own module with `register(subparsers)`.
+
+Errors the user can fix (bad files, infeasible models) print one line to stderr and exit 2 (3 for
+infeasible); nothing reaches the user as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from schemas import FormatError
+
+from planner.errors import PlannerError
+
+# command name -> module defining register(subparsers); the order is the order of `--help`
+COMMANDS = {
+    "validate": "planner.show",
+    "show": "planner.show",
+    "solve": "planner.solve",
+    "simulate": "planner.simulate",
+    "compare": "planner.compare",
+    "maxsize": "planner.maxsize",
+    "diff": "planner.diff",
+    "plot": "planner.plot",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m planner",
+        description="tide planner: solve, check and compare memory schedules for training big models.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    registered: set[str] = set()
+    for module_name in dict.fromkeys(COMMANDS.values()):
+        importlib.import_module(module_name).register(sub)
+        registered.add(module_name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except FormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except PlannerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,385 @@
+"""The schedule format (`tide.schedule`, msgpack): everything the executor replays, decided offline.
+
+The schedule repeats every iteration. `initial_residency` says which tiers hold a valid copy of
+each chunk of each chunk list when an iteration starts; the actions, replayed in order, must
+bring every chunk back to that state by the end of the iteration (steady state).
+
+Action semantics (shared by the simulator and the executor; one moment = DESIGN.md §2):
+- actions with `moment == m` run at moment m's event, in list order, before m's work;
+- FETCH copies `list`/`chunk` from `src` to `dst` and the work of moment m waits for it;
+  PREFETCH starts the same copy, and the first moment that needs the chunk waits for it;
+- WRITE_BACK copies a dirty chunk from `src` down to `dst` (the lower copy was stale);
+- EVICT drops the copy on `src`; another tier still holds a valid copy unless the data is dead
+  (a GRAD chunk after its optimizer step);
+- ALLOCATE creates a zero-filled chunk on `dst` (GRAD at the chunk's first backward use);
+- OPTIMIZER_STEP updates the chunk's optimizer state and params on `dst` (DEVICE or HOST): GRAD,
+  the OS lists and PARAM must be valid there, and afterwards copies on other tiers are stale;
+- ACT_OFFLOAD / ACT_RELOAD move the activations `block` saved to `dst` and back to DEVICE;
+- ALL_GATHER / REDUCE_SCATTER act on the comm group `chunk` over the INTER_GPU channel.
+Copies are copies: the source stays valid until an EVICT.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+from schemas._base import (
+    atomic_write_bytes,
+    check_header,
+    check_schema,
+    constrained,
+    from_plain,
+    frozen,
+    pack_msgpack,
+    read_bytes,
+    require,
+    to_plain,
+    unpack_msgpack,
+)
+from schemas.trace import DType, MomentKind, Phase
+
+SCHEDULE_FORMAT = "tide.schedule"
+SCHEDULE_VERSION = 1
+_KIND = "schedule"
+_FIX = "re-run `python -m planner solve TRACE --hardware HW -o SCHEDULE`"
+
+
+class Tier(StrEnum):
+    DEVICE = "DEVICE"
+    HOST = "HOST"
+    NVME = "NVME"
+
+
+class ChunkList(StrEnum):
+    PARAM = "PARAM"  # params in the compute dtype
+    GRAD = "GRAD"  # grads in the compute dtype (exist from first backward use to the optimizer step)
+    MASTER = "MASTER"  # fp32 master params (mixed precision only; with fp32 compute PARAM is the master)
+    M = "M"  # Adam first moment
+    V = "V"  # Adam second moment
+
+
+OS_LISTS = (ChunkList.MASTER, ChunkList.M, ChunkList.V)
+
+
+class Channel(StrEnum):
+    H2D = "H2D"
+    D2H = "D2H"
+    NVME_READ = "NVME_READ"
+    NVME_WRITE = "NVME_WRITE"
+    INTER_GPU = "INTER_GPU"
+    COMPUTE = "COMPUTE"
+    CPU_OPTIMIZER = "CPU_OPTIMIZER"
+
+
+BYTE_CHANNELS = (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE, Channel.INTER_GPU)
+
+
+class Op(StrEnum):
+    FETCH = "FETCH"
+    PREFETCH = "PREFETCH"
+    WRITE_BACK = "WRITE_BACK"
+    EVICT = "EVICT"
+    ALLOCATE = "ALLOCATE"
+    OPTIMIZER_STEP = "OPTIMIZER_STEP"
+    ACT_OFFLOAD = "ACT_OFFLOAD"
+    ACT_RELOAD = "ACT_RELOAD"
+    ALL_GATHER = "ALL_GATHER"
+    REDUCE_SCATTER = "REDUCE_SCATTER"
+
+
+COPY_OPS = (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK)
+
+
+class ActivationMode(StrEnum):
+    KEEP = "KEEP"  # saved tensors stay on DEVICE until backward
+    RECOMPUTE = "RECOMPUTE"  # only the block input is kept; forward reruns in backward
+    SWAP_HOST = "SWAP_HOST"  # saved tensors go to HOST after forward, come back before backward
+    SWAP_NVME = "SWAP_NVME"  # same, through HOST to the SSDs
+
+
+class SolverStatus(StrEnum):
+    OPTIMAL = "OPTIMAL"  # proven optimal for the model solved
+    FEASIBLE = "FEASIBLE"  # feasible, gap to the bound in the header
+    HEURISTIC = "HEURISTIC"  # a rule-based policy (baselines), no proof
+    INFEASIBLE = "INFEASIBLE"  # the policy cannot run this model on this hardware (baselines only)
+
+
+@frozen
+class ScheduleHeader:
+    """Who made the schedule, from what, and how good it is."""
+
+    planner_version: str
+    policy: str = constrained(minLength=1)  # "tide", or the baseline it imitates
+    model_name: str
+    trace_digest: str = constrained(pattern="^sha256:[0-9a-f]{64}$")
+    hardware_name: str
+    hardware_digest: str = constrained(pattern="^sha256:[0-9a-f]{64}$")
+    world_size: int = constrained(minimum=1)
+    solver_status: SolverStatus
+    objective_seconds: float = constrained(minimum=0)  # predicted iteration time of the solved model
+    lower_bound_seconds: float = constrained(minimum=0)  # no schedule of this trace on this hardware is faster
+    gap: float = constrained(minimum=0)  # (objective - lower bound) / objective
+    notes: tuple[str, ...]  # why the policy did what it did, and anything infeasible
+
+
+@frozen
+class Budgets:
+    """Bytes the executor may use per tier (DEVICE enforced as a hard limit)."""
+
+    device_bytes: int = constrained(minimum=0)
+    host_bytes: int = constrained(minimum=0)
+    nvme_bytes: int = constrained(minimum=0)
+
+
+@frozen
+class Chunk:
+    """One chunk index; the same index exists in every chunk list."""
+
+    id: int = constrained(minimum=0)
+    elements: int = constrained(minimum=1)  # capacity (a tensor larger than chunk_elements gets its own size)
+    used_elements: int = constrained(minimum=0)
+    block: int = constrained(minimum=-1)  # the block that first uses it, -1 outside blocks
+    comm_group: int = constrained(minimum=0)
+    owner_rank: int = constrained(minimum=0)
+
+
+@frozen
+class TensorSlot:
+    """Where a parameter lives: the same chunk and offset in every chunk list."""
+
+    tensor: int = constrained(minimum=0)  # trace tensor id
+    names: tuple[str, ...] = constrained(minItems=1)
+    shape: tuple[int, ...]
+    chunk: int = constrained(minimum=0)
+    offset_elements: int = constrained(minimum=0)
+    numel: int = constrained(minimum=0)
+    trainable: bool
+
+
+@frozen
+class ChunkLayout:
+    """Chunk size, chunk lists and the tensor -> (chunk, offset) map."""
+
+    chunk_elements: int = constrained(minimum=1)
+    lists: tuple[ChunkList, ...] = constrained(minItems=1)
+    list_dtypes: dict[ChunkList, DType]
+    chunks: tuple[Chunk, ...]
+    tensors: tuple[TensorSlot, ...]
+
+
+@frozen
+class ChunkPlan:
+    """Where a chunk's optimizer state lives and where its optimizer step runs."""
+
+    chunk: int = constrained(minimum=0)
+    os_tier: Tier
+    optimizer_tier: Tier  # DEVICE (GPU Adam) or HOST (CPU Adam)
+
+
+@frozen
+class Residency:
+    """Tiers holding a valid copy of one chunk at the start (and end) of every iteration."""
+
+    list: ChunkList
+    chunk: int = constrained(minimum=0)
+    tiers: tuple[Tier, ...]
+
+
+@frozen
+class ActivationPlan:
+    """What happens to the activations one block saves for backward."""
+
+    block: int = constrained(minimum=0)
+    module: str
+    mode: ActivationMode
+    bytes: int = constrained(minimum=0)  # bytes the block saves for backward (what KEEP holds, SWAP moves)
+    input_bytes: int = constrained(minimum=0)  # what RECOMPUTE keeps instead
+    recompute_seconds: float = constrained(minimum=0)  # extra compute in backward under RECOMPUTE
+    recompute_flops: int = constrained(minimum=0)
+
+
+@frozen
+class MomentRef:
+    """A moment as the schedule sees it: copied from the trace, times resolved for the hardware.
+
+    The executor's replay check compares (phase, kind, module) with what the model does; the
+    simulator needs the rest, so a schedule can be simulated without its trace.
+    """
+
+    id: int = constrained(minimum=0)
+    phase: Phase
+    kind: MomentKind
+    module: str
+    block: int = constrained(minimum=-1)
+    tensors: tuple[int, ...]  # trace tensor ids the following work touches (their PARAM chunks must be on DEVICE)
+    compute_seconds: float = constrained(minimum=0)  # measured, or flops / hardware rate for meta traces
+    flops: int = constrained(minimum=0)
+    non_model_bytes: int = constrained(minimum=0)  # peak during the following work (with every block's activations kept)
+
+
+@frozen
+class Stage:
+    """Consecutive moments the planner treats as one unit of time."""
+
+    id: int = constrained(minimum=0)
+    name: str
+    phase: Phase
+    block: int = constrained(minimum=-1)
+    first_moment: int = constrained(minimum=0)
+    last_moment: int = constrained(minimum=0)
+    predicted_seconds: float = constrained(minimum=0)
+
+
+@frozen
+class Action:
+    """One thing the executor does at a moment (see the module docstring)."""
+
+    moment: int = constrained(minimum=0)
+    op: Op
+    list: ChunkList | None = None
+    chunk: int = constrained(minimum=-1, default=-1)  # chunk id (comm group id for collectives), -1: none
+    block: int = constrained(minimum=-1, default=-1)  # block id for activation ops, -1: none
+    src: Tier | None = None
+    dst: Tier | None = None
+    channel: Channel | None = None
+    bytes: int = constrained(minimum=0, default=0)
+
+
+@frozen
+class Prediction:
+    """What the planner's cost model expects one iteration to cost."""
+
+    iteration_seconds: float = constrained(minimum=0)
+    flops: int = constrained(minimum=0)  # model FLOPs of one iteration (incl. recompute)
+    bytes_per_channel: dict[Channel, int]
+    busy_seconds_per_channel: dict[Channel, float]
+    peak_bytes_per_tier: dict[Tier, int]
+
+
+@frozen
+class Schedule:
+    """A complete plan for one iteration, replayed every iteration."""
+
+    header: ScheduleHeader
+    budgets: Budgets
+    layout: ChunkLayout
+    chunk_plans: tuple[ChunkPlan, ...]
+    activation_plans: tuple[ActivationPlan, ...]
+    moments: tuple[MomentRef, ...] = constrained(minItems=1)
+    stages: tuple[Stage, ...] = constrained(minItems=1)
+    initial_residency: tuple[Residency, ...]
+    actions: tuple[Action, ...]
+    prediction: Prediction
+
+    # -- IO ---------------------------------------------------------------------------------
+    def to_msgpack(self) -> bytes:
+        validate_schedule(self, source="(schedule being written)")
+        return pack_msgpack({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)})
+
+    def write(self, path: str | Path) -> None:
+        atomic_write_bytes(path, self.to_msgpack())
+
+    @classmethod
+    def from_msgpack(cls, payload: bytes, *, source: str = "(bytes)") -> Schedule:
+        data = unpack_msgpack(_KIND, source, payload, _FIX)
+        check_header(_KIND, source, data, SCHEDULE_FORMAT, SCHEDULE_VERSION, _FIX)
+        check_schema(_KIND, source, "schedule.schema.json", data, fix=_FIX)
+        data = {k: v for k, v in data.items() if k not in ("format", "format_version")}
+        schedule = from_plain(cls, data)
+        validate_schedule(schedule, source=source)
+        return schedule
+
+    @classmethod
+    def read(cls, path: str | Path) -> Schedule:
+        return cls.from_msgpack(read_bytes(_KIND, path), source=str(path))
+
+
+_OP_FIELDS: dict[Op, tuple[str, ...]] = {
+    Op.FETCH: ("list", "chunk", "src", "dst", "channel"),
+    Op.PREFETCH: ("list", "chunk", "src", "dst", "channel"),
+    Op.WRITE_BACK: ("list", "chunk", "src", "dst", "channel"),
+    Op.EVICT: ("list", "chunk", "src"),
+    Op.ALLOCATE: ("list", "chunk", "dst"),
+    Op.OPTIMIZER_STEP: ("chunk", "dst", "channel"),
+    Op.ACT_OFFLOAD: ("block", "dst", "channel"),
+    Op.ACT_RELOAD: ("block", "src", "channel"),
+    Op.ALL_GATHER: ("list", "chunk", "channel"),
+    Op.REDUCE_SCATTER: ("list", "chunk", "channel"),
+}
+
+
+def validate_schedule(s: Schedule, *, source: str) -> None:
+    """Semantic rules: dense ids, references that resolve, tensors inside their chunks, sorted actions.
+
+    Dynamic rules (use after arrival, capacity, steady state) belong to the simulator
+    (`planner.simulate`), which the tests run on every schedule they make.
+    """
+
+    def req(cond: bool, path: str, message: str) -> None:
+        require(cond, _KIND, source, path, message, _FIX)
+
+    lay = s.layout
+    n_chunks, n_moments = len(lay.chunks), len(s.moments)
+    req(set(lay.list_dtypes) == set(lay.lists), "layout.list_dtypes", f"a dtype for each of {[x.value for x in lay.lists]}")
+    req(ChunkList.PARAM in lay.lists, "layout.lists", "PARAM among the chunk lists")
+    for i, c in enumerate(lay.chunks):
+        req(c.id == i, f"layout.chunks[{i}].id", f"ids dense and in order, expected {i}, found {c.id}")
+        req(c.used_elements <= c.elements, f"layout.chunks[{i}].used_elements", f"at most elements={c.elements}, found {c.used_elements}")
+        req(c.owner_rank < s.header.world_size, f"layout.chunks[{i}].owner_rank", f"a rank below world_size={s.header.world_size}")
+    spans: dict[int, list[tuple[int, int, int]]] = {}
+    for i, t in enumerate(lay.tensors):
+        req(0 <= t.chunk < n_chunks, f"layout.tensors[{i}].chunk", f"a chunk id below {n_chunks}, found {t.chunk}")
+        end = t.offset_elements + t.numel
+        req(end <= lay.chunks[t.chunk].elements, f"layout.tensors[{i}]",
+            f"inside chunk {t.chunk} ({lay.chunks[t.chunk].elements} elements), found it ends at {end}")
+        spans.setdefault(t.chunk, []).append((t.offset_elements, end, i))
+    for chunk, items in spans.items():
+        items.sort()
+        for (_, end_a, a), (start_b, _, b) in zip(items, items[1:]):
+            req(start_b >= end_a, f"layout.tensors[{b}]", f"no overlap in chunk {chunk}, found it overlaps layout.tensors[{a}]")
+    req(len(s.chunk_plans) == n_chunks, "chunk_plans", f"one plan per chunk ({n_chunks}), found {len(s.chunk_plans)}")
+    for i, p in enumerate(s.chunk_plans):
+        req(p.chunk == i, f"chunk_plans[{i}].chunk", f"plans in chunk order, expected {i}, found {p.chunk}")
+        req(p.optimizer_tier in (Tier.DEVICE, Tier.HOST), f"chunk_plans[{i}].optimizer_tier", f"DEVICE or HOST, found {p.optimizer_tier}")
+    for i, m in enumerate(s.moments):
+        req(m.id == i, f"moments[{i}].id", f"ids dense and in order, expected {i}, found {m.id}")
+    expected_first = 0
+    for i, st in enumerate(s.stages):
+        req(st.id == i, f"stages[{i}].id", f"ids dense and in order, expected {i}, found {st.id}")
+        req(st.first_moment == expected_first and st.first_moment <= st.last_moment < n_moments, f"stages[{i}]",
+            f"moments {expected_first}..(<{n_moments}) continuing the previous stage, found {st.first_moment}..{st.last_moment}")
+        expected_first = st.last_moment + 1
+    req(expected_first == n_moments, "stages", f"stages covering all {n_moments} moments, found they end at {expected_first - 1}")
+    seen: set[tuple[ChunkList, int]] = set()
+    for i, r in enumerate(s.initial_residency):
+        req(r.list in lay.lists, f"initial_residency[{i}].list", f"one of {[x.value for x in lay.lists]}, found {r.list}")
+        req(r.chunk < n_chunks, f"initial_residency[{i}].chunk", f"a chunk id below {n_chunks}, found {r.chunk}")
+        req((r.list, r.chunk) not in seen, f"initial_residency[{i}]", f"each (list, chunk) once, found {r.list}/{r.chunk} twice")
+        seen.add((r.list, r.chunk))
+    n_blocks = len(s.activation_plans)
+    for i, p in enumerate(s.activation_plans):
+        req(p.block == i, f"activation_plans[{i}].block", f"plans in block order, expected {i}, found {p.block}")
+    last = 0
+    for i, a in enumerate(s.actions):
+        path = f"actions[{i}]"
+        req(a.moment < n_moments, f"{path}.moment", f"a moment below {n_moments}, found {a.moment}")
+        req(a.moment >= last, f"{path}.moment", f"actions sorted by moment, found {a.moment} after {last}")
+        last = a.moment
+        for name in _OP_FIELDS[a.op]:
+            value = getattr(a, name)
+            req(value is not None and value != -1, f"{path}.{name}", f"a value for a {a.op} action, found none")
+        if a.list is not None:
+            req(a.list in lay.lists, f"{path}.list", f"one of {[x.value for x in lay.lists]}, found {a.list}")
+        if a.op not in (Op.ALL_GATHER, Op.REDUCE_SCATTER, Op.ACT_OFFLOAD, Op.ACT_RELOAD) and a.chunk != -1:
+            req(a.chunk < n_chunks, f"{path}.chunk", f"a chunk id below {n_chunks}, found {a.chunk}")
+        if a.block != -1:
+            req(a.block < n_blocks, f"{path}.block", f"a block id below {n_blocks}, found {a.block}")
+
+
+__all__ = [
+    "Action", "ActivationMode", "ActivationPlan", "BYTE_CHANNELS", "Budgets", "Channel", "Chunk", "ChunkLayout",
+    "ChunkList", "ChunkPlan", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
+    "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
+    "validate_schedule",
+]
