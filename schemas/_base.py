@@ -67,6 +67,10 @@ def _type_schema(hint: Any) -> dict[str, Any]:
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return {"type": "array", "items": _type_schema(args[0])}
+        if len(set(args)) == 1:
+            # fastjsonschema (used by check_schema) does not enforce the 2020-12 `prefixItems`; a fixed-length tuple
+            # of one type is said with `items` + length instead, which both drafts and both validators enforce
+            return {"type": "array", "items": _type_schema(args[0]), "minItems": len(args), "maxItems": len(args)}
         return {"type": "array", "prefixItems": [_type_schema(a) for a in args], "minItems": len(args), "maxItems": len(args)}
     if origin is dict:
         key, value = args
@@ -182,6 +186,8 @@ def from_plain(cls: Any, data: Any) -> Any:
         return cls(**{name: from_plain(hints[name], value) for name, value in data.items() if name in hints})
     if cls is float and isinstance(data, int):
         return float(data)
+    if cls is int and isinstance(data, float):
+        return int(data)  # JSON Schema counts 3.0 as an integer; keep the dataclass field an int
     return data
 
 
@@ -204,27 +210,130 @@ def check_schema(kind: str, source: str, schema_file: str, data: Any, *, fix: st
     try:
         compiled_validator(schema_file)(data)
     except fastjsonschema.JsonSchemaValueException as exc:
-        path = _schema_path(exc)
-        found = _short(exc.value)
-        expected = exc.message.removeprefix(exc.name or "").strip() if exc.message else "a valid value"
-        if exc.rule == "additionalProperties":
-            expected = "no unknown fields"
+        path, expected, found = _explain(exc)
         raise FormatError(kind, source, path, f"{expected}, found {found}", fix) from None
 
 
+def _explain(exc: Any) -> tuple[str, str, str]:
+    """(field path, what was expected, what was found) of a fastjsonschema failure, in plain words."""
+    path = _schema_path(exc)
+    rule, rule_value, definition = exc.rule, exc.rule_definition, exc.definition or {}
+    found = _short(exc.value)
+    if rule == "additionalProperties" and isinstance(exc.value, dict):
+        known = list(definition.get("properties", {}))
+        unknown = [k for k in exc.value if k not in known]
+        name = unknown[0] if unknown else "?"
+        where = _join_path(path, name)
+        return where, f"no unknown fields (known here: {', '.join(known)})", f"unknown field {name!r}"
+    if rule == "required" and isinstance(exc.value, dict):
+        missing = [k for k in rule_value if k not in exc.value]
+        name = missing[0] if missing else "?"
+        return _join_path(path, name), f"a required field ({_describe(definition.get('properties', {}).get(name, {}))})", "it missing"
+    if rule == "propertyNames" and isinstance(exc.value, dict):
+        allowed = (rule_value or {}).get("enum", [])
+        bad = [k for k in exc.value if k not in allowed]
+        return path, f"keys from {'/'.join(map(str, allowed))}", f"key {_short(bad[0] if bad else exc.value)}"
+    if rule in ("anyOf", "oneOf"):
+        return path, " or ".join(_describe(option) for option in rule_value), found
+    if rule == "type":
+        return path, _describe({"type": rule_value}), f"{found} ({_json_type(exc.value)})"
+    if rule in _BOUNDS:
+        return path, f"{_BOUNDS[rule]} {rule_value}", found
+    if rule == "minItems":
+        return path, f"a list of at least {rule_value} item{'s' if rule_value != 1 else ''}", found
+    if rule == "maxItems":
+        return path, f"a list of at most {rule_value} items", found
+    if rule == "minLength":
+        return path, "a non-empty string" if rule_value == 1 else f"a string of at least {rule_value} characters", found
+    return path, _describe({rule: rule_value}) if rule else "a valid value", found
+
+
+_BOUNDS = {"minimum": "a number >=", "exclusiveMinimum": "a number >", "maximum": "a number <=", "exclusiveMaximum": "a number <"}
+_TYPE_WORDS = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+               "array": "a list", "object": "a map", "null": "null (nothing)"}
+
+
+def _describe(schema: Any) -> str:
+    """A JSON Schema fragment in words, e.g. 'one of FORWARD/BACKWARD/OPTIMIZER'."""
+    if not isinstance(schema, dict) or not schema:
+        return "any value"
+    if "enum" in schema:
+        return "one of " + "/".join(str(v) for v in schema["enum"])
+    if "const" in schema:
+        return repr(schema["const"])
+    if "$ref" in schema:
+        return f"a map ({schema['$ref'].rsplit('/', 1)[-1]})"
+    if "anyOf" in schema:
+        return " or ".join(_describe(option) for option in schema["anyOf"])
+    if "pattern" in schema:
+        return f"a string matching {schema['pattern']}"
+    words = _TYPE_WORDS.get(schema.get("type", ""), "a valid value")
+    bounds = [f"{_BOUNDS[k].split()[-1]} {schema[k]}" for k in _BOUNDS if k in schema]
+    return words + (f" {' and '.join(bounds)}" if bounds else "")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict):
+        return "map"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
 def _schema_path(exc: Any) -> str:
-    parts = list(exc.path or [])
-    if parts and parts[0] == "data":
-        parts = parts[1:]
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
+    # exc.name is "data.layout.chunks[3].id": fastjsonschema's own rendering, indexes in brackets
+    name = exc.name or "data"
+    name = name.removeprefix("data").lstrip(".")
+    return name or "(top level)"
+
+
+def _join_path(path: str, name: str) -> str:
+    return name if path == "(top level)" else f"{path}.{name}"
 
 
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_finite(kind: str, source: str, obj: Any, *, fix: str) -> None:
+    """Every float field of a dataclass tree is finite (JSON Schema bounds let NaN through).
+
+    Free-form fields typed `Any` (e.g. a model config) are not checked: they are not numbers tide uses.
+    """
+    for path, value in _floats(obj, ""):
+        require(math.isfinite(value), kind, source, path or "(top level)", f"a finite number, found {value}", fix)
+
+
+def _floats(obj: Any, path: str) -> typing.Iterator[tuple[str, float]]:
+    if isinstance(obj, float):
+        yield path, obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        hints = _hints(type(obj))
+        for f in dataclasses.fields(obj):
+            if _is_free_form(hints[f.name]):
+                continue
+            yield from _floats(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from _floats(item, f"{path}[{i}]")
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            yield from _floats(item, f"{path}.{key.value if isinstance(key, enum.Enum) else key}")
+
+
+def _is_free_form(hint: Any) -> bool:
+    return hint is Any or (typing.get_origin(hint) is dict and typing.get_args(hint)[1] is Any)
 
 
 def require(condition: bool, kind: str, source: str, path: str, message: str, fix: str = "") -> None:
@@ -298,13 +407,16 @@ def unpack_msgpack(kind: str, source: str, payload: bytes, fix: str) -> Any:
     """Decode msgpack strictly: truncated, corrupt or trailing bytes are one clear error."""
     import msgpack
 
+    if not payload:
+        raise FormatError(kind, source, "", "a msgpack document, found an empty file", fix)
     try:
         return msgpack.unpackb(payload, raw=False, strict_map_key=True, use_list=True)
-    except msgpack.ExtraData:
-        raise FormatError(kind, source, "", "one msgpack object, found trailing bytes after it", fix) from None
+    except msgpack.ExtraData as exc:
+        raise FormatError(kind, source, "", f"one msgpack object, found {len(exc.extra)} trailing bytes after it", fix) from None
     except (msgpack.UnpackException, ValueError, TypeError, UnicodeDecodeError) as exc:
-        what = "truncated" if "incomplete" in str(exc).lower() or "insufficient" in str(exc).lower() else "corrupt"
-        raise FormatError(kind, source, "", f"a msgpack document, found {what} data ({type(exc).__name__})", fix) from None
+        detail = " ".join(str(exc).split())[:80] or type(exc).__name__  # msgpack's reason, on one line
+        what = "truncated" if "incomplete" in detail.lower() or "insufficient" in detail.lower() else "corrupt"
+        raise FormatError(kind, source, "", f"a msgpack document, found {what} data (msgpack: {detail})", fix) from None
 
 
 def pack_msgpack(data: Any) -> bytes:

@@ -15,6 +15,7 @@ from pathlib import Path
 from schemas._base import (
     FormatError,
     atomic_write_bytes,
+    check_finite,
     check_header,
     check_schema,
     constrained,
@@ -183,6 +184,7 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
     def req(cond: bool, path: str, message: str) -> None:
         require(cond, _KIND, source, path, message, _FIX)
 
+    check_finite(_KIND, source, hw, fix=_FIX)
     for section in ("device", "host", "nvme", "links", "cluster"):
         spec = getattr(hw, section)
         for name in spec.__slots__:

@@ -21,11 +21,13 @@ Copies are copies: the source stays valid until an EVICT.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from pathlib import Path
 
 from schemas._base import (
     atomic_write_bytes,
+    check_finite,
     check_header,
     check_schema,
     constrained,
@@ -319,6 +321,7 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
     def req(cond: bool, path: str, message: str) -> None:
         require(cond, _KIND, source, path, message, _FIX)
 
+    check_finite(_KIND, source, s, fix=_FIX)
     lay = s.layout
     n_chunks, n_moments = len(lay.chunks), len(s.moments)
     req(set(lay.list_dtypes) == set(lay.lists), "layout.list_dtypes", f"a dtype for each of {[x.value for x in lay.lists]}")
@@ -328,7 +331,11 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
         req(c.used_elements <= c.elements, f"layout.chunks[{i}].used_elements", f"at most elements={c.elements}, found {c.used_elements}")
         req(c.owner_rank < s.header.world_size, f"layout.chunks[{i}].owner_rank", f"a rank below world_size={s.header.world_size}")
     spans: dict[int, list[tuple[int, int, int]]] = {}
+    placed: set[int] = set()
     for i, t in enumerate(lay.tensors):
+        req(t.tensor not in placed, f"layout.tensors[{i}].tensor", f"each tensor placed once, found tensor {t.tensor} twice")
+        placed.add(t.tensor)
+        req(t.numel == math.prod(t.shape), f"layout.tensors[{i}].numel", f"the product of shape {list(t.shape)} = {math.prod(t.shape)}, found {t.numel}")
         req(0 <= t.chunk < n_chunks, f"layout.tensors[{i}].chunk", f"a chunk id below {n_chunks}, found {t.chunk}")
         end = t.offset_elements + t.numel
         req(end <= lay.chunks[t.chunk].elements, f"layout.tensors[{i}]",
@@ -344,6 +351,8 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
         req(p.optimizer_tier in (Tier.DEVICE, Tier.HOST), f"chunk_plans[{i}].optimizer_tier", f"DEVICE or HOST, found {p.optimizer_tier}")
     for i, m in enumerate(s.moments):
         req(m.id == i, f"moments[{i}].id", f"ids dense and in order, expected {i}, found {m.id}")
+        for j, tid in enumerate(m.tensors):
+            req(tid in placed, f"moments[{i}].tensors[{j}]", f"a tensor placed in layout.tensors, found tensor {tid}")
     expected_first = 0
     for i, st in enumerate(s.stages):
         req(st.id == i, f"stages[{i}].id", f"ids dense and in order, expected {i}, found {st.id}")
@@ -369,6 +378,8 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
         for name in _OP_FIELDS[a.op]:
             value = getattr(a, name)
             req(value is not None and value != -1, f"{path}.{name}", f"a value for a {a.op} action, found none")
+        if a.op in COPY_OPS:
+            req(a.src != a.dst, f"{path}.dst", f"a tier other than src={a.src} for a {a.op} action, found {a.dst}")
         if a.list is not None:
             req(a.list in lay.lists, f"{path}.list", f"one of {[x.value for x in lay.lists]}, found {a.list}")
         if a.op not in (Op.ALL_GATHER, Op.REDUCE_SCATTER, Op.ACT_OFFLOAD, Op.ACT_RELOAD) and a.chunk != -1:
