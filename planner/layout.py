@@ -1,0 +1,139 @@
+"""Chunk layout (DESIGN.md §4.1; PatrickStar §6.1, §7).
+
+Tensors are packed into fixed-size chunks in the order the iteration first touches them (runtime
+order, so a chunk's neighbours are used together), tied parameters once. Every chunk list (PARAM,
+GRAD, MASTER, M, V) uses the same layout: a tensor has the same chunk and offset in all of them.
+
+- A chunk never spans two blocks: a block boundary starts a new chunk, so the chunks of a block
+  are interchangeable for the placement model and a block's chunks can leave DEVICE together.
+  `chunk.block` is the block that first uses it (-1 outside blocks).
+- Inside a block, a tensor goes into the first of the block's chunks with room for it (first fit,
+  in first-access order), so the small tensors (biases, LayerNorms) fill the gaps the big ones
+  leave instead of opening half-empty chunks.
+- A tensor larger than the chunk gets a chunk of its own, exactly its size (never an error).
+- With world_size > 1 the chunks of a block are padded with empty chunks to whole comm groups of
+  world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a group of one
+  capacity (all-gather and reduce-scatter need equal shards).
+
+Which chunk size is best is a cost question (PLANNER-OPT evaluates `candidate_chunk_sizes` with
+the cost model); this module only builds a layout for a given size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.problem import Problem
+from schemas.schedule import Chunk, ChunkLayout, TensorSlot
+
+MIN_CHUNK_ELEMENTS = 1 << 10  # below this, per-chunk bookkeeping costs more than the copy
+MAX_CHUNK_ELEMENTS = 1 << 31  # 4-8 GiB per chunk: beyond that a chunk is a whole model
+
+
+@dataclass(slots=True)
+class _OpenChunk:
+    """A chunk being filled."""
+
+    block: int
+    elements: int
+    used_elements: int = 0
+    slots: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, offset)
+
+
+def build_layout(problem: Problem, *, chunk_elements: int) -> ChunkLayout:
+    """Pack the trace's tensors into chunks of `chunk_elements` (see the module docstring)."""
+    if chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be positive, found {chunk_elements}")
+    tensors = problem.trace.tensors
+    chunks: list[_OpenChunk] = []
+    open_chunks: list[_OpenChunk] = []  # chunks of the current run of one block, first fit
+    run_block: int | None = None
+    for tid in problem.tensor_order:
+        numel = tensors[tid].numel
+        block = problem.tensor_block[tid]
+        if block != run_block:  # a block boundary: no chunk spans it
+            open_chunks, run_block = [], block
+        if numel > chunk_elements:  # a chunk of its own, exactly its size
+            chunks.append(_OpenChunk(block=block, elements=numel, used_elements=numel, slots=[(tid, 0)]))
+            continue
+        target = next((c for c in open_chunks if c.used_elements + numel <= c.elements), None)
+        if target is None:
+            target = _OpenChunk(block=block, elements=chunk_elements)
+            chunks.append(target)
+            open_chunks.append(target)
+        target.slots.append((tid, target.used_elements))
+        target.used_elements += numel
+    if problem.world_size > 1:
+        chunks = _comm_groups(chunks, problem.world_size, chunk_elements)
+    ws = problem.world_size
+    out_chunks = tuple(
+        Chunk(id=i, elements=max(c.elements, 1), used_elements=c.used_elements, block=c.block,
+              comm_group=i // ws, owner_rank=i % ws)
+        for i, c in enumerate(chunks)
+    )
+    slots = tuple(
+        TensorSlot(tensor=tid, names=tensors[tid].names, shape=tensors[tid].shape, chunk=i, offset_elements=offset,
+                   numel=tensors[tid].numel, trainable=tensors[tid].trainable)
+        for i, c in enumerate(chunks) for tid, offset in c.slots
+    )
+    return ChunkLayout(
+        chunk_elements=chunk_elements,
+        lists=problem.lists,
+        list_dtypes={x: problem.list_dtype(x) for x in problem.lists},
+        chunks=out_chunks,
+        tensors=slots,
+    )
+
+
+def _comm_groups(chunks: list[_OpenChunk], world_size: int, chunk_elements: int) -> list[_OpenChunk]:
+    """Pad each block's run of chunks to whole groups of world_size; one capacity per group."""
+    out: list[_OpenChunk] = []
+    i = 0
+    while i < len(chunks):
+        j = i
+        while j < len(chunks) and chunks[j].block == chunks[i].block:
+            j += 1
+        run = chunks[i:j]
+        run += [_OpenChunk(block=chunks[i].block, elements=chunk_elements) for _ in range(-len(run) % world_size)]
+        for g in range(0, len(run), world_size):
+            group = run[g:g + world_size]
+            capacity = max(c.elements for c in group)
+            for c in group:
+                c.elements = capacity
+            out += group
+        i = j
+    return out
+
+
+def candidate_chunk_sizes(problem: Problem, *, count: int = 6) -> list[int]:
+    """Chunk sizes worth evaluating: powers of two around the largest tensor used in a block, that
+    tensor's exact size, and the size that holds one whole block per chunk, bounded.
+
+    Tensors bigger than every candidate (e.g. a large vocabulary's embedding) simply get chunks of
+    their own size, so the candidates follow the blocks, not the outliers.
+    """
+    tensors = problem.trace.tensors
+    block_elements = [sum(tensors[t].numel for t in b.tensors) for b in problem.blocks]
+    in_blocks = [tensors[t].numel for b in problem.blocks for t in b.tensors]
+    largest = max(in_blocks or [t.numel for t in tensors] or [1])
+    whole_block = max(block_elements or [largest])
+    top = min(MAX_CHUNK_ELEMENTS, 1 << math.ceil(math.log2(max(whole_block, 1))))
+    k = math.ceil(math.log2(max(largest, 1)))
+    sizes = {min(max(1 << e, MIN_CHUNK_ELEMENTS), top) for e in range(k - 1, k - 1 + count)}
+    for exact in (largest, whole_block):  # a chunk per largest tensor / per block: transformer blocks pack tightly
+        sizes.add(min(max(exact, MIN_CHUNK_ELEMENTS), MAX_CHUNK_ELEMENTS))
+    return sorted(sizes)
+
+
+def chunk_bytes(layout: ChunkLayout, itemsize: int) -> list[int]:
+    """Capacity of each chunk in bytes for a list of `itemsize`-byte elements."""
+    return [c.elements * itemsize for c in layout.chunks]
+
+
+def wasted_elements(layout: ChunkLayout) -> int:
+    """Capacity not holding any tensor (the memory cost of a chunk size)."""
+    return sum(c.elements - c.used_elements for c in layout.chunks)
+
+
+__all__ = ["MAX_CHUNK_ELEMENTS", "MIN_CHUNK_ELEMENTS", "build_layout", "candidate_chunk_sizes", "chunk_bytes", "wasted_elements"]

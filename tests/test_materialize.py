@@ -1,0 +1,296 @@
+"""materialize: decisions -> a complete, valid, steady-state schedule, checked by replaying it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import TRACES
+from planner.errors import InfeasibleError
+from planner.families import gpt_trace
+from planner.layout import build_layout
+from planner.materialize import (
+    Decisions,
+    EvictionRule,
+    SolverStats,
+    action_channels,
+    materialize,
+    param_budget_bytes,
+    replay_residency,
+    uniform_decisions,
+)
+from planner.presets import resolve_hardware
+from planner.problem import build_problem
+from planner.simulate import simulate
+from schemas import Schedule, Trace
+from schemas.schedule import ActivationMode, Channel, ChunkList, Op, SolverStatus, Tier
+from schemas.trace import Phase, trace_digest
+
+DIGEST = "sha256:" + "0" * 64
+HW = resolve_hardware("cpu-emulated")
+TRACE = gpt_trace(layers=4, hidden=64, heads=4, seq=32, batch=2, vocab=1000)
+FP32 = gpt_trace(layers=2, hidden=64, heads=4, seq=32, batch=2, vocab=1000, dtype="float32")
+CHUNK = 16384
+
+
+def problem(trace=TRACE, device_bytes=20_000_000, hardware=HW, **kw):
+    return build_problem(trace, hardware, trace_digest=DIGEST, device_bytes=device_bytes, **kw)
+
+
+def layout_of(p, chunk=CHUNK):
+    return build_layout(p, chunk_elements=chunk)
+
+
+def check(schedule: Schedule, decisions: Decisions, hardware=HW) -> None:
+    """Everything a schedule must satisfy, replayed three ways."""
+    assert Schedule.from_msgpack(schedule.to_msgpack()) == schedule  # valid and lossless
+    replay_residency(schedule)  # copies from valid copies, chunks present when used, steady state
+    sim = simulate(schedule, hardware)  # the simulator agrees: no violation, same bytes
+    moved: dict[Channel, int] = {}
+    for a in schedule.actions:
+        for ch in action_channels(a):
+            moved[ch] = moved.get(ch, 0) + a.bytes
+    assert schedule.prediction.bytes_per_channel == {ch: v for ch, v in sorted(moved.items())}
+    assert {ch: v for ch, v in sim.bytes_per_channel.items() if v} == {ch: v for ch, v in moved.items() if v}
+    assert schedule.prediction.iteration_seconds == pytest.approx(sum(s.predicted_seconds for s in schedule.stages))
+    for tier, peak in schedule.prediction.peak_bytes_per_tier.items():
+        # ours also counts copies alive only between two actions of one moment
+        assert sim.peak_bytes_per_tier[tier] <= peak <= getattr(schedule.budgets, f"{tier.value.lower()}_bytes")
+    assert schedule.prediction.peak_bytes_per_tier[Tier.DEVICE] <= schedule.budgets.device_bytes
+    _check_param_budget(schedule, decisions)
+
+
+def _check_param_budget(schedule: Schedule, decisions: Decisions) -> None:
+    """PARAM+GRAD bytes on DEVICE never exceed the moment's budget, after any action."""
+    itemsize = {x: 4 if schedule.layout.list_dtypes[x].value == "float32" else 2 for x in schedule.layout.lists}
+    size = lambda x, c: schedule.layout.chunks[c].elements * itemsize[x]  # noqa: E731
+    on_device = {(r.list, r.chunk) for r in schedule.initial_residency if Tier.DEVICE in r.tiers and r.list is ChunkList.PARAM}
+    used = sum(size(x, c) for x, c in on_device)
+    for a in schedule.actions:
+        key = (a.list, a.chunk)
+        if a.list in (ChunkList.PARAM, ChunkList.GRAD):
+            if a.op in (Op.FETCH, Op.PREFETCH, Op.ALLOCATE) and a.dst is Tier.DEVICE and key not in on_device:
+                on_device.add(key)
+                used += size(*key)
+            elif a.op is Op.EVICT and a.src is Tier.DEVICE:
+                on_device.discard(key)
+                used -= size(*key)
+        assert used <= decisions.param_device_budget_bytes[a.moment], f"over budget at action {a}"
+
+
+def fetches(schedule: Schedule) -> int:
+    return sum(a.op in (Op.FETCH, Op.PREFETCH) and a.dst is Tier.DEVICE and a.list in (ChunkList.PARAM, ChunkList.GRAD)
+               for a in schedule.actions)
+
+
+def h2d_bytes(schedule: Schedule) -> int:
+    return schedule.prediction.bytes_per_channel.get(Channel.H2D, 0)
+
+
+CASES = {
+    "cpu adam, loose": dict(),
+    "cpu adam, tight": dict(param_budget=450_000),
+    "gpu adam, os on device": dict(os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE),
+    "gpu adam, os on host, tight": dict(optimizer_tier=Tier.DEVICE, param_budget=450_000),
+    "os and params on nvme": dict(os_tier=Tier.NVME, param_home=Tier.NVME, param_budget=450_000),
+    "gpu adam, nvme, no overlap": dict(os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_home=Tier.NVME,
+                                       param_budget=450_000, optimizer_overlap=False),
+    "swap to host": dict(activation_mode=ActivationMode.SWAP_HOST, param_budget=450_000),
+    "swap to nvme": dict(activation_mode=ActivationMode.SWAP_NVME),
+    "recompute": dict(activation_mode=ActivationMode.RECOMPUTE, prefetch=False),
+    "all persistent": dict(persistent_chunks="all"),
+    "some persistent, lru": dict(persistent_chunks=[0, 1], optimizer_overlap=False, eviction=EvictionRule.LRU,
+                                 param_budget=600_000),
+    "farthest next use": dict(eviction=EvictionRule.FARTHEST_NEXT_USE, param_budget=450_000),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_materialized_schedules_are_valid_and_steady(name: str) -> None:
+    p = problem()
+    layout = layout_of(p)
+    assert len(layout.chunks) == 19  # wte, wpe, 4 x 4 per block, ln_f
+    kw = dict(CASES[name])
+    if kw.get("persistent_chunks") == "all":
+        kw["persistent_chunks"] = range(len(layout.chunks))
+    decisions = uniform_decisions(p, layout, **kw)
+    check(materialize(p, decisions), decisions)
+
+
+def test_fp32_and_the_recorded_small_trace() -> None:
+    p = problem(FP32)
+    assert ChunkList.MASTER not in p.lists
+    for kw in (dict(), dict(optimizer_tier=Tier.DEVICE, param_budget=900_000)):
+        d = uniform_decisions(p, layout_of(p), **kw)
+        check(materialize(p, d), d)
+    path = TRACES / "gpt-small.msgpack"
+    if path.exists():
+        raw = path.read_bytes()
+        p = build_problem(Trace.from_msgpack(raw), HW, trace_digest=trace_digest(raw))
+        d = uniform_decisions(p, build_layout(p, chunk_elements=65536), os_tier=Tier.NVME,
+                              activation_mode=ActivationMode.SWAP_HOST)
+        check(materialize(p, d), d)
+
+
+def test_several_ranks_gather_and_reduce_scatter() -> None:
+    hw = dataclasses.replace(HW, cluster=dataclasses.replace(HW.cluster, world_size=2, gpus_per_node=2),
+                             links=dataclasses.replace(HW.links, inter_gpu_gb_per_s=10.0))
+    trace = gpt_trace(layers=4, hidden=64, heads=4, seq=32, batch=2, vocab=1000, world_size=2)
+    p = problem(trace, hardware=hw)
+    layout = layout_of(p)
+    for kw in (dict(param_budget=1_500_000), dict(optimizer_tier=Tier.DEVICE, optimizer_overlap=False),
+               dict(persistent_chunks=[0, 1])):
+        d = uniform_decisions(p, layout, **kw)
+        s = materialize(p, d)
+        check(s, d, hw)
+        ops = [a.op for a in s.actions]
+        assert Op.ALL_GATHER in ops and Op.REDUCE_SCATTER in ops
+        assert all(a.channel is Channel.INTER_GPU for a in s.actions if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER))
+
+
+def test_belady_never_fetches_more_than_lru() -> None:
+    p = problem()
+    layout = layout_of(p)
+    for budget in (450_000, 600_000, 900_000):
+        counts = {}
+        for rule in EvictionRule:
+            d = uniform_decisions(p, layout, param_budget=budget, eviction=rule, prefetch=False)
+            counts[rule] = fetches(materialize(p, d))
+        assert counts[EvictionRule.BELADY_CLEAN_FIRST] <= counts[EvictionRule.LRU]
+        assert counts[EvictionRule.FARTHEST_NEXT_USE] <= counts[EvictionRule.LRU]
+
+
+def test_tight_budget_moves_more_than_a_loose_one() -> None:
+    p = problem()
+    layout = layout_of(p)
+    loose = materialize(p, uniform_decisions(p, layout))
+    tight = materialize(p, uniform_decisions(p, layout, param_budget=450_000))
+    assert h2d_bytes(tight) > h2d_bytes(loose)
+    assert fetches(tight) > fetches(loose)
+
+
+def test_prefetch_moves_fetches_earlier_without_moving_more() -> None:
+    p = problem()
+    layout = layout_of(p)
+    on_demand = materialize(p, uniform_decisions(p, layout, param_budget=600_000, prefetch=False))
+    early = materialize(p, uniform_decisions(p, layout, param_budget=600_000))
+    assert Op.PREFETCH not in {a.op for a in on_demand.actions if a.list is ChunkList.PARAM}
+    assert any(a.op is Op.PREFETCH for a in early.actions)
+    assert early.prediction.bytes_per_channel == on_demand.prediction.bytes_per_channel
+    assert early.prediction.iteration_seconds <= on_demand.prediction.iteration_seconds
+    assert sum(a.moment for a in early.actions if a.dst is Tier.DEVICE and a.list is ChunkList.PARAM) < \
+        sum(a.moment for a in on_demand.actions if a.dst is Tier.DEVICE and a.list is ChunkList.PARAM)
+
+
+def test_cpu_optimizer_overlaps_backward_only_when_asked() -> None:
+    p = problem()
+    layout = layout_of(p)
+    for overlap in (True, False):
+        s = materialize(p, uniform_decisions(p, layout, optimizer_overlap=overlap))
+        phases = {s.moments[a.moment].phase for a in s.actions if a.op is Op.OPTIMIZER_STEP}
+        assert phases == ({Phase.BACKWARD} if overlap else {Phase.OPTIMIZER})  # the last grads are final before the step
+        assert sum(a.op is Op.OPTIMIZER_STEP for a in s.actions) == len(layout.chunks)
+
+
+def test_activation_modes_become_copies_or_recompute_time() -> None:
+    p = problem()
+    layout = layout_of(p)
+    keep = materialize(p, uniform_decisions(p, layout))
+    swap = materialize(p, uniform_decisions(p, layout, activation_mode=ActivationMode.SWAP_HOST))
+    recompute = materialize(p, uniform_decisions(p, layout, activation_mode=ActivationMode.RECOMPUTE))
+    offloads = [a for a in swap.actions if a.op is Op.ACT_OFFLOAD]
+    reloads = [a for a in swap.actions if a.op is Op.ACT_RELOAD]
+    assert [a.block for a in offloads] == [0, 1, 2, 3] and sorted(a.block for a in reloads) == [0, 1, 2, 3]
+    for off, rel in zip(offloads, sorted(reloads, key=lambda a: a.block)):
+        assert off.bytes == rel.bytes == p.blocks[off.block].activation_bytes and off.moment < rel.moment
+        assert rel.moment < p.blocks[off.block].backward_moments[0]
+    assert not any(a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD) for a in recompute.actions)
+    assert recompute.prediction.flops == keep.prediction.flops + sum(b.recompute_flops for b in p.blocks)
+    assert recompute.prediction.iteration_seconds > keep.prediction.iteration_seconds
+    assert recompute.prediction.peak_bytes_per_tier[Tier.DEVICE] < keep.prediction.peak_bytes_per_tier[Tier.DEVICE]
+
+
+def test_impossible_budget_names_the_numbers() -> None:
+    p = problem()
+    layout = layout_of(p)
+    with pytest.raises(InfeasibleError, match=r"budget too small at moment \d+ .*bytes short"):
+        materialize(p, uniform_decisions(p, layout, param_budget=100_000))
+    small = problem(device_bytes=1_000_000)
+    with pytest.raises(InfeasibleError, match=r"DEVICE runs out at moment \d+.*smallest DEVICE capacity that would work is \d+"):
+        materialize(small, uniform_decisions(small, layout))
+    tiny_host = problem(host_bytes=1_000)
+    with pytest.raises(InfeasibleError, match=r"HOST runs out .*smallest HOST capacity"):
+        materialize(tiny_host, uniform_decisions(tiny_host, layout))
+
+
+def test_smallest_capacity_in_the_message_works() -> None:
+    layout = layout_of(problem())
+    small = problem(device_bytes=1_000_000)
+    with pytest.raises(InfeasibleError) as info:
+        materialize(small, uniform_decisions(small, layout))
+    smallest = int(str(info.value).split("would work is ")[1].split()[0])
+    enough = problem(device_bytes=smallest)
+    d = uniform_decisions(enough, layout)
+    check(materialize(enough, d), d)
+
+
+def test_same_inputs_same_bytes_and_header() -> None:
+    p = problem()
+    layout = layout_of(p)
+    d = uniform_decisions(p, layout, param_budget=450_000, os_tier=Tier.NVME)
+    a, b = materialize(p, d), materialize(p, d)
+    assert a.to_msgpack() == b.to_msgpack()
+    assert a.header.solver_status is SolverStatus.HEURISTIC and a.header.trace_digest == DIGEST
+    assert a.header.objective_seconds == a.prediction.iteration_seconds
+    stats = SolverStats(status=SolverStatus.OPTIMAL, objective_seconds=1.0, lower_bound_seconds=0.99, gap=0.01)
+    solved = materialize(p, d, stats=stats)
+    assert solved.header.solver_status is SolverStatus.OPTIMAL and solved.header.gap == 0.01
+
+
+def test_default_budget_leaves_room_for_non_model_and_os() -> None:
+    p = problem()
+    layout = layout_of(p)
+    d = uniform_decisions(p, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+    budget = param_budget_bytes(p, layout, d.chunk_plans, d.activation_modes)
+    assert all(0 <= b < p.device_bytes for b in budget)
+    s = materialize(p, d)
+    assert s.prediction.peak_bytes_per_tier[Tier.DEVICE] <= p.device_bytes
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40)
+@given(
+    layers=st.integers(1, 3),
+    dtype=st.sampled_from(["bfloat16", "float32"]),
+    chunk=st.sampled_from([4096, 16384, 65536]),
+    budget_fraction=st.floats(0.2, 1.5),
+    os_tier=st.sampled_from(list(Tier)),
+    device_step=st.booleans(),
+    param_home=st.sampled_from([Tier.HOST, Tier.NVME]),
+    mode=st.sampled_from(list(ActivationMode)),
+    persistent=st.integers(0, 3),
+    overlap=st.booleans(),
+    prefetch=st.booleans(),
+    rule=st.sampled_from(list(EvictionRule)),
+)
+def test_any_decisions_give_a_valid_schedule_or_an_explanation(layers, dtype, chunk, budget_fraction, os_tier, device_step,
+                                                                param_home, mode, persistent, overlap, prefetch, rule) -> None:
+    trace = gpt_trace(layers=layers, hidden=64, heads=4, seq=32, batch=2, vocab=1000, dtype=dtype)
+    p = problem(trace)
+    layout = layout_of(p, chunk)
+    model_bytes = sum(c.elements for c in layout.chunks) * p.list_itemsize(ChunkList.PARAM)
+    optimizer_tier = Tier.DEVICE if device_step or os_tier is Tier.DEVICE else Tier.HOST
+    d = uniform_decisions(p, layout, param_budget=int(2 * model_bytes * budget_fraction), os_tier=os_tier,
+                          optimizer_tier=optimizer_tier, param_home=param_home, activation_mode=mode,
+                          persistent_chunks=range(min(persistent, len(layout.chunks))), optimizer_overlap=overlap,
+                          prefetch=prefetch, eviction=rule)
+    try:
+        schedule = materialize(p, d)
+    except InfeasibleError as exc:
+        assert "bytes" in str(exc) and "moment" in str(exc)
+        return
+    check(schedule, d)

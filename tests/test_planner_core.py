@@ -1,0 +1,245 @@
+"""The planner's core inputs: the problem, the cost model, analytic GPT traces, the chunk layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from conftest import TRACES
+from planner.costmodel import StageLoad, nvme_seconds, optimizer_seconds, stage_seconds, transfer_seconds
+from planner.errors import PlannerError
+from planner.families import gpt_param_count, gpt_trace
+from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
+from planner.presets import resolve_hardware
+from planner.problem import build_problem
+from schemas import Trace
+from schemas.schedule import Channel, ChunkList, Tier
+from schemas.trace import DType, Phase, trace_digest
+
+DIGEST = "sha256:" + "0" * 64
+L, H, A, S, B, V = 3, 64, 4, 32, 2, 1000
+
+
+def tiny(**kw):
+    args = dict(layers=L, hidden=H, heads=A, seq=S, batch=B, vocab=V)
+    args.update(kw)
+    return gpt_trace(**args)
+
+
+def problem_of(trace, hardware="cpu-emulated", **kw):
+    return build_problem(trace, resolve_hardware(hardware), trace_digest=DIGEST, **kw)
+
+
+# ----------------------------------------------------------------------------- families
+
+
+def test_gpt_trace_counts_and_bytes_of_a_tiny_config() -> None:
+    t = tiny()
+    assert len(t.tensors) == 2 + 12 * L + 2
+    assert t.param_count == gpt_param_count(layers=L, hidden=H, vocab=V, positions=S)
+    assert len(t.moments) == 4 * L + 17  # 2 + 2 (L + 3) forward, 2 + 2 (L + 3) backward, the step
+    assert [m.phase for m in t.moments].count(Phase.OPTIMIZER) == 1
+    tokens, x = B * S, B * S * H * 2
+    block = t.block_activation_bytes()
+    assert block == [16 * x + A * S * S * B * 2 + S * S + 4 * tokens * 4] * L
+    forward = [m for m in t.moments if m.module == "h.0" and m.kind.value == "pre_forward"][0]
+    backward = [m for m in t.moments if m.module == "h.0" and m.kind.value == "pre_backward"][0]
+    assert forward.flops == 24 * H * H * tokens + 4 * B * S * S * H
+    assert backward.flops == 2 * forward.flops
+    assert forward.tensors == tuple(range(2, 14))  # the block's 12 tensors, in init order
+    assert t.blocks[0].input_bytes == x
+    # the tied head touches wte after ln_f, and in the root's backward (the loss and the head)
+    head = [m for m in t.moments if m.module == "ln_f" and m.kind.value == "post_forward"][0]
+    assert head.tensors == (0,) and head.flops == 2 * V * H * tokens
+    assert Trace.from_msgpack(t.to_msgpack()) == t  # valid and lossless
+
+
+def test_gpt_trace_dtype_sets_the_bytes() -> None:
+    assert sum(tiny(dtype="float32").block_activation_bytes()) > sum(tiny().block_activation_bytes())
+    assert tiny(dtype="float32").tensors[0].bytes == V * H * 4
+    with pytest.raises(ValueError, match="hidden % heads"):
+        tiny(heads=5)
+
+
+@pytest.mark.parametrize("name, config", [
+    ("gpt-small.msgpack", dict(layers=4, heads=4, hidden=128, dtype="float32")),
+    ("gpt3-1.3b.msgpack", dict(layers=24, heads=16, hidden=2048, dtype="float16")),
+])
+def test_gpt_trace_matches_the_recorded_trace(name: str, config: dict) -> None:
+    path = TRACES / name
+    if not path.exists():
+        pytest.skip(f"{path} not shipped")
+    recorded = Trace.read(path)
+    batch, seq = recorded.meta.batch_shape
+    analytic = gpt_trace(seq=seq, batch=batch, vocab=recorded.meta.model_config["vocab_size"], **config)
+    assert analytic.tensors == recorded.tensors
+    keys = lambda m: (m.phase, m.kind, m.module, m.block, m.tensors, m.flops)  # noqa: E731
+    assert [keys(m) for m in analytic.moments] == [keys(m) for m in recorded.moments]
+    acts = lambda t: [(a.block, a.bytes, a.produced_at, a.consumed_at) for a in t.activations]  # noqa: E731
+    assert acts(analytic) == acts(recorded)
+    assert [(b.module, b.forward_flops, b.input_bytes) for b in analytic.blocks] == \
+        [(b.module, b.forward_flops, b.input_bytes) for b in recorded.blocks]
+    ours = np.array([m.non_model_bytes for m in analytic.moments])
+    theirs = np.array([m.non_model_bytes for m in recorded.moments])
+    assert ours.max() == pytest.approx(theirs.max(), rel=0.01)
+    assert np.all(np.abs(ours - theirs) <= 0.15 * theirs.max())
+
+
+# ----------------------------------------------------------------------------- problem
+
+
+def test_stages_are_maximal_runs_of_phase_and_block() -> None:
+    p = problem_of(tiny())
+    assert p.stages[0].first_moment == 0 and p.stages[-1].last_moment == len(p.moments) - 1
+    for a, b in zip(p.stages, p.stages[1:]):
+        assert b.first_moment == a.last_moment + 1
+        assert (a.phase, a.block) != (b.phase, b.block)
+    for st in p.stages:
+        assert {(p.moments[m].phase, p.moments[m].block) for m in range(st.first_moment, st.last_moment + 1)} == {(st.phase, st.block)}
+        assert all(p.stage_of_moment[m] == st.id for m in range(st.first_moment, st.last_moment + 1))
+    assert sum(st.phase is Phase.FORWARD and st.block >= 0 for st in p.stages) == L
+
+
+def test_problem_lists_follow_the_compute_dtype() -> None:
+    assert problem_of(tiny()).lists == (ChunkList.PARAM, ChunkList.GRAD, ChunkList.MASTER, ChunkList.M, ChunkList.V)
+    fp32 = problem_of(tiny(dtype="float32"))
+    assert fp32.lists == (ChunkList.PARAM, ChunkList.GRAD, ChunkList.M, ChunkList.V)
+    assert fp32.list_itemsize(ChunkList.PARAM) == 4 and problem_of(tiny()).list_itemsize(ChunkList.PARAM) == 2
+    assert problem_of(tiny()).list_itemsize(ChunkList.M) == 4
+
+
+def test_problem_resolves_times_blocks_and_capacities() -> None:
+    hw = resolve_hardware("cpu-emulated")
+    p = problem_of(tiny(), device_bytes=123, host_bytes=456)
+    assert (p.device_bytes, p.host_bytes, p.nvme_bytes) == (123, 456, hw.nvme_bytes)
+    for m in p.moments:
+        assert m.compute_seconds == pytest.approx(m.flops / hw.device_flops_per_s)
+    b0 = p.blocks[0]
+    assert b0.tensors == tuple(range(2, 14))
+    assert b0.param_bytes == sum(p.trace.tensors[t].numel for t in b0.tensors) * 2
+    assert p.moments[b0.forward_moments[0]].kind.value == "pre_forward"
+    assert p.moments[b0.backward_moments[1]].kind.value == "post_backward"
+    assert b0.recompute_seconds == pytest.approx(b0.recompute_flops / hw.device_flops_per_s)
+    assert p.tensor_order[0] == 0 and sorted(p.tensor_order) == list(range(len(p.trace.tensors)))
+    assert p.moments[p.optimizer_moment].phase is Phase.OPTIMIZER
+
+
+def test_measured_times_are_kept() -> None:
+    path = TRACES / "gpt-small.msgpack"
+    if not path.exists():
+        pytest.skip("gpt-small not shipped")
+    raw = path.read_bytes()
+    trace = Trace.from_msgpack(raw)
+    p = build_problem(trace, resolve_hardware(None), trace_digest=trace_digest(raw))
+    assert [m.compute_seconds for m in p.moments] == [m.compute_seconds for m in trace.moments]
+    assert p.compute_dtype is DType.FLOAT32
+
+
+def test_world_size_disagreement_is_named() -> None:
+    with pytest.raises(PlannerError, match="world_size=2.*world_size=1"):
+        problem_of(tiny(world_size=2))
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+def test_costmodel_channels_and_stage_max() -> None:
+    hw = resolve_hardware("rtx4090-768g-12ssd")
+    assert transfer_seconds(hw, Channel.H2D, 25e9) == pytest.approx(25e9 / hw.h2d_bytes_per_s)
+    assert transfer_seconds(hw, Channel.H2D, 0) == 0.0
+    # an SSD is simplex: reads and writes add up
+    assert nvme_seconds(hw, 1e9, 1e9) == pytest.approx(1e9 / hw.nvme_read_bytes_per_s + 1e9 / hw.nvme_write_bytes_per_s)
+    assert optimizer_seconds(hw, Tier.HOST, 10**9) == pytest.approx(1e9 / hw.host.optimizer_params_per_s)
+    assert optimizer_seconds(hw, Tier.DEVICE, 10**9) == pytest.approx(1e9 / hw.device.optimizer_params_per_s)
+    load = StageLoad(compute_seconds=0.5, recompute_seconds=0.25, cpu_optimizer_seconds=0.1,
+                     bytes_per_channel={Channel.H2D: int(hw.h2d_bytes_per_s)})
+    assert stage_seconds(hw, load) == pytest.approx(1.0)  # H2D bound
+    assert stage_seconds(hw, dataclasses.replace(load, bytes_per_channel={})) == pytest.approx(0.75)  # compute bound
+    no_ssd = resolve_hardware("rtx4090-128g")
+    assert math.isinf(transfer_seconds(no_ssd, Channel.NVME_READ, 1))
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def test_layout_first_access_order_identical_offsets_and_blocks() -> None:
+    p = problem_of(tiny())
+    layout = build_layout(p, chunk_elements=8192)
+    assert layout.lists == p.lists and set(layout.list_dtypes) == set(p.lists)
+    rank = {t: i for i, t in enumerate(p.tensor_order)}
+    firsts = []
+    for chunk in layout.chunks:  # inside a chunk, and from chunk to chunk, tensors come in first-access order
+        slots = sorted((s for s in layout.tensors if s.chunk == chunk.id), key=lambda s: s.offset_elements)
+        assert [rank[s.tensor] for s in slots] == sorted(rank[s.tensor] for s in slots)
+        firsts.append(rank[slots[0].tensor])
+    assert firsts == sorted(firsts)
+    assert sorted(s.tensor for s in layout.tensors) == list(range(len(p.trace.tensors)))  # each tensor once
+    for chunk in layout.chunks:
+        slots = [s for s in layout.tensors if s.chunk == chunk.id]
+        assert {p.tensor_block[s.tensor] for s in slots} == {chunk.block}  # never spans blocks
+        assert chunk.used_elements == sum(s.numel for s in slots) <= chunk.elements
+        ends = 0
+        for s in sorted(slots, key=lambda s: s.offset_elements):
+            assert s.offset_elements >= ends
+            ends = s.offset_elements + s.numel
+    # one (chunk, offset) per tensor serves every list: the same index in PARAM, MASTER, M, V
+    assert len({(s.chunk, s.offset_elements) for s in layout.tensors}) == len(layout.tensors)
+
+
+def test_oversize_tensor_gets_its_own_chunk() -> None:
+    p = problem_of(tiny())
+    layout = build_layout(p, chunk_elements=4096)  # wte (1000 x 64) and the block's matrices are bigger
+    for slot in layout.tensors:
+        if slot.numel > 4096:
+            own = layout.chunks[slot.chunk]
+            assert own.elements == own.used_elements == slot.numel and slot.offset_elements == 0
+            assert [s.tensor for s in layout.tensors if s.chunk == slot.chunk] == [slot.tensor]
+    assert all(c.elements == 4096 for c in layout.chunks if c.used_elements <= 4096)
+    # the small tensors of a block keep sharing the chunk that was open around its big ones
+    for b in range(L):
+        partly = [c for c in layout.chunks if c.block == b and c.used_elements < c.elements]
+        assert len(partly) <= 2 and sum(c.used_elements for c in partly) == 13 * H  # biases and LayerNorms
+
+
+def test_tied_tensor_is_placed_once_where_first_used() -> None:
+    p = problem_of(tiny())
+    uses = [m.id for m in p.moments if 0 in m.tensors and m.phase is not Phase.OPTIMIZER]
+    assert len(uses) == 4  # wte forward, the head, the head's backward, wte backward
+    layout = build_layout(p, chunk_elements=1 << 20)
+    assert [s.tensor for s in layout.tensors].count(0) == 1
+    assert layout.tensors[0].tensor == 0 and layout.tensors[0].chunk == 0
+
+
+def test_comm_groups_with_several_ranks() -> None:
+    hw = resolve_hardware("v100-32g-240g-8gpu")
+    ws = hw.cluster.world_size
+    p = build_problem(tiny(world_size=ws), hw, trace_digest=DIGEST)
+    layout = build_layout(p, chunk_elements=8192)
+    assert len(layout.chunks) % ws == 0
+    for c in layout.chunks:
+        assert c.comm_group == c.id // ws and c.owner_rank == c.id % ws
+    for g in range(len(layout.chunks) // ws):
+        group = layout.chunks[g * ws:(g + 1) * ws]
+        assert len({c.elements for c in group}) == 1 and len({c.block for c in group}) == 1
+    assert any(c.used_elements == 0 for c in layout.chunks)  # padding
+
+
+def test_candidate_chunk_sizes_are_bounded_powers_of_two_and_a_block() -> None:
+    p = problem_of(tiny())
+    sizes = candidate_chunk_sizes(p)
+    assert sizes == sorted(set(sizes)) and 2 <= len(sizes) <= 8
+    whole_block = sum(p.trace.tensors[t].numel for t in p.blocks[0].tensors)
+    largest = 4 * H * H  # an MLP matrix
+    assert whole_block in sizes and largest in sizes
+    assert all(s & (s - 1) == 0 for s in sizes if s not in (whole_block, largest))
+    for size in sizes:
+        layout = build_layout(p, chunk_elements=size)
+        assert wasted_elements(layout) >= 0
+
+
+def test_layout_is_deterministic() -> None:
+    p = problem_of(tiny())
+    assert build_layout(p, chunk_elements=8192) == build_layout(p, chunk_elements=8192)
