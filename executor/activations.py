@@ -1,0 +1,680 @@
+"""The activation plan: per block KEEP, RECOMPUTE, SWAP_HOST or SWAP_NVME on an unmodified model
+(DESIGN.md §5 "Activations"; Fuyou §4.4 pipelined activation swapping).
+
+`ActivationManager(model, modes)` puts thin forward pre/post hooks on the blocks (`find_blocks`):
+
+- KEEP: the block's forward runs under our `saved_tensors_hooks`, which only count what it saves
+  (the tensors stay where they are, on DEVICE, until backward).
+- RECOMPUTE: non-reentrant activation checkpointing of the block, the way
+  `torch.distributed._composable.checkpoint` does it -- the forward hooks drive
+  `torch.utils.checkpoint._checkpoint_without_reentrant_generator` -- so only the block's input is
+  saved (through our hooks: counted like KEEP) and the forward reruns inside the block's backward,
+  with the RNG state of the original forward.
+- SWAP_HOST / SWAP_NVME: each tensor the block saves is copied, whole storage at a time, to HOST
+  (pinned memory when DEVICE is CUDA) by ONE copy worker thread (plus a side CUDA stream on a GPU,
+  created once; a future -- and on CUDA an event -- travels with every in-flight buffer), and the
+  manager drops its DEVICE reference once the copy is done. SWAP_NVME continues from HOST into a
+  file per block under `nvme_dir` (4096-aligned offsets, buffered I/O) and frees the HOST copy.
+  Reloads are prefetched: `prefetch(block)` starts bringing a block back, and (with
+  `auto_prefetch`) it is called for the next swapped block in backward order as soon as a block's
+  backward begins (the grad of its output arrives) and for the first one when the backward of the
+  whole model begins, so reloads overlap the backward of later blocks; an unpack waits for its
+  reload (or starts it, if nobody prefetched).
+
+Saved tensors are deduplicated by storage exactly as the recorder (`executor/record.py`) counts
+activations: one record per storage, owned by the first block that saves it, its bytes the whole
+storage; model data (params) is never an activation. The engine passes `alias_pack(tensor) ->
+token | None` / `alias_unpack(token) -> tensor`: a tensor for which alias_pack returns a token is
+stored as that token (a param in its chunk: never copied, never swapped). Without alias_pack, a
+tensor sharing a storage with one of the model's params is kept as is.
+
+Byte counters (`stats()`): bytes offloaded per destination tier and reloaded per source tier, per
+block and per channel (an NVME swap moves its bytes over D2H then NVME_WRITE, and back over
+NVME_READ then H2D, as the planner counts them), saved bytes per block, and the live bytes the
+manager holds on DEVICE with their peak. Live bytes: a KEEP/RECOMPUTE record from its pack until
+autograd releases it; a SWAP record from its pack until its offload copy is done, and again from
+its reload until autograd releases it.
+
+A failure in the copy worker (a copy, a file write or read) is stored with the buffer's future and
+raised as `ExecutorError` at the block's post_forward (for offloads already finished by then), at
+`wait_offloaded`, or at the unpack that needs the data -- never a hang. `close()` waits for the
+worker, removes the NVMe files and their directory, and removes the hooks.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import _DEFAULT_DETERMINISM_MODE, _checkpoint_without_reentrant_generator
+
+from executor.errors import ExecutorError
+from executor.hooks import find_blocks, tensors_in
+from schemas.schedule import ActivationMode, ActivationPlan, Channel, Tier
+
+__all__ = ["ActivationManager", "ActivationStats", "BlockState"]
+
+ALIGN_BYTES = 4096  # NVMe offsets: one page per storage start, so a later switch to O_DIRECT keeps the layout
+_SWAP_TIER = {ActivationMode.SWAP_HOST: Tier.HOST, ActivationMode.SWAP_NVME: Tier.NVME}
+
+
+class BlockState(enum.Enum):
+    IDLE = enum.auto()  # entered at construction; nothing captured yet
+    CAPTURING = enum.auto()  # pre_forward: the block's forward runs under our saved-tensor hooks
+    SAVED = enum.auto()  # post_forward: its saved tensors are held / on their way to the tier / only its input
+    RELOADING = enum.auto()  # prefetch(): copies back to DEVICE started
+    BACKWARD = enum.auto()  # the grad of the block's output arrived: its backward runs
+
+
+_TRANSITIONS = {
+    (BlockState.IDLE, BlockState.CAPTURING),
+    (BlockState.CAPTURING, BlockState.SAVED),
+    (BlockState.CAPTURING, BlockState.IDLE),  # the forward raised
+    (BlockState.SAVED, BlockState.RELOADING),
+    (BlockState.SAVED, BlockState.BACKWARD),
+    (BlockState.RELOADING, BlockState.BACKWARD),
+    # the next forward (next iteration, or a block called again in the same forward)
+    (BlockState.SAVED, BlockState.CAPTURING),
+    (BlockState.RELOADING, BlockState.CAPTURING),
+    (BlockState.BACKWARD, BlockState.CAPTURING),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationStats:
+    """Counters since construction or the last `reset_stats()`."""
+
+    offloaded_bytes: dict[Tier, int]
+    """bytes sent away from DEVICE, per destination tier (HOST, NVME)"""
+    reloaded_bytes: dict[Tier, int]
+    """bytes brought back to DEVICE, per source tier"""
+    bytes_per_channel: dict[Channel, int]
+    """D2H/H2D for every swap, NVME_WRITE/NVME_READ in addition for SWAP_NVME"""
+    saved_bytes_per_block: tuple[int, ...]
+    """bytes of the storages each block saved (deduplicated; the recorder's activation bytes)"""
+    offloaded_bytes_per_block: tuple[int, ...]
+    reloaded_bytes_per_block: tuple[int, ...]
+    live_bytes: int
+    """bytes the manager holds on DEVICE now"""
+    peak_live_bytes: int
+    stall_seconds: float
+    """time unpacks waited for a reload"""
+
+
+# ----------------------------------------------------------------------------- saved records
+
+
+class _Alias:
+    """A tensor stored as the engine's token (a param in its chunk) or, without alias_pack, as itself."""
+
+    __slots__ = ("token", "tensor")
+
+    def __init__(self, token: Any, tensor: torch.Tensor | None) -> None:
+        self.token, self.tensor = token, tensor
+
+
+class _Record:
+    """One storage a block saved, deduplicated; where its bytes are and the copies in flight.
+
+    `device` is a 1-D uint8 tensor over the DEVICE bytes (the original storage, or its reload), None
+    while the bytes are only on HOST/NVME. `offload` / `reload` are the futures of the copies
+    (their result: None on the CPU, the CUDA event of the copy on a GPU)."""
+
+    __slots__ = ("manager", "block", "mode", "nbytes", "home", "device", "host", "nvme_offset",
+                 "offload", "reload", "live", "__weakref__")
+
+    def __init__(self, manager: ActivationManager, block: int, mode: ActivationMode, storage: Any,
+                 device: torch.device) -> None:
+        self.manager, self.block, self.mode = manager, block, mode
+        self.nbytes = storage.nbytes()
+        self.home = device  # the DEVICE the tensor was saved on (reloads go back there)
+        self.device = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
+        self.host: torch.Tensor | None = None
+        self.nvme_offset = -1
+        self.offload: Future | None = None
+        self.reload: Future | None = None
+        # DEVICE copies counted in the manager's live bytes: the original until its offload is done,
+        # the reload from its start; both can overlap when the worker is behind
+        self.live = 0
+
+    def __del__(self) -> None:
+        manager = self.manager
+        if manager is not None and self.live:
+            manager._hold(self, -self.live)
+
+
+class _Saved:
+    """What autograd holds instead of a swapped or counted tensor: its record and its view."""
+
+    __slots__ = ("record", "dtype", "offset", "size", "stride")
+
+    def __init__(self, record: _Record, t: torch.Tensor) -> None:
+        self.record, self.dtype = record, t.dtype
+        self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
+
+
+class _Block:
+    __slots__ = ("index", "name", "module", "mode", "state", "records", "generator", "hooks_ctx",
+                 "nvme_cursor", "nvme_fd", "nvme_path")
+
+    def __init__(self, index: int, name: str, module: nn.Module, mode: ActivationMode) -> None:
+        self.index, self.name, self.module, self.mode = index, name, module, mode
+        self.state = BlockState.IDLE
+        self.records: list[weakref.ref[_Record]] = []  # weak: autograd owns the records
+        self.generator: Any = None  # RECOMPUTE: the checkpoint generator between pre and post forward
+        self.hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
+        self.nvme_cursor = 0  # next free byte in this block's NVMe file
+        self.nvme_fd = -1
+        self.nvme_path: Path | None = None
+
+    def move(self, to: BlockState) -> None:
+        if (self.state, to) not in _TRANSITIONS:
+            raise ExecutorError(f"activations of block {self.index} ({self.name!r}): cannot go from "
+                                f"{self.state.name} to {to.name}; this is a bug in the caller's hook order")
+        self.state = to
+
+    def live_records(self) -> list[_Record]:
+        out = [r for ref in self.records if (r := ref()) is not None]
+        self.records = [weakref.ref(r) for r in out]
+        return out
+
+
+def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """The copy worker's one primitive on the CPU (a module function so tests can make it fail)."""
+    dst.copy_(src)
+
+
+# ----------------------------------------------------------------------------- the manager
+
+
+class ActivationManager:
+    """Applies a per-block ActivationMode to `model` (see the module docstring).
+
+    model: the unmodified model; blocks: fqn of its blocks (default `find_blocks(model)`).
+    modes: one ActivationMode per block (a sequence in block order, or a mapping by block fqn --
+        missing blocks KEEP).
+    alias_pack / alias_unpack: the engine's param aliasing (both or neither).
+    nvme_dir: where SWAP_NVME files go (required when a block swaps to NVME); a private directory
+        is made inside it and removed by close().
+    auto_prefetch: start reloads by the backward of the previous block (False: only `prefetch()`,
+        e.g. at the schedule's ACT_RELOAD moments); prefetch_ahead: how many swapped blocks ahead
+        (the depth of Fuyou §4.4's prefetch FIFO: each reloaded block is DEVICE memory held early).
+    record_events: keep `events`, a list of (what, block) in order: "capture", "saved",
+        "prefetch", "backward", "wait" (tests and debugging).
+    """
+
+    def __init__(self, model: nn.Module, modes: Sequence[ActivationMode] | Mapping[str, ActivationMode], *,
+                 blocks: Sequence[str] | None = None,
+                 alias_pack: Callable[[torch.Tensor], object | None] | None = None,
+                 alias_unpack: Callable[[object], torch.Tensor] | None = None,
+                 nvme_dir: str | os.PathLike[str] | None = None, auto_prefetch: bool = True,
+                 prefetch_ahead: int = 1, record_events: bool = False, install: bool = True) -> None:
+        names = list(find_blocks(model) if blocks is None else blocks)
+        modules = dict(model.named_modules())
+        unknown = [n for n in names if n not in modules or n == ""]
+        if unknown:
+            raise ExecutorError(f"activation plan: blocks {unknown} are not submodules of the model; expected "
+                                "names from executor.hooks.find_blocks(model)")
+        if isinstance(modes, Mapping):
+            extra = sorted(set(modes) - set(names))
+            if extra:
+                raise ExecutorError(f"activation plan: modes given for {extra}, which are not blocks of the model "
+                                    f"(blocks: {names[:4]}{'...' if len(names) > 4 else ''})")
+            mode_list = [ActivationMode(modes.get(n, ActivationMode.KEEP)) for n in names]
+        else:
+            mode_list = [ActivationMode(m) for m in modes]
+            if len(mode_list) != len(names):
+                raise ExecutorError(f"activation plan: {len(mode_list)} modes for {len(names)} blocks; give one "
+                                    "ActivationMode per block, in block order")
+        if (alias_pack is None) != (alias_unpack is None):
+            raise ExecutorError("activation plan: pass alias_pack and alias_unpack together (or neither)")
+        if prefetch_ahead < 1:
+            raise ExecutorError(f"activation plan: prefetch_ahead={prefetch_ahead}; expected at least 1 block")
+        self.model = model
+        self.blocks = [_Block(i, n, modules[n], m) for i, (n, m) in enumerate(zip(names, mode_list, strict=True))]
+        self._alias_pack, self._alias_unpack = alias_pack, alias_unpack
+        self.auto_prefetch, self.prefetch_ahead = auto_prefetch, prefetch_ahead
+        self.events: list[tuple[str, int]] | None = [] if record_events else None
+
+        self._nvme_dir: Path | None = None
+        if ActivationMode.SWAP_NVME in mode_list:
+            if nvme_dir is None:
+                raise ExecutorError("activation plan: a block swaps to NVME but no nvme_dir was given; pass "
+                                    "nvme_dir=<a directory on the SSD>")
+            try:
+                self._nvme_dir = Path(tempfile.mkdtemp(prefix="tide-act-", dir=nvme_dir))
+            except OSError as exc:
+                raise ExecutorError(f"activation plan: cannot make a directory in nvme_dir={str(nvme_dir)!r} "
+                                    f"({exc.strerror}); pass a writable directory") from exc
+        self._cuda_stream: torch.cuda.Stream | None = None  # made on the first CUDA swap, once
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-activations")
+        self._lock = threading.Lock()
+        self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[_Record]]] = {}
+        self._param_storages: set[int] = set()
+        self._root_backward_seen = False
+        self._handles: list[Any] = []
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _cleanup, self._worker, self._nvme_dir,
+                                           [b for b in self.blocks if b.mode is ActivationMode.SWAP_NVME])
+        self.reset_stats()
+        if install:
+            self.install()
+
+    @classmethod
+    def from_plans(cls, model: nn.Module, plans: Sequence[ActivationPlan], **kwargs: Any) -> ActivationManager:
+        """From a schedule's `activation_plans` (block ids in order, module names as recorded)."""
+        blocks = [p.module for p in sorted(plans, key=lambda p: p.block)]
+        return cls(model, [p.mode for p in sorted(plans, key=lambda p: p.block)], blocks=blocks, **kwargs)
+
+    @property
+    def modes(self) -> tuple[ActivationMode, ...]:
+        return tuple(b.mode for b in self.blocks)
+
+    # -- install / remove / close ---------------------------------------------------------------
+    def install(self) -> None:
+        if self._handles or self._closed:
+            return
+        for b in self.blocks:
+            self._handles += [
+                b.module.register_forward_pre_hook(functools.partial(self._pre_forward, b), with_kwargs=True),
+                # prepend + always_call: leave the checkpoint generator and our hooks before anything else
+                # runs, even when the forward raised (as torch.distributed._composable.checkpoint does)
+                b.module.register_forward_hook(functools.partial(self._post_forward, b), prepend=True,
+                                               always_call=True),
+            ]
+        self._handles.append(self.model.register_forward_hook(self._root_post_forward))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def close(self) -> None:
+        """Wait for copies in flight, remove the hooks, the NVMe files and their directory."""
+        if self._closed:
+            return
+        self._closed = True
+        self.remove()
+        self._finalizer()
+
+    def __enter__(self) -> ActivationManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- hooks (thin) ---------------------------------------------------------------------------
+    def _pre_forward(self, b: _Block, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if _in_backward():
+            return  # a recomputation inside backward: its saved tensors are transient
+        b.move(BlockState.CAPTURING)
+        self._log("capture", b.index)
+        if not b.live_records():
+            b.nvme_cursor = 0  # nothing of the previous forward is still held: reuse the file
+        self._param_storages = self._model_storages()
+        b.hooks_ctx = torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, b), self._unpack)
+        b.hooks_ctx.__enter__()
+        if b.mode is ActivationMode.RECOMPUTE:
+            # saves the block input through our hooks (counted), then pushes the checkpoint's own hooks
+            b.generator = _checkpoint_without_reentrant_generator(
+                module, True, _recompute_contexts, _DEFAULT_DETERMINISM_MODE, False, True, *args, **kwargs)
+            next(b.generator)
+
+    def _post_forward(self, b: _Block, module: nn.Module, args: tuple, output: Any) -> None:
+        if b.state is not BlockState.CAPTURING or _in_backward():
+            return
+        gen, b.generator = b.generator, None
+        ctx, b.hooks_ctx = b.hooks_ctx, None
+        try:
+            if gen is not None:
+                try:
+                    next(gen)
+                except StopIteration:
+                    pass
+                else:
+                    raise ExecutorError(f"activations of block {b.index} ({b.name!r}): the checkpoint generator "
+                                        "did not finish at post_forward")
+        finally:
+            if ctx is not None:
+                ctx.__exit__(None, None, None)
+        b.move(BlockState.SAVED)
+        self._log("saved", b.index)
+        self._raise_failed(b)
+        if torch.is_grad_enabled():
+            for t in tensors_in(output):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._block_grad_arrived, b))
+
+    def _root_post_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if _in_backward() or not torch.is_grad_enabled():
+            return
+        self._root_backward_seen = False
+        for t in tensors_in(output):
+            if t.requires_grad:
+                t.register_hook(self._root_grad_arrived)
+
+    def _root_grad_arrived(self, grad: torch.Tensor) -> None:
+        if self._root_backward_seen:
+            return
+        self._root_backward_seen = True
+        if self.auto_prefetch:
+            self._prefetch_before(len(self.blocks))
+
+    def _block_grad_arrived(self, b: _Block, grad: torch.Tensor) -> None:
+        if b.state not in (BlockState.SAVED, BlockState.RELOADING):
+            return  # another output of the same block: its backward began already
+        if self.auto_prefetch:
+            self.prefetch(b.index)  # nobody prefetched it: start now, the unpacks wait
+        b.move(BlockState.BACKWARD)
+        self._log("backward", b.index)
+        if self.auto_prefetch:
+            self._prefetch_before(b.index)  # comes back while this block's backward runs
+
+    # -- pack / unpack ---------------------------------------------------------------------------
+    def _pack(self, b: _Block, t: torch.Tensor) -> Any:
+        if self._alias_pack is not None:
+            token = self._alias_pack(t)
+            if token is not None:
+                return _Alias(token, None)
+        if t.layout is not torch.strided or t.device.type == "meta":
+            return _Alias(None, t)  # nothing we can copy byte for byte: kept as is, not counted
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return _Alias(None, t)
+        key = storage._cdata
+        if key in self._param_storages:
+            return _Alias(None, t)  # model data is never an activation
+        found = self._by_storage.get(key)
+        record = found[1]() if found is not None and found[0]() is storage else None
+        if record is None:
+            record = self._capture(b, storage, t.device)
+            ref = weakref.ref(storage, functools.partial(self._forget, key))
+            self._by_storage[key] = (ref, weakref.ref(record))
+        return _Saved(record, t)
+
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Alias):
+            return packed.tensor if packed.token is None else self._alias_unpack(packed.token)
+        record: _Record = packed.record
+        raw = self._device_bytes(record)
+        out = torch.empty(0, dtype=packed.dtype, device=raw.device)
+        return out.set_(raw.untyped_storage(), packed.offset, packed.size, packed.stride)
+
+    def _forget(self, key: int, ref: weakref.ref) -> None:
+        found = self._by_storage.get(key)
+        if found is not None and found[0] is ref:
+            del self._by_storage[key]
+
+    # -- the unit of work: capture, offload, reload ------------------------------------------------
+    def _capture(self, b: _Block, storage: Any, device: torch.device) -> _Record:
+        record = _Record(self, b.index, b.mode, storage, device)
+        b.records.append(weakref.ref(record))
+        self._saved_per_block[b.index] += record.nbytes
+        self._hold(record, 1)
+        if b.mode in _SWAP_TIER:
+            self._offload(b, record)
+        return record
+
+    def _offload(self, b: _Block, record: _Record) -> None:
+        tier = _SWAP_TIER[b.mode]
+        cuda = record.device.device.type == "cuda"
+        record.host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=cuda)
+        if tier is Tier.NVME:
+            record.nvme_offset = b.nvme_cursor
+            b.nvme_cursor += -(-record.nbytes // ALIGN_BYTES) * ALIGN_BYTES
+        produced = None
+        if cuda:
+            produced = torch.cuda.Event()
+            produced.record()  # the copy starts once the kernels producing the tensor are done
+        src, record.device = record.device, None
+        record.offload = self._worker.submit(self._offload_work, b, record, src, produced)
+        with self._lock:
+            self._offloaded[tier] += record.nbytes
+            self._offloaded_per_block[b.index] += record.nbytes
+            self._channels[Channel.D2H] += record.nbytes
+            if tier is Tier.NVME:
+                self._channels[Channel.NVME_WRITE] += record.nbytes
+
+    def _offload_work(self, b: _Block, record: _Record, src: torch.Tensor, produced: Any) -> None:
+        """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
+        host = record.host
+        if produced is not None:
+            stream = self._stream()
+            with torch.cuda.stream(stream):
+                stream.wait_event(produced)
+                host.copy_(src, non_blocking=True)
+            stream.synchronize()  # src may be freed by the compute stream's allocator once we drop it
+        else:
+            _copy_bytes(host, src)
+        del src
+        self._hold(record, -1)
+        if record.mode is ActivationMode.SWAP_NVME:
+            self._nvme_write(b, record.nvme_offset, host)
+            record.host = None  # the file holds it now
+
+    def prefetch(self, block: int) -> None:
+        """Start bringing `block`'s swapped activations back to DEVICE (a no-op when they are not
+        swapped, already coming back, or nothing was captured)."""
+        b = self.blocks[block]
+        if b.mode not in _SWAP_TIER or b.state is not BlockState.SAVED:
+            return
+        b.move(BlockState.RELOADING)
+        self._log("prefetch", block)
+        for record in b.live_records():
+            self._reload(record)
+
+    def wait_offloaded(self, block: int) -> None:
+        """Wait until `block`'s offload copies are done (e.g. at the schedule's ACT_OFFLOAD moment);
+        raises ExecutorError if one failed."""
+        for record in self.blocks[block].live_records():
+            if record.offload is not None:
+                self._result(record.offload, record, "offload")
+
+    def _reload(self, record: _Record) -> None:
+        if record.reload is not None or record.device is not None:
+            return
+        tier = _SWAP_TIER[record.mode]
+        dst = torch.empty(record.nbytes, dtype=torch.uint8, device=record.home)
+        allocated = None
+        if dst.device.type == "cuda":
+            allocated = torch.cuda.Event()
+            allocated.record()  # dst may reuse memory the compute stream still reads: copy after it
+        self._hold(record, 1)
+        record.reload = self._worker.submit(self._reload_work, self.blocks[record.block], record, dst, allocated)
+        with self._lock:
+            self._reloaded[tier] += record.nbytes
+            self._reloaded_per_block[record.block] += record.nbytes
+            self._channels[Channel.H2D] += record.nbytes
+            if tier is Tier.NVME:
+                self._channels[Channel.NVME_READ] += record.nbytes
+
+    def _reload_work(self, b: _Block, record: _Record, dst: torch.Tensor, allocated: Any) -> Any:
+        """Worker thread: (NVME ->) HOST -> DEVICE; the result is the copy's CUDA event (None on the CPU)."""
+        offload = record.offload
+        if offload is not None and offload.exception() is not None:  # FIFO: it is done; re-raise its failure
+            raise offload.exception()
+        host = record.host
+        if record.mode is ActivationMode.SWAP_NVME:
+            host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=dst.device.type == "cuda")
+            self._nvme_read(b, record.nvme_offset, host)
+        record.device = dst
+        if allocated is not None:
+            stream = self._stream()
+            with torch.cuda.stream(stream):
+                stream.wait_event(allocated)
+                dst.copy_(host, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+            record.host = host  # kept until the copy is done: the unpack waits on `done` first
+            return done
+        _copy_bytes(dst, host)
+        record.host = None
+        return None
+
+    def _device_bytes(self, record: _Record) -> torch.Tensor:
+        """The record's bytes on DEVICE, waiting for (or starting) the reload."""
+        if record.mode in _SWAP_TIER:
+            if record.reload is None:
+                self._reload(record)  # nobody prefetched it (auto_prefetch off and no prefetch call)
+            if record.reload is not None:
+                start = time.perf_counter()
+                if not record.reload.done():
+                    self._log("wait", record.block)
+                event = self._result(record.reload, record, "reload")
+                if event is not None:
+                    torch.cuda.current_stream().wait_event(event)
+                    record.host = None
+                with self._lock:
+                    self._stall += time.perf_counter() - start
+        return record.device
+
+    def _result(self, future: Future, record: _Record, what: str) -> Any:
+        try:
+            return future.result()
+        except ExecutorError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of the worker becomes one clear line
+            b = self.blocks[record.block]
+            raise ExecutorError(f"activations of block {b.index} ({b.name!r}): the {what} of a saved tensor "
+                                f"({record.nbytes} bytes, {b.mode.value}) failed in the copy worker: "
+                                f"{type(exc).__name__}: {exc}") from exc
+
+    def _raise_failed(self, b: _Block) -> None:
+        for record in b.live_records():
+            f = record.offload
+            if f is not None and f.done() and f.exception() is not None:
+                self._result(f, record, "offload")
+
+    # -- NVMe files (buffered I/O at page-aligned offsets, one file per block) ----------------------
+    def _nvme_fd(self, b: _Block) -> int:
+        if b.nvme_fd < 0:
+            b.nvme_path = self._nvme_dir / f"block{b.index}.act"
+            try:
+                b.nvme_fd = os.open(b.nvme_path, os.O_RDWR | os.O_CREAT, 0o600)
+            except OSError as exc:
+                raise ExecutorError(f"activation file {b.nvme_path}: cannot open ({exc.strerror}); pass a "
+                                    "writable nvme_dir with free space") from exc
+        return b.nvme_fd
+
+    def _nvme_write(self, b: _Block, offset: int, host: torch.Tensor) -> None:
+        fd, view, done = self._nvme_fd(b), memoryview(host.numpy()), 0
+        try:
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], offset + done)
+        except OSError as exc:
+            raise ExecutorError(f"activation file {b.nvme_path}: write of {len(view)} bytes at {offset} failed "
+                                f"({exc.strerror}); free space on the SSD or pass another nvme_dir") from exc
+
+    def _nvme_read(self, b: _Block, offset: int, host: torch.Tensor) -> None:
+        fd, view, done = self._nvme_fd(b), memoryview(host.numpy()), 0
+        try:
+            while done < len(view):
+                n = os.preadv(fd, [view[done:]], offset + done)
+                if n == 0:
+                    raise ExecutorError(f"activation file {b.nvme_path}: short read ({done} of {len(view)} bytes at "
+                                        f"{offset}); the file was changed by someone else")
+                done += n
+        except OSError as exc:
+            raise ExecutorError(f"activation file {b.nvme_path}: read of {len(view)} bytes at {offset} failed "
+                                f"({exc.strerror})") from exc
+
+    # -- counters ------------------------------------------------------------------------------
+    def reset_stats(self) -> None:
+        n = len(self.blocks)
+        with self._lock:
+            self._offloaded = {Tier.HOST: 0, Tier.NVME: 0}
+            self._reloaded = {Tier.HOST: 0, Tier.NVME: 0}
+            self._channels = {c: 0 for c in (Channel.D2H, Channel.H2D, Channel.NVME_WRITE, Channel.NVME_READ)}
+            self._saved_per_block = [0] * n
+            self._offloaded_per_block = [0] * n
+            self._reloaded_per_block = [0] * n
+            self._live = getattr(self, "_live", 0)
+            self._peak = self._live
+            self._stall = 0.0
+
+    def stats(self) -> ActivationStats:
+        with self._lock:
+            return ActivationStats(
+                offloaded_bytes=dict(self._offloaded), reloaded_bytes=dict(self._reloaded),
+                bytes_per_channel=dict(self._channels), saved_bytes_per_block=tuple(self._saved_per_block),
+                offloaded_bytes_per_block=tuple(self._offloaded_per_block),
+                reloaded_bytes_per_block=tuple(self._reloaded_per_block),
+                live_bytes=self._live, peak_live_bytes=self._peak, stall_seconds=self._stall)
+
+    def _hold(self, record: _Record, copies: int) -> None:
+        """`copies` more (or fewer) DEVICE copies of `record` are held."""
+        with self._lock:
+            record.live += copies
+            self._live += copies * record.nbytes
+            self._peak = max(self._peak, self._live)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _prefetch_before(self, block: int) -> None:
+        """Prefetch the next `prefetch_ahead` swapped blocks below `block` (the next ones in backward order)."""
+        left = self.prefetch_ahead
+        for i in range(block - 1, -1, -1):
+            if left == 0:
+                return
+            if self.blocks[i].mode in _SWAP_TIER and self.blocks[i].state is not BlockState.IDLE:
+                self.prefetch(i)
+                left -= 1
+
+    def _model_storages(self) -> set[int]:
+        out = set()
+        for p in self.model.parameters():
+            try:
+                out.add(p.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+        return out
+
+    def _stream(self) -> torch.cuda.Stream:
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream()
+        return self._cuda_stream
+
+    def _log(self, what: str, block: int) -> None:
+        if self.events is not None:
+            self.events.append((what, block))
+
+    def nvme_files(self) -> list[Path]:
+        """The NVMe files made so far (for tests and reports)."""
+        return [b.nvme_path for b in self.blocks if b.nvme_path is not None]
+
+    @property
+    def nvme_dir(self) -> Path | None:
+        return self._nvme_dir
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _recompute_contexts() -> tuple[Any, Any]:
+    import contextlib
+
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+def _cleanup(worker: ThreadPoolExecutor, nvme_dir: Path | None, nvme_blocks: list[_Block]) -> None:
+    worker.shutdown(wait=True)
+    for b in nvme_blocks:
+        if b.nvme_fd >= 0:
+            os.close(b.nvme_fd)
+            b.nvme_fd = -1
+    if nvme_dir is not None:
+        shutil.rmtree(nvme_dir, ignore_errors=True)
