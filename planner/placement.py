@@ -1,0 +1,874 @@
+"""Global placement (DESIGN.md §4.2): where PARAM chunks, optimizer state and activations live per stage.
+
+One mixed-integer model over the stages of an iteration (forward / backward of each block, the
+optimizer), solved through OR-Tools' linear solver wrapper: HiGHS for the integer model, GLOP for
+its relaxation (the DESIGN.md hint: the LP of this shape is tight and fast; CP-SAT is not).
+
+Chunks that are touched by exactly the same stages are interchangeable, so they are aggregated into
+a *group* and the model counts them instead of carrying one boolean per chunk: between two uses of
+a group, `keep[g,i]` chunks stay on DEVICE and `incoming[g,i,k]` arrive in the k-th stage before
+the next use (how many PARAM chunks of g are on DEVICE in stage s, `resident[g][s]` of the
+solution, follows). 175B stays a few thousand rows; every row is sparse (running sums), which
+is what keeps the simplex fast.
+
+The cost model is Fuyou's (§4.5, Eq. 2 and 5) applied per stage: a stage lasts as long as its
+busiest channel, and the iteration is the sum of the stages:
+
+    T_s >= compute_s + recompute_s (+ GPU Adam in the optimizer stage)
+    T_s >= H2D bytes_s / BW_H2D            T_s >= D2H bytes_s / BW_D2H
+    T_s >= NVMe reads_s / BW_read + NVMe writes_s / BW_write        (an SSD is simplex, Eq. 4)
+    sum_{s' >= s} T_s' >= CPU Adam work released at or after s       (Fuyou §4.3: the CPU optimizer
+                                                                      overlaps backward, in order)
+Data flow per chunk (what the time rows charge):
+- a PARAM chunk that must be on DEVICE in stage s+1 and is not in stage s arrives during stage s
+  (prefetch, `incoming[g,s]`): it costs H2D time in s and DEVICE memory in s (double buffering);
+- grads of chunks whose Adam runs on the CPU go D2H in their last backward stage; their updated
+  params (HOST copy) must come up again before the next forward uses them (stale DEVICE copies);
+- chunks whose optimizer state lives on DEVICE run GPU Adam and keep params and grads on DEVICE;
+- OS on NVME is read and written once per iteration by the CPU Adam (no grads through the SSDs
+  thanks to the overlap, Fuyou §4.3);
+- activations: KEEP holds the block's saved bytes on DEVICE until its backward; RECOMPUTE keeps
+  only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
+  stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
+
+The non-model curve (`MomentRef.non_model_bytes`, recorded with every activation kept) is the
+baseline of DEVICE memory; activation plans subtract what they free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import sys
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+from ortools.math_opt.python import mathopt
+
+from schemas._base import frozen
+from schemas.schedule import ActivationMode, Phase, SolverStatus
+
+log = logging.getLogger(__name__)
+
+ACT_MODES = (ActivationMode.KEEP, ActivationMode.RECOMPUTE, ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME)
+INFINITE_BYTES = 10**18  # capacity used when a tier is "unbounded" (minimal-capacity searches)
+
+
+class Tier3(StrEnum):
+    """The three capacities the memory rows bound (names of `schemas.schedule.Tier`)."""
+
+    DEVICE = "DEVICE"
+    HOST = "HOST"
+    NVME = "NVME"
+
+
+# ----------------------------------------------------------------------------- input data
+
+
+@frozen
+class GroupData:
+    """Interchangeable chunks: same stages touch them, same size, same trainability."""
+
+    id: int
+    chunks: tuple[int, ...]  # chunk ids (layout order)
+    param_bytes: int  # PARAM (and GRAD) bytes of one chunk, compute dtype
+    os_bytes: int  # optimizer-state bytes of one chunk (MASTER + M + V, or M + V in fp32)
+    elements: int  # elements of one chunk (optimizer work)
+    trainable: bool  # has grads and optimizer state
+    use_stages: tuple[int, ...]  # stages whose work touches these chunks (sorted)
+    first_backward_stage: int  # first backward stage touching them, -1 if none
+    last_backward_stage: int  # grads final after this stage (optimizer may start), -1 if none
+
+    @property
+    def count(self) -> int:
+        return len(self.chunks)
+
+
+@frozen
+class BlockData:
+    """A block's activation choice and where it acts."""
+
+    id: int
+    activation_bytes: int  # saved for backward (KEEP holds it, SWAP moves it)
+    input_bytes: int  # what RECOMPUTE keeps instead
+    recompute_seconds: float
+    forward_stage: int  # stage of the block's forward (the activations appear there)
+    backward_stage: int  # stage of the block's backward (they are needed there)
+
+
+@frozen
+class StageData:
+    id: int
+    name: str
+    phase: Phase
+    compute_seconds: float  # sum of the moments' compute
+    non_model_bytes: int  # max of the moments' non-model curve (all activations kept)
+
+
+@frozen
+class PlacementInput:
+    """Everything the placement model needs, in bytes and seconds (built from a Problem + layout)."""
+
+    groups: tuple[GroupData, ...]
+    blocks: tuple[BlockData, ...]
+    stages: tuple[StageData, ...]
+    device_bytes: int
+    host_bytes: int
+    nvme_bytes: int
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    nvme_read_bytes_per_s: float  # 0 when there are no SSDs
+    nvme_write_bytes_per_s: float
+    cpu_adam_seconds_per_element: float
+    gpu_adam_seconds_per_element: float
+    optimizer_overlap: bool  # CPU Adam runs during backward as soon as a chunk's grads are final
+    optimizer_stage: int  # the stage holding the optimizer step (the last stage)
+
+    @property
+    def has_nvme(self) -> bool:
+        return self.nvme_bytes > 0 and self.nvme_read_bytes_per_s > 0 and self.nvme_write_bytes_per_s > 0
+
+    def with_capacity(self, tier: Tier3, value: int) -> PlacementInput:
+        field = {Tier3.DEVICE: "device_bytes", Tier3.HOST: "host_bytes", Tier3.NVME: "nvme_bytes"}[tier]
+        return dataclasses.replace(self, **{field: value})
+
+
+# ----------------------------------------------------------------------------- solution
+
+
+@frozen
+class PlacementSolution:
+    """The solved placement, per group / block / stage."""
+
+    status: SolverStatus
+    objective_seconds: float  # sum of stage times of this solution
+    bound_seconds: float  # the solver's proven lower bound for this model
+    relaxed: bool  # LP relaxation (fractional counts): a bound, not a plan
+    resident: tuple[tuple[float, ...], ...]  # [group][stage] PARAM chunks on DEVICE
+    incoming: tuple[tuple[float, ...], ...]  # [group][stage] PARAM chunks arriving during the stage
+    persistent: tuple[float, ...]  # [group] chunks that never leave DEVICE
+    os_counts: tuple[dict[str, float], ...]  # [group] chunks with OS on DEVICE / HOST / NVME
+    activation_modes: tuple[ActivationMode, ...]  # [block] (argmax for a relaxation)
+    stage_seconds: tuple[float, ...]
+    device_bytes_per_stage: tuple[float, ...]
+    host_bytes_per_stage: tuple[float, ...]
+    param_bytes_per_stage: tuple[float, ...]  # PARAM + GRAD bytes on DEVICE (materialize's budget)
+    nvme_bytes: float
+    channel_bytes: dict[str, float]  # H2D, D2H, NVME_READ, NVME_WRITE per iteration
+    solve_seconds: float  # wall clock (printed, never written into a schedule)
+    solver: str
+
+    @property
+    def gap(self) -> float:
+        if self.objective_seconds <= 0:
+            return 0.0
+        return max(0.0, (self.objective_seconds - self.bound_seconds) / self.objective_seconds)
+
+
+class PlacementInfeasible(Exception):
+    """The model has no solution at the given capacities (explained by planner.bounds)."""
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
+    """(recompute savings stages, swap savings stages, offload stage, reload stage) of a block.
+
+    Matches planner.materialize: a swapped block is offloaded at its last forward moment and
+    reloaded at the start of the stage before its backward; RECOMPUTE keeps only the input from
+    the end of the forward to the start of the backward.
+    """
+    p, c = b.forward_stage, b.backward_stage
+    recompute = range(p + 1, c)
+    offload = p
+    reload = c - 1 if c - 1 > p else c
+    swap = range(p + 1, reload)
+    return recompute, swap, offload, reload
+
+
+@frozen
+class _Gap:
+    """Stages between two consecutive uses of a group (cyclic: the last gap wraps the iteration)."""
+
+    stages: tuple[int, ...]  # in time order
+    lookahead: tuple[int, ...]  # the stages (a suffix of `stages`) where chunks may arrive
+    wraps: bool  # contains the optimizer stage: CPU-stepped chunks come back updated
+
+
+BYTE_UNIT = float(2**20)  # the model's bytes are MiB
+TIME_UNIT = 1e-3  # the model's seconds are milliseconds
+LOOKAHEAD_STAGES = 3  # the least prefetch depth: stages before its use in which a chunk may arrive
+LOOKAHEAD_BUDGET = 200  # arrival variables per gap summed over groups (depth = budget / groups)
+MIP_RELATIVE_GAP = 1e-2  # stop the MIP once proven within 1% of its bound (the header's gap target is 2%)
+SECONDARY_WEIGHT = 1e-4  # weight of moved/recomputed/CPU work in the objective (a tie-breaker)
+SECONDARY_TERMS = 5  # channels that work is spread over: H2D, D2H, NVMe, CPU optimizer, compute
+
+
+def _scaled(d: PlacementInput) -> PlacementInput:
+    """The same input in MiB and milliseconds (floats; the model never needs integral bytes)."""
+    b, t = BYTE_UNIT, TIME_UNIT
+    return dataclasses.replace(
+        d,
+        groups=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b) for g in d.groups),
+        blocks=tuple(dataclasses.replace(x, activation_bytes=x.activation_bytes / b, input_bytes=x.input_bytes / b,
+                                         recompute_seconds=x.recompute_seconds / t) for x in d.blocks),
+        stages=tuple(dataclasses.replace(st, compute_seconds=st.compute_seconds / t, non_model_bytes=st.non_model_bytes / b)
+                     for st in d.stages),
+        device_bytes=d.device_bytes / b, host_bytes=d.host_bytes / b, nvme_bytes=d.nvme_bytes / b,
+        h2d_bytes_per_s=d.h2d_bytes_per_s * t / b, d2h_bytes_per_s=d.d2h_bytes_per_s * t / b,
+        nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
+        cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
+        gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
+    )
+
+
+def group_gaps(g: GroupData, n_stages: int, optimizer_stage: int, optimizer_overlap: bool,
+               lookahead: int = LOOKAHEAD_STAGES) -> tuple[_Gap, ...]:
+    """The gaps of a group, each with the stages where its chunks may arrive for the next use."""
+    uses = g.use_stages
+    if not uses:
+        return ()
+    gaps = []
+    for i, u in enumerate(uses):
+        nxt = uses[(i + 1) % len(uses)]
+        wraps = i == len(uses) - 1
+        stages = tuple(s % n_stages for s in range(u + 1, nxt + (n_stages if wraps else 0)))
+        if not stages:
+            continue
+        window = stages
+        if wraps and g.trainable and not optimizer_overlap:
+            # Adam after backward: the updated params exist only from the optimizer stage on
+            window = stages[stages.index(optimizer_stage):] if optimizer_stage in stages else stages
+        look = window[-lookahead:]
+        if wraps and optimizer_stage in window and optimizer_stage not in look:
+            # the optimizer stage leaves the links idle: the natural time to bring updated params up
+            look = window[window.index(optimizer_stage):window.index(optimizer_stage) + 1] + look
+        gaps.append(_Gap(stages=stages, lookahead=look, wraps=wraps))
+    return tuple(gaps)
+
+
+class PlacementModel:
+    """The aggregated placement MIP (or its LP relaxation) of one PlacementInput.
+
+    Per group g (count_g interchangeable chunks) and gap i between two uses (DESIGN.md §8.7 names):
+      keep[g,i]        chunks that stay on DEVICE through the gap (the rest leave after the use)
+      incoming[g,i,k]  chunks arriving during the k-th lookahead stage before the next use
+      refresh[g,k]     kept chunks re-uploaded in place after the CPU Adam rewrote them (wrap gap)
+      persistent[g]    chunks that never leave DEVICE (<= every keep, >= os_device)
+      os_device[g] + os_host[g] + os_nvme[g] = count_g (trainable)
+    Per block: act[b,mode] in {0,1}, one mode. Per stage: stage_time[s].
+    During a use stage all of the group's chunks are on DEVICE; between uses the kept ones plus
+    those that already arrived: resident[g,s] is derived, never a variable of its own.
+    """
+
+    def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier3 | None = None,
+                 lp_solver: str = "GLOP", lookahead: int | None = None) -> None:
+        self.original = data
+        # rows mixing 1e11 bytes and 0.1 s stall the simplex: the model works in MiB and milliseconds
+        self.data = _scaled(data)
+        self.relax = relax
+        # prefetch depth: every stage of a gap for small models, fewer for big ones (model size)
+        self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.groups)))
+        # minimal-capacity mode: the capacity of one tier becomes a variable and the objective
+        self.capacity_variable = capacity_variable
+        self.solver = _MathOpt(lp_solver if relax else "HIGHS")
+        self.solver_name = self.solver.name
+        self._add_variables()
+        self._add_memory_constraints()
+        self._add_time_constraints()
+        self._add_objective()
+
+    # -- variables -----------------------------------------------------------------------
+    def _int(self, lo: float, hi: float, name: str) -> Any:
+        return self.solver.NumVar(lo, hi, name) if self.relax else self.solver.IntVar(lo, hi, name)
+
+    def _bool(self, name: str) -> Any:
+        return self.solver.NumVar(0, 1, name) if self.relax else self.solver.BoolVar(name)
+
+    def _add_variables(self) -> None:
+        d, n = self.data, len(self.data.stages)
+        inf = self.solver.infinity()
+        self.stage_time = [self.solver.NumVar(0, inf, f"stage_time[{s}]") for s in range(n)]
+        self.gaps: list[tuple[_Gap, ...]] = []
+        self.keep: list[list[Any]] = []
+        self.incoming: list[list[list[Any]]] = []  # [g][gap][k] aligned with gap.lookahead
+        self.refresh: list[list[Any]] = []  # [g][k] aligned with the wrap gap's lookahead
+        self.persistent, self.os_device, self.os_host, self.os_nvme = [], [], [], []
+        for g in d.groups:
+            gaps = group_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, self.lookahead)
+            self.gaps.append(gaps)
+            pers = self._int(0, g.count, f"persistent[{g.id}]")
+            n_os = g.count if g.trainable else 0
+            od = self._int(0, n_os, f"os_device[{g.id}]")
+            oh = self._int(0, n_os, f"os_host[{g.id}]")
+            on = self._int(0, n_os if d.has_nvme else 0, f"os_nvme[{g.id}]")
+            self.persistent.append(pers)
+            self.os_device.append(od)
+            self.os_host.append(oh)
+            self.os_nvme.append(on)
+            self.solver.Add(od + oh + on == n_os, f"os_all[{g.id}]")
+            # GPU Adam needs PARAM and GRAD on DEVICE at the optimizer step: such chunks stay
+            self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
+            keeps, incs, refresh = [], [], []
+            for i, gap in enumerate(gaps):
+                keep = self._int(0, g.count, f"keep[{g.id},{i}]")
+                inc = [self._int(0, g.count, f"incoming[{g.id},{i},{k}]") for k in range(len(gap.lookahead))]
+                self.solver.Add(keep >= pers, f"keep_persistent[{g.id},{i}]")
+                self.solver.Add(keep + sum(inc) == g.count, f"arrive[{g.id},{i}]")
+                if gap.wraps and g.trainable:
+                    # the CPU Adam rewrote the HOST copy: kept chunks without GPU Adam are stale and
+                    # are uploaded again in place before the next forward uses them
+                    refresh = [self._int(0, g.count, f"refresh[{g.id},{k}]") for k in range(len(gap.lookahead))]
+                    self.solver.Add(sum(refresh) >= keep - od, f"stale_after_step[{g.id}]")
+                keeps.append(keep)
+                incs.append(inc)
+            if not gaps:  # never touched by forward/backward work: only the persistent ones are on DEVICE
+                keeps.append(pers)
+            self.keep.append(keeps)
+            self.incoming.append(incs)
+            self.refresh.append(refresh)
+        self.act = [{m: self._bool(f"act[{b.id},{m.value}]") for m in ACT_MODES} for b in d.blocks]
+        for b, choice in zip(d.blocks, self.act):
+            self.solver.Add(sum(choice.values()) == 1, f"one_mode[{b.id}]")
+            if not d.has_nvme:
+                choice[ActivationMode.SWAP_NVME].upper_bound = 0
+            if b.forward_stage < 0 or b.backward_stage < 0:  # no forward or no backward: nothing to plan
+                for m in ACT_MODES[1:]:
+                    choice[m].upper_bound = 0
+        self.capacity = None
+        if self.capacity_variable is not None:
+            self.capacity = self.solver.NumVar(0, inf, f"capacity[{self.capacity_variable.value}]")
+
+    # -- memory --------------------------------------------------------------------------
+    def _interval_sums(self, name: str, items: list[tuple[int, int, Any]]) -> list[Any]:
+        """Per stage s, the sum of the expressions whose interval [first, last] contains s.
+
+        A running sum (one variable per stage where it changes) instead of one term per stage and
+        item keeps every row sparse: dense rows are what makes the simplex slow at 175B.
+        """
+        n = len(self.data.stages)
+        starts: list[list[Any]] = [[] for _ in range(n + 1)]
+        ends: list[list[Any]] = [[] for _ in range(n + 1)]
+        for first, last, expr in items:
+            if first > last:
+                continue
+            starts[first].append(expr)
+            ends[last + 1].append(expr)
+        out: list[Any] = []
+        prev: Any = 0
+        for s in range(n):
+            if not starts[s] and not ends[s]:
+                out.append(prev)
+                continue
+            v = self.solver.NumVar(0, self.solver.infinity(), f"{name}[{s}]")
+            self.solver.Add(v == prev + sum(starts[s]) - sum(ends[s]), f"{name}_run[{s}]")
+            out.append(v)
+            prev = v
+        return out
+
+    def _build_memory_terms(self) -> None:
+        d, n = self.data, len(self.data.stages)
+        inf = self.solver.infinity()
+        self.device_static = self.solver.NumVar(0, inf, "device_static")  # OS on DEVICE
+        self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.groups)),
+                        "device_static_sum")
+        self.host_static = self.solver.NumVar(0, inf, "host_static")  # HOST copies of PARAM + OS on HOST
+        self.solver.Add(self.host_static == sum((g.count - self.os_device[gi]) * g.param_bytes + self.os_host[gi] * g.os_bytes
+                                                for gi, g in enumerate(d.groups)), "host_static_sum")
+        self.use_bytes = [0.0] * n  # PARAM bytes of the groups a stage's work touches
+        self.arrived: list[list[Any]] = [[] for _ in range(n)]  # incoming chunks already on DEVICE in s (bytes)
+        kept: list[tuple[int, int, Any]] = []
+        grads: list[tuple[int, int, Any]] = []
+        host_grads: list[tuple[int, int, Any]] = []
+        for gi, g in enumerate(d.groups):
+            for s in g.use_stages:
+                self.use_bytes[s] += g.count * g.param_bytes
+            for i, gap in enumerate(self.gaps[gi]):
+                for first, last in _runs(gap.stages):
+                    kept.append((first, last, self.keep[gi][i] * g.param_bytes))
+                pos = {s: j for j, s in enumerate(gap.stages)}
+                for k, s_in in enumerate(gap.lookahead):
+                    for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
+                        self.arrived[s].append(self.incoming[gi][i][k] * g.param_bytes)
+            if not self.gaps[gi]:
+                kept.append((0, n - 1, self.persistent[gi] * g.param_bytes))
+            if not g.trainable:
+                continue
+            if g.first_backward_stage >= 0:
+                # grads accumulate on DEVICE over the chunk's backward uses, then GPU Adam chunks keep them
+                grads.append((g.first_backward_stage, g.last_backward_stage, g.count * g.param_bytes))
+                grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
+                # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)
+                last = g.last_backward_stage if d.optimizer_overlap else n - 1
+                host_grads.append((g.last_backward_stage, last, (g.count - self.os_device[gi]) * g.param_bytes))
+                if d.optimizer_overlap:
+                    # OS living on NVME is staged on HOST from the chunk's first backward use (read
+                    # early, so the SSDs work while the device computes) until its CPU step
+                    host_grads.append((g.first_backward_stage, g.last_backward_stage, self.os_nvme[gi] * g.os_bytes))
+        saved: list[tuple[int, int, Any]] = []
+        host_acts: list[tuple[int, int, Any]] = []
+        for b, choice in zip(d.blocks, self.act):
+            if b.forward_stage < 0 or b.backward_stage < 0:
+                continue
+            recompute, swap, offload, reload = _act_windows(b, n)
+            swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
+            if len(recompute):
+                saved.append((recompute.start, recompute.stop - 1,
+                              (b.activation_bytes - b.input_bytes) * choice[ActivationMode.RECOMPUTE]))
+            if len(swap):
+                saved.append((swap.start, swap.stop - 1, b.activation_bytes * swapped))
+            host_acts.append((offload, reload, b.activation_bytes * choice[ActivationMode.SWAP_HOST]))
+        trainable = [(gi, g) for gi, g in enumerate(d.groups) if g.trainable]
+        if d.has_nvme and trainable:
+            # OS living on NVME passes through HOST for its CPU step. With overlap the write-back of
+            # one chunk overlaps the read of the next: one more chunk of OS is staged on HOST during
+            # backward; after backward the steps take one chunk at a time in the optimizer stage
+            self.any_nvme_os = self._bool("any_nvme_os")
+            for gi, g in trainable:
+                self.solver.Add(self.os_nvme[gi] <= g.count * self.any_nvme_os, f"any_nvme_os[{g.id}]")
+            staged = max(g.os_bytes for _, g in trainable) * self.any_nvme_os
+            backward = [g for _, g in trainable if g.first_backward_stage >= 0]
+            if d.optimizer_overlap and backward:
+                first = min(g.first_backward_stage for g in backward)
+                last = max(g.last_backward_stage for g in backward)
+                host_grads.append((first, last, staged))
+            else:
+                host_grads.append((d.optimizer_stage, d.optimizer_stage, staged))
+        self.kept_bytes = self._interval_sums("kept_params", kept)
+        self.grad_bytes = self._interval_sums("device_grads", grads)
+        self.saved_bytes = self._interval_sums("activation_saved", saved)
+        self.host_grad_bytes = self._interval_sums("host_grads", host_grads)
+        self.host_act_bytes = self._interval_sums("host_activations", host_acts)
+
+    def _param_expr(self, s: int) -> Any:
+        """PARAM + GRAD bytes on DEVICE in stage s (the budget materialize gets)."""
+        return self.use_bytes[s] + self.kept_bytes[s] + sum(self.arrived[s]) + self.grad_bytes[s]
+
+    def _device_expr(self, s: int) -> Any:
+        d = self.data
+        return d.stages[s].non_model_bytes + self.device_static + self._param_expr(s) - self.saved_bytes[s]
+
+    def _host_expr(self, s: int) -> Any:
+        return self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s]
+
+    def _nvme_expr(self) -> Any:
+        d = self.data
+        expr = 0
+        for gi, g in enumerate(d.groups):
+            expr += self.os_nvme[gi] * g.os_bytes
+        for b, choice in zip(d.blocks, self.act):
+            expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
+        return expr
+
+    def _cap(self, tier: Tier3, given: float) -> Any:
+        return self.capacity if self.capacity_variable is tier else given
+
+    def _add_memory_constraints(self) -> None:
+        d = self.data
+        self._build_memory_terms()
+        for s in range(len(d.stages)):
+            self.solver.Add(self._device_expr(s) <= self._cap(Tier3.DEVICE, d.device_bytes), f"device_memory[{s}]")
+            self.solver.Add(self._host_expr(s) <= self._cap(Tier3.HOST, d.host_bytes), f"host_memory[{s}]")
+        self.solver.Add(self._nvme_expr() <= self._cap(Tier3.NVME, d.nvme_bytes), "nvme_memory")
+
+    # -- time ----------------------------------------------------------------------------
+    def _channel_exprs(self) -> dict[str, list[Any]]:
+        """Per stage: bytes per channel, compute, and CPU/NVMe optimizer work released (expressions)."""
+        d, n = self.data, len(self.data.stages)
+        h2d: list[Any] = [0] * n
+        d2h: list[Any] = [0] * n
+        nvme_read: list[Any] = [0] * n
+        nvme_write: list[Any] = [0] * n
+        compute: list[Any] = [st.compute_seconds for st in d.stages]
+        cpu_released: list[Any] = [0] * n  # CPU Adam time whose grads become final in stage s
+        os_read: list[Any] = [0] * n  # NVMe OS bytes to read / write for those steps
+        os_write: list[Any] = [0] * n
+        for gi, g in enumerate(d.groups):
+            for i, gap in enumerate(self.gaps[gi]):
+                for k, s in enumerate(gap.lookahead):
+                    h2d[s] += self.incoming[gi][i][k] * g.param_bytes
+                    if gap.wraps and self.refresh[gi]:
+                        h2d[s] += self.refresh[gi][k] * g.param_bytes
+            if not g.trainable:
+                continue
+            release = g.last_backward_stage if (d.optimizer_overlap and g.last_backward_stage >= 0) else d.optimizer_stage
+            grads_at = g.last_backward_stage if g.last_backward_stage >= 0 else d.optimizer_stage
+            cpu_chunks = g.count - self.os_device[gi]
+            d2h[grads_at] += cpu_chunks * g.param_bytes
+            cpu_released[release] += cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element)
+            os_read[release] += self.os_nvme[gi] * g.os_bytes
+            os_write[release] += self.os_nvme[gi] * g.os_bytes
+            compute[d.optimizer_stage] += self.os_device[gi] * (g.elements * d.gpu_adam_seconds_per_element)
+        for b, choice in zip(d.blocks, self.act):
+            if b.forward_stage < 0 or b.backward_stage < 0:
+                continue
+            _, _, offload, reload = _act_windows(b, n)
+            swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
+            d2h[offload] += b.activation_bytes * swapped
+            h2d[reload] += b.activation_bytes * swapped
+            nvme_write[offload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
+            nvme_read[reload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
+            compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
+        return {"H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
+                "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
+
+    def _add_time_constraints(self) -> None:
+        d, n = self.data, len(self.data.stages)
+        inf = self.solver.infinity()
+        ch = self.channels = self._channel_exprs()
+        rd = d.nvme_read_bytes_per_s or 1.0
+        wr = d.nvme_write_bytes_per_s or 1.0
+        for s in range(n):
+            t = self.stage_time[s]
+            self.solver.Add(t >= ch["COMPUTE"][s], f"time_compute[{s}]")
+            self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
+            self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
+            self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
+        # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
+        # in s or later, so every suffix of the iteration must be long enough for the work released
+        # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
+        self.suffix = [self.solver.NumVar(0, inf, f"suffix_time[{s}]") for s in range(n)]
+        for s in range(n):
+            later = self.suffix[s + 1] if s + 1 < n else 0
+            self.solver.Add(self.suffix[s] == self.stage_time[s] + later, f"suffix[{s}]")
+        cpu_tail: Any = 0
+        nvme_tail: Any = 0
+        for s in reversed(range(n)):
+            cpu_here = ch["CPU_RELEASED"][s]
+            nvme_here = (ch["OS_READ"][s] + ch["NVME_READ"][s]) * (1.0 / rd) + (ch["OS_WRITE"][s] + ch["NVME_WRITE"][s]) * (1.0 / wr)
+            if not _is_zero(cpu_here):
+                v = self.solver.NumVar(0, inf, f"cpu_optimizer_tail[{s}]")  # running sums keep rows sparse
+                self.solver.Add(v == cpu_tail + cpu_here, f"cpu_optimizer_tail_run[{s}]")
+                cpu_tail = v
+            if not _is_zero(nvme_here):
+                v = self.solver.NumVar(0, inf, f"nvme_tail[{s}]")
+                self.solver.Add(v == nvme_tail + nvme_here, f"nvme_tail_run[{s}]")
+                nvme_tail = v
+            if not _is_zero(cpu_tail):
+                self.solver.Add(self.suffix[s] >= cpu_tail, f"cpu_optimizer_suffix[{s}]")
+            if not _is_zero(nvme_tail):
+                self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
+        if not d.optimizer_overlap:
+            # Adam after backward: the optimizer stage alone carries the CPU step and its SSD traffic
+            o = d.optimizer_stage
+            self.solver.Add(self.stage_time[o] >= ch["CPU_RELEASED"][o], "time_cpu_optimizer")
+            self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * (1.0 / rd)
+                            + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * (1.0 / wr), "time_nvme_optimizer")
+
+    def _add_objective(self) -> None:
+        if self.capacity is not None:
+            self.solver.Minimize(self.capacity)
+            return
+        # Among plans of equal time prefer the one that moves, recomputes and steps on the CPU least
+        # (it is time the simulator and the executor cannot always hide). That work is at most
+        # SECONDARY_TERMS x sum T_s, so the LP value / (1 + SECONDARY_TERMS x SECONDARY_WEIGHT) stays
+        # a lower bound on sum T_s.
+        d, ch = self.data, self.channels
+        rd = d.nvme_read_bytes_per_s or 1.0
+        wr = d.nvme_write_bytes_per_s or 1.0
+        work = 0
+        for s in range(len(d.stages)):
+            work += ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s) + ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s)
+            work += (ch["NVME_READ"][s] + ch["OS_READ"][s]) * (1.0 / rd) + (ch["NVME_WRITE"][s] + ch["OS_WRITE"][s]) * (1.0 / wr)
+            work += ch["CPU_RELEASED"][s] + (ch["COMPUTE"][s] - d.stages[s].compute_seconds)
+        self.secondary = work
+        self.solver.Minimize(sum(self.stage_time) + SECONDARY_WEIGHT * work)
+
+    # -- solve ---------------------------------------------------------------------------
+    def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP) -> PlacementSolution:
+        start = time.perf_counter()
+        result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap)
+        seconds = time.perf_counter() - start
+        reason = result.termination.reason
+        log.info("placement %s (%s): %s, %d variables, %d constraints, %.2f s", self.solver_name,
+                 "LP" if self.relax else "MIP", reason.name, self.solver.NumVariables(), self.solver.NumConstraints(), seconds)
+        if reason in (mathopt.TerminationReason.INFEASIBLE, mathopt.TerminationReason.INFEASIBLE_OR_UNBOUNDED):
+            raise PlacementInfeasible(f"{self.solver_name}: infeasible")
+        if not result.has_primal_feasible_solution():
+            raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s ({reason.name})")
+        self.values = result.variable_values()
+        self.result = result
+        return self._solution(reason is mathopt.TerminationReason.OPTIMAL, seconds)
+
+    def _value(self, expr: Any) -> float:
+        if isinstance(expr, (int, float)):
+            return float(expr)
+        return float(mathopt.evaluate_expression(expr, self.values))
+
+    def _solution(self, optimal: bool, seconds: float) -> PlacementSolution:
+        d, n = self.data, len(self.data.stages)
+        t, b = TIME_UNIT, BYTE_UNIT
+        objective = sum(self._value(v) for v in self.stage_time) * t  # sum T_s, without the tie-breaker
+        raw_bound = self.result.objective_value() if self.relax else self.result.termination.objective_bounds.dual_bound
+        if self.capacity is None:
+            raw_bound /= 1 + SECONDARY_TERMS * SECONDARY_WEIGHT
+        bound = min(max(raw_bound, 0.0) * t, objective)
+        ours = SolverStatus.OPTIMAL if optimal else SolverStatus.FEASIBLE
+
+        def val(v: Any) -> float:  # integral counts come back as 2.9999999: snap them
+            x = self._value(v)
+            return x if self.relax else float(round(x))
+
+        resident, incoming = [], []
+        for gi, g in enumerate(d.groups):
+            res = [0.0] * n
+            inc = [0.0] * n
+            for s in g.use_stages:
+                res[s] = float(g.count)
+            if not self.gaps[gi]:
+                res = [val(self.persistent[gi])] * n
+            for i, gap in enumerate(self.gaps[gi]):
+                keep = val(self.keep[gi][i])
+                arrived = 0.0
+                look = dict(zip(gap.lookahead, self.incoming[gi][i]))
+                for s in gap.stages:
+                    if s in look:
+                        inc[s] += val(look[s])
+                        arrived += val(look[s])
+                    res[s] = keep + arrived
+            resident.append(tuple(res))
+            incoming.append(tuple(inc))
+        modes = []
+        for choice in self.act:
+            modes.append(max(ACT_MODES, key=lambda m: (self._value(choice[m]), -ACT_MODES.index(m))))
+        channel_bytes = {k: b * sum(self._value(e) for e in self.channels[k]) for k in ("H2D", "D2H", "NVME_READ", "NVME_WRITE")}
+        channel_bytes["NVME_READ"] += b * sum(self._value(e) for e in self.channels["OS_READ"])
+        channel_bytes["NVME_WRITE"] += b * sum(self._value(e) for e in self.channels["OS_WRITE"])
+        return PlacementSolution(
+            status=ours,
+            objective_seconds=float(objective),
+            bound_seconds=float(bound),
+            relaxed=self.relax,
+            resident=tuple(resident),
+            incoming=tuple(incoming),
+            persistent=tuple(val(v) for v in self.persistent),
+            os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c)}
+                            for a, h, c in zip(self.os_device, self.os_host, self.os_nvme)),
+            activation_modes=tuple(modes),
+            stage_seconds=tuple(self._value(v) * t for v in self.stage_time),
+            device_bytes_per_stage=tuple(self._value(self._device_expr(s)) * b for s in range(n)),
+            host_bytes_per_stage=tuple(self._value(self._host_expr(s)) * b for s in range(n)),
+            param_bytes_per_stage=tuple(self._value(self._param_expr(s)) * b for s in range(n)),
+            nvme_bytes=self._value(self._nvme_expr()) * b,
+            channel_bytes=channel_bytes,
+            solve_seconds=seconds,
+            solver=f"{self.solver_name} {'LP' if self.relax else 'MIP'}",
+        )
+
+    def capacity_value(self) -> float:
+        assert self.capacity is not None
+        return self._value(self.capacity) * BYTE_UNIT
+
+
+class _MathOpt:
+    """The few calls the model makes, on an OR-Tools MathOpt model.
+
+    MathOpt rather than pywraplp: through pywraplp a HiGHS MIP stopped by its time limit reports
+    no solution at all, while MathOpt returns the incumbent and the proven bound."""
+
+    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kind = self._TYPES[name]
+        self.model = mathopt.Model(name="placement")
+        self._rows = 0
+
+    @staticmethod
+    def infinity() -> float:
+        return math.inf
+
+    def NumVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802 (pywraplp's spelling)
+        return self.model.add_variable(lb=lo, ub=hi, name=name)
+
+    def IntVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802
+        return self.model.add_variable(lb=lo, ub=hi, is_integer=True, name=name)
+
+    def BoolVar(self, name: str) -> Any:  # noqa: N802
+        return self.model.add_binary_variable(name=name)
+
+    def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
+        self._rows += 1
+        return self.model.add_linear_constraint(bounded, name=name)
+
+    def Minimize(self, expr: Any) -> None:  # noqa: N802
+        self.model.minimize(expr)
+
+    def NumVariables(self) -> int:  # noqa: N802
+        return sum(1 for _ in self.model.variables())
+
+    def NumConstraints(self) -> int:  # noqa: N802
+        return self._rows
+
+    def solve(self, *, time_limit_seconds: float, relative_gap: float) -> Any:
+        params = mathopt.SolveParameters(
+            time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
+            random_seed=0,  # deterministic (HiGHS runs its MIP search on one thread)
+            enable_output=False,
+        )
+        if self.kind is mathopt.SolverType.HIGHS:
+            params.relative_gap_tolerance = relative_gap
+        with _quiet_stdout():
+            return mathopt.solve(self.model, self.kind, params=params)
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """HiGHS prints its banner on the process's stdout (fd 1), where the CLI's summary goes."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real fd 1 (embedded): nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _is_zero(expr: Any) -> bool:
+    return isinstance(expr, (int, float)) and expr == 0
+
+
+def _runs(stages: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive runs [first, last] of a stage sequence (a wrapping gap gives two)."""
+    runs: list[tuple[int, int]] = []
+    for s in stages:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    return runs
+
+
+def solve_placement(data: PlacementInput, *, relax: bool = False, time_limit_seconds: float = 60.0) -> PlacementSolution:
+    """Build and solve the placement model (raises PlacementInfeasible)."""
+    return PlacementModel(data, relax=relax).solve(time_limit_seconds=time_limit_seconds)
+
+
+def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, relax: bool = False,
+                     time_limit_seconds: float = 5.0) -> tuple[int, int] | None:
+    """The smallest capacity of `tier` with which the model is feasible, and the stage that needs it.
+
+    With relax_others the other tiers are unbounded (what this tier needs on its own); otherwise
+    they keep their capacities. None when no capacity of this tier helps. When the MIP stops at
+    its time limit the best capacity found is returned: it works, it may not be the smallest.
+    """
+    probe = data
+    if relax_others:
+        for other in Tier3:
+            if other is not tier:
+                probe = probe.with_capacity(other, INFINITE_BYTES)
+    model = PlacementModel(probe, capacity_variable=tier, relax=relax)
+    try:
+        sol = model.solve(time_limit_seconds=time_limit_seconds)
+    except PlacementInfeasible:
+        return None
+    need = int(math.ceil(model.capacity_value() - 1e-6))
+    if tier is Tier3.DEVICE:
+        per_stage = sol.device_bytes_per_stage
+    elif tier is Tier3.HOST:
+        per_stage = sol.host_bytes_per_stage
+    else:
+        return need, -1
+    stage = max(range(len(per_stage)), key=lambda s: (per_stage[s], -s))
+    return need, stage
+
+
+# ----------------------------------------------------------------------------- from a Problem
+
+
+def placement_input(problem: Any, layout: Any, *, optimizer_overlap: bool = True) -> PlacementInput:
+    """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
+
+    Chunks are grouped by the stages that touch them (plus size and trainability); a block's
+    activation plan acts between the stage of its forward and the stage of its backward.
+    """
+    from schemas.schedule import ChunkList
+    from schemas.trace import DTYPE_BYTES
+
+    hw = problem.hardware
+    stages = problem.stages
+    n_stages = len(stages)
+    stage_of_moment: dict[int, int] = {}
+    for st in stages:
+        for m in range(st.first_moment, st.last_moment + 1):
+            stage_of_moment[m] = st.id
+    chunk_of_tensor: dict[int, int] = {}
+    trainable_chunk: dict[int, bool] = defaultdict(bool)
+    for slot in layout.tensors:
+        chunk_of_tensor.setdefault(slot.tensor, slot.chunk)
+        trainable_chunk[slot.chunk] |= slot.trainable
+    uses: dict[int, set[int]] = defaultdict(set)
+    stage_data = []
+    for st in stages:
+        compute = 0.0
+        peak = 0
+        for m in range(st.first_moment, st.last_moment + 1):
+            mom = problem.moments[m]
+            compute += mom.compute_seconds
+            peak = max(peak, mom.non_model_bytes)
+            if mom.phase is Phase.OPTIMIZER:
+                continue  # the optimizer touches every chunk; where it steps is the chunk plans' decision
+            for t in mom.tensors:
+                if t in chunk_of_tensor:
+                    uses[chunk_of_tensor[t]].add(st.id)
+        stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak))
+    optimizer_stage = n_stages - 1
+    for st in stages:
+        if st.phase is Phase.OPTIMIZER:
+            optimizer_stage = st.id
+    param_item = DTYPE_BYTES[problem.compute_dtype]
+    os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
+    keyed: dict[tuple, list[int]] = {}
+    for c in layout.chunks:
+        use = tuple(sorted(uses.get(c.id, ())))
+        key = (use, c.elements, trainable_chunk[c.id])
+        keyed.setdefault(key, []).append(c.id)
+    groups = []
+    for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
+        backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
+        groups.append(GroupData(
+            id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
+            elements=elements, trainable=trainable, use_stages=use,
+            first_backward_stage=min(backward) if backward else -1,
+            last_backward_stage=max(backward) if backward else -1))
+    blocks = []
+    for b in problem.blocks:
+        p = stage_of_moment[b.forward_moments[1]]
+        c = stage_of_moment[b.backward_moments[0]]
+        blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
+                                recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
+    return PlacementInput(
+        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
+        device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
+        h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,
+        nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s, nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
+        cpu_adam_seconds_per_element=1.0 / hw.host.optimizer_params_per_s,
+        gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
+        optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
+    )
+
+
+def group_summary(data: PlacementInput) -> str:
+    return f"{len(data.groups)} chunk groups, {sum(g.count for g in data.groups)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
+
+
+__all__ = [
+    "ACT_MODES", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput", "PlacementModel",
+    "PlacementSolution", "StageData", "Tier3", "group_summary", "minimal_capacity", "placement_input",
+    "solve_placement",
+]
+

@@ -1,0 +1,123 @@
+"""`planner.placement` on hand-built inputs: the model's rows do what the docstring says."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.bounds import physical_lower_bound_seconds
+from planner.exact import ExactModel, split_groups
+from planner.placement import (
+    MIP_RELATIVE_GAP,
+    BlockData,
+    GroupData,
+    PlacementInfeasible,
+    PlacementInput,
+    PlacementModel,
+    StageData,
+    Tier3,
+    minimal_capacity,
+)
+from schemas.schedule import ActivationMode, Phase, SolverStatus
+
+MIB = 2**20
+
+
+def synthetic(layers: int = 3, chunks: int = 2, *, device_mib: float = 64, act_mib: float = 4, compute_s: float = 1e-3,
+              overlap: bool = True, nvme: bool = True) -> PlacementInput:
+    """A GPT-like iteration: embedding stage, one forward and one backward stage per block, optimizer."""
+    elements = MIB // 4  # 1 MiB fp32 PARAM chunks
+    stages = [StageData(id=0, name="forward embedding", phase=Phase.FORWARD, compute_seconds=1e-5, non_model_bytes=MIB)]
+    for b in range(layers):
+        stages.append(StageData(id=len(stages), name=f"forward {b}", phase=Phase.FORWARD, compute_seconds=compute_s,
+                                non_model_bytes=int((b + 1) * act_mib * MIB)))
+    for b in reversed(range(layers)):
+        stages.append(StageData(id=len(stages), name=f"backward {b}", phase=Phase.BACKWARD, compute_seconds=2 * compute_s,
+                                non_model_bytes=int((b + 2) * act_mib * MIB)))
+    stages.append(StageData(id=len(stages), name="optimizer", phase=Phase.OPTIMIZER, compute_seconds=0, non_model_bytes=0))
+    n = len(stages)
+    fwd, bwd = (lambda b: 1 + b), (lambda b: 2 * layers - b)
+    groups = []
+    for b in range(layers):
+        groups.append(GroupData(id=b, chunks=tuple(range(b * chunks, (b + 1) * chunks)), param_bytes=MIB, os_bytes=2 * MIB,
+                                elements=elements, trainable=True, use_stages=(fwd(b), bwd(b)),
+                                first_backward_stage=bwd(b), last_backward_stage=bwd(b)))
+    blocks = [BlockData(id=b, activation_bytes=int(act_mib * MIB), input_bytes=int(act_mib * MIB) // 8,
+                        recompute_seconds=compute_s, forward_stage=fwd(b), backward_stage=bwd(b)) for b in range(layers)]
+    return PlacementInput(
+        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stages), device_bytes=int(device_mib * MIB),
+        host_bytes=10**12, nvme_bytes=10**12 if nvme else 0, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
+        nvme_read_bytes_per_s=2e9 if nvme else 0.0, nvme_write_bytes_per_s=1e9 if nvme else 0.0,
+        cpu_adam_seconds_per_element=1e-9, gpu_adam_seconds_per_element=1e-11, optimizer_overlap=overlap,
+        optimizer_stage=n - 1)
+
+
+def test_everything_fits_means_compute_bound_and_no_traffic():
+    data = synthetic(device_mib=10_000)
+    sol = PlacementModel(data).solve()
+    assert sol.status is SolverStatus.OPTIMAL
+    compute = sum(st.compute_seconds for st in data.stages)
+    gpu_adam = sum(g.count * g.elements for g in data.groups) * data.gpu_adam_seconds_per_element
+    # the MIP stops within MIP_RELATIVE_GAP of its bound: the iteration is the compute, give or take that
+    assert compute * (1 - 1e-6) <= sol.objective_seconds <= (compute + gpu_adam) * (1 + MIP_RELATIVE_GAP)
+    assert all(m is ActivationMode.KEEP for m in sol.activation_modes)
+
+
+def test_memory_rows_hold_and_lp_bounds_the_mip():
+    data = synthetic(device_mib=40)
+    lp = PlacementModel(data, relax=True).solve()
+    mip = PlacementModel(data).solve()
+    assert lp.objective_seconds <= mip.objective_seconds * (1 + 1e-6)
+    assert mip.bound_seconds <= mip.objective_seconds
+    assert max(mip.device_bytes_per_stage) <= data.device_bytes + 1
+    assert physical_lower_bound_seconds(data) <= mip.objective_seconds * (1 + 1e-6)
+    # every count integral and within its group
+    for g, row, pers in zip(data.groups, mip.resident, mip.persistent):
+        assert all(float(x).is_integer() and 0 <= x <= g.count for x in row)
+        assert all(x >= pers for x in row)
+        for s in g.use_stages:
+            assert row[s] == g.count
+
+
+def test_aggregation_loses_nothing():
+    data = synthetic(layers=3, chunks=3, device_mib=40)
+    aggregated = PlacementModel(data).solve()
+    per_chunk = PlacementModel(split_groups(data)).solve()
+    assert aggregated.objective_seconds == pytest.approx(per_chunk.objective_seconds, rel=1e-2)
+
+
+def test_matches_the_exact_cp_sat_model():
+    data = synthetic(layers=3, chunks=2, device_mib=30)
+    ours = PlacementModel(data).solve()
+    exact = ExactModel(split_groups(data)).solve()
+    assert ours.objective_seconds <= exact.objective_seconds * 1.02
+    assert exact.objective_seconds <= ours.objective_seconds * 1.02
+
+
+def test_tighter_device_is_never_faster():
+    times = [PlacementModel(synthetic(device_mib=m)).solve().objective_seconds for m in (200, 40, 30)]
+    assert times[0] <= times[1] * (1 + 1e-6) <= times[2] * (1 + 1e-6) ** 2
+
+
+def test_without_ssds_no_nvme_choice():
+    sol = PlacementModel(synthetic(device_mib=30, nvme=False)).solve()
+    assert all(c["NVME"] == 0 for c in sol.os_counts)
+    assert ActivationMode.SWAP_NVME not in sol.activation_modes
+
+
+def test_infeasible_and_minimal_capacity():
+    data = synthetic(device_mib=5)
+    with pytest.raises(PlacementInfeasible):
+        PlacementModel(data).solve()
+    need, stage = minimal_capacity(data, Tier3.DEVICE, relax_others=True)
+    assert need > data.device_bytes and 0 <= stage < len(data.stages)
+    sol = PlacementModel(dataclasses.replace(data, device_bytes=need + 1)).solve()
+    assert max(sol.device_bytes_per_stage) <= need + 1
+
+
+def test_overlap_hides_the_cpu_optimizer():
+    slow_cpu = dict(device_mib=30)
+    overlap = PlacementModel(dataclasses.replace(synthetic(**slow_cpu), cpu_adam_seconds_per_element=2e-8)).solve()
+    serial = PlacementModel(dataclasses.replace(synthetic(overlap=False, **slow_cpu), cpu_adam_seconds_per_element=2e-8)).solve()
+    assert overlap.objective_seconds < serial.objective_seconds

@@ -1,0 +1,169 @@
+"""`planner.solve`: determinism, gap, the exact optimum, infeasibility explanations, the CLI."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from planner.cli import main
+from planner.errors import InfeasibleError, PlannerError
+from planner.families import gpt_trace
+from planner.presets import resolve_hardware
+from planner.solve import default_output_path, solve, solve_report
+from schemas import Schedule
+from schemas._base import digest_bytes
+from schemas.schedule import Channel, Tier
+
+from conftest import TRACES
+
+HW = "rtx4090-768g-12ssd"  # transfers matter next to its compute: the placement has real choices
+
+
+def _trace(layers: int, **kw):
+    args = dict(layers=layers, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32")
+    args.update(kw)
+    return gpt_trace(**args)
+
+
+def _digest(trace) -> str:
+    return digest_bytes(trace.to_msgpack())
+
+
+def _param_bytes(trace) -> int:
+    return sum(t.bytes for t in trace.tensors)
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return resolve_hardware(HW)
+
+
+def test_same_inputs_give_identical_bytes(hw):
+    trace = _trace(3)
+    device = _param_bytes(trace) * 5
+    a = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    b = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    assert a.to_msgpack() == b.to_msgpack()
+
+
+@pytest.mark.parametrize("layers, device_factor", [(2, None), (3, 5.0), (6, 4.0)])
+def test_header_gap_within_two_percent(hw, layers, device_factor):
+    trace = _trace(layers)
+    device = None if device_factor is None else int(_param_bytes(trace) * device_factor)
+    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    h = schedule.header
+    assert 0 < h.lower_bound_seconds <= h.objective_seconds
+    assert h.gap == pytest.approx((h.objective_seconds - h.lower_bound_seconds) / h.objective_seconds)
+    assert h.gap <= 0.02
+
+
+@pytest.mark.parametrize("layers, device_factor", [(2, 5.0), (3, 5.0), (4, None)])
+def test_default_planner_within_two_percent_of_exact(hw, layers, device_factor):
+    trace = _trace(layers)
+    device = None if device_factor is None else int(_param_bytes(trace) * device_factor)
+    default = solve_report(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    exact = solve_report(trace, hw, trace_digest=_digest(trace), device_bytes=device, exact=True)
+    assert exact.schedule.header.policy == default.schedule.header.policy == "tide"
+    assert default.model_objective_seconds <= exact.model_objective_seconds * 1.02
+
+
+def test_infeasible_explains_tier_stage_bytes_and_minimal_capacity(hw):
+    trace = _trace(2)
+    with pytest.raises(InfeasibleError) as info:
+        solve(trace, hw, trace_digest=_digest(trace), device_bytes=1_000_000)
+    message = str(info.value)
+    assert "DEVICE runs out at stage" in message
+    assert "bytes short" in message
+    found = re.search(r"DEVICE >= ([0-9.]+) GB", message)
+    assert found, message
+    need = float(found.group(1)) * 1e9
+    assert need > 1_000_000
+    # the capacity it names is enough (rounded to the 0.01 GB it prints)
+    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=int(need + 0.01e9))
+    assert schedule.prediction.peak_bytes_per_tier
+
+
+def test_less_device_memory_moves_more_and_is_not_faster(hw):
+    trace = _trace(4)
+    pb = _param_bytes(trace)
+    roomy = solve(trace, hw, trace_digest=_digest(trace), device_bytes=pb * 8)
+    tight = solve(trace, hw, trace_digest=_digest(trace), device_bytes=int(pb * 4))
+    assert tight.header.objective_seconds >= roomy.header.objective_seconds * (1 - 1e-9)
+    h2d = lambda s: s.prediction.bytes_per_channel.get(Channel.H2D, 0)  # noqa: E731
+    assert h2d(tight) > h2d(roomy)
+
+
+def test_no_optimizer_overlap_is_not_faster(hw):
+    trace = _trace(3)
+    device = int(_param_bytes(trace) * 5)
+    overlap = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    serial = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device, optimizer_overlap=False)
+    assert serial.header.objective_seconds >= overlap.header.objective_seconds * (1 - 1e-9)
+    assert any("optimizer" in n or "MIP" in n for n in serial.header.notes)
+
+
+def test_world_size_mismatch_is_named(hw):
+    trace = _trace(2, world_size=2)
+    with pytest.raises(PlannerError, match="world_size"):
+        solve(trace, hw, trace_digest=_digest(trace))
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    trace = _trace(3)
+    path = tmp_path / "gpt3.msgpack"
+    trace.write(path)
+    assert main(["solve", str(path), "--hardware", HW]) == 0
+    out = capsys.readouterr().out
+    written = default_output_path(path, HW)
+    assert written.name == f"gpt3.{HW}.schedule.msgpack"
+    schedule = Schedule.read(written)
+    assert schedule.header.trace_digest == digest_bytes(path.read_bytes())
+    assert "status" in out and "gap" in out and "solved in" in out
+    # -o, --device-memory-gb and --json; the file carries no wall clock: same bytes again
+    other = tmp_path / "again.msgpack"
+    assert main(["solve", str(path), "--hardware", HW, "-o", str(other), "--json"]) == 0
+    assert '"gap"' in capsys.readouterr().out
+    assert other.read_bytes() == written.read_bytes()
+
+
+def test_cli_infeasible_exit_code(tmp_path, capsys):
+    path = tmp_path / "t.msgpack"
+    _trace(2).write(path)
+    assert main(["solve", str(path), "--hardware", HW, "--device-memory-gb", "0.001", "-o", str(tmp_path / "s")]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "DEVICE" in err and err.count("\n") == 1
+
+
+@pytest.mark.skipif(not (TRACES / "gpt-small.msgpack").exists(), reason="traces/gpt-small.msgpack not shipped yet")
+def test_cli_solves_the_shipped_small_trace_with_the_default_hardware(tmp_path, capsys):
+    out = tmp_path / "small.schedule.msgpack"
+    assert main(["solve", str(TRACES / "gpt-small.msgpack"), "-o", str(out)]) == 0
+    schedule = Schedule.read(out)
+    assert schedule.header.hardware_name == "cpu-emulated"
+    assert schedule.header.gap <= 0.02
+
+
+def test_simulator_replays_the_schedule_within_its_budgets(hw):
+    simulate = pytest.importorskip("planner.simulate").simulate
+    trace = _trace(4)
+    device = int(_param_bytes(trace) * 4)
+    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    result = simulate(schedule, hw)  # raises ScheduleViolation on a broken schedule
+    assert result.peak_bytes_per_tier[Tier.DEVICE] <= device
+    assert result.peak_bytes_per_tier[Tier.DEVICE] == schedule.prediction.peak_bytes_per_tier[Tier.DEVICE]
+
+
+def test_exact_refuses_big_layouts(hw, monkeypatch):
+    import planner.exact
+    from planner.exact import solve_exact
+    from planner.layout import build_layout
+    from planner.placement import placement_input
+    from planner.problem import build_problem
+
+    trace = _trace(2)
+    problem = build_problem(trace, hw, trace_digest=_digest(trace))
+    layout = build_layout(problem, chunk_elements=1024)
+    monkeypatch.setattr(planner.exact, "MAX_EXACT_CHUNKS", len(layout.chunks) - 1)
+    with pytest.raises(PlannerError, match="--exact"):
+        solve_exact(placement_input(problem, layout))
