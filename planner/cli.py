@@ -60,3 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `python -m planner show ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0

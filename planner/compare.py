@@ -1,0 +1,246 @@
+"""`python -m planner compare TRACE --hardware H`: tide and every baseline on identical work, side by side.
+
+Each row is one policy's schedule for the same trace on the same hardware, replayed by
+`planner.simulate.simulate` (a schedule the simulator rejects is an error, never a row; a policy
+that runs out of memory is an INFEASIBLE row with the reason). The lower bound is the physical limit:
+the busiest resource's unavoidable work — the model's compute, the PARAM bytes that cannot stay on
+the GPU (fetched before forward and again before backward), the optimizer work that cannot run on
+the GPU (grads down and CPU Adam, or OS streamed both ways) and the model data that fits neither GPU
+nor CPU memory (read and written on the SSDs every iteration) — over its bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+
+from planner.baselines import POLICIES, _non_model_curve, baseline
+from planner.errors import InfeasibleError, PlannerError
+from planner.problem import Problem, build_problem
+from planner.simulate import ScheduleViolation, SimResult, simulate
+from schemas import Hardware, Schedule, Trace
+from schemas._base import digest_bytes, frozen, read_bytes
+from schemas.schedule import ActivationMode, Channel, ChunkList, Tier
+
+GB = 1e9
+TIDE = "tide"
+
+
+@frozen
+class LowerBound:
+    """No schedule of the trace on the hardware is faster than `seconds` (= the busiest resource)."""
+
+    seconds: float
+    resource: str  # the channel (or "COMPUTE") that sets it
+    seconds_per_resource: dict[str, float]
+
+
+@frozen
+class CompareRow:
+    """One policy on the trace and hardware."""
+
+    policy: str
+    feasible: bool
+    reason: str  # why infeasible (or unavailable); "" when feasible
+    schedule: Schedule | None
+    result: SimResult | None
+    speedup_vs_best_baseline: float | None  # best feasible baseline's seconds / this row's seconds
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"policy": self.policy, "feasible": self.feasible, "reason": self.reason}
+        if self.result is not None:
+            r = self.result
+            out.update(iteration_seconds=r.iteration_seconds, tflops=r.tflops,
+                       gb_per_channel={k.value: v / GB for k, v in r.bytes_per_channel.items()},
+                       busy_seconds_per_channel={k.value: v for k, v in r.busy_seconds_per_channel.items()},
+                       peak_device_gb=r.peak_bytes_per_tier[Tier.DEVICE] / GB,
+                       peak_host_gb=r.peak_bytes_per_tier[Tier.HOST] / GB,
+                       peak_nvme_gb=r.peak_bytes_per_tier[Tier.NVME] / GB,
+                       stall_seconds=r.stall_seconds, speedup_vs_best_baseline=self.speedup_vs_best_baseline,
+                       notes=list(self.schedule.header.notes) if self.schedule else [])
+        return out
+
+
+@frozen
+class Comparison:
+    """The rows and the lower bound of one (trace, hardware) pair."""
+
+    model_name: str
+    hardware_name: str
+    rows: tuple[CompareRow, ...]
+    lower_bound: LowerBound  # physical: holds for any schedule
+    tide_bound_seconds: float | None  # tide's header bound (its placement model's relaxation, or physical)
+
+    def row(self, policy: str) -> CompareRow:
+        return next(r for r in self.rows if r.policy == policy)
+
+    def best_baseline_seconds(self) -> float | None:
+        times = [r.result.iteration_seconds for r in self.rows if r.policy != TIDE and r.result is not None]
+        return min(times) if times else None
+
+    def to_json(self) -> dict[str, object]:
+        return {"model": self.model_name, "hardware": self.hardware_name,
+                "lower_bound": {"seconds": self.lower_bound.seconds, "resource": self.lower_bound.resource,
+                                "seconds_per_resource": self.lower_bound.seconds_per_resource},
+                "tide_bound_seconds": self.tide_bound_seconds,
+                "rows": [r.to_json() for r in self.rows]}
+
+
+def lower_bound(problem: Problem) -> LowerBound:
+    """The busiest resource's unavoidable work over its rate (see the module docstring)."""
+    hw = problem.hardware
+    p = problem.trace.param_count
+    item = problem.list_itemsize(ChunkList.PARAM)
+    os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
+    param_bytes = p * item
+    n = len(problem.blocks)
+    # the least non-model data any plan can have: every block recomputed with its input off the GPU
+    windows = {b.id: (b.forward_moments[1], b.backward_moments[0]) for b in problem.blocks}
+    nm = _non_model_curve(problem, (ActivationMode.RECOMPUTE,) * n, windows)
+    first_backward = next((m.id for m in problem.moments if m.phase.value == "BACKWARD"), 0)
+    cap_start = problem.device_bytes - nm[0]
+    cap_turn = problem.device_bytes - nm[first_backward]
+    h2d = max(0, param_bytes - cap_start) + max(0, param_bytes - cap_turn)
+    # params whose Adam state cannot sit on the GPU next to the params it must hold
+    dev_free = max(0, problem.device_bytes - max(nm) - max(0, param_bytes - h2d // 2))
+    rest = max(0.0, p - dev_free / max(1, os_item))
+    # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
+    rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
+
+    def load(s: float) -> dict[str, float]:
+        return {"H2D": (h2d + os_item * (rest - s)) / rate_h2d,
+                "D2H": (item * s + os_item * (rest - s)) / rate_d2h,
+                "CPU_OPTIMIZER": s / hw.host.optimizer_params_per_s}
+
+    lo, hi = 0.0, rest
+    for _ in range(100):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if max(load(a).values()) <= max(load(b).values()):
+            hi = b
+        else:
+            lo = a
+    per = load((lo + hi) / 2)
+    per["COMPUTE"] = problem.compute_seconds
+    # model data that fits neither the GPU nor the CPU lives on the SSDs: read and written every step
+    excess = max(0, p * (item + os_item) - max(0, problem.device_bytes - max(nm)) - problem.host_bytes)
+    if excess:
+        r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
+        per["NVME"] = excess / r + excess / w if r > 0 and w > 0 else math.inf
+    resource = max(per, key=lambda k: per[k])
+    return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
+
+
+def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Sequence[str] | None = None,
+            problem: Problem | None = None) -> Comparison:
+    """Every policy's schedule for `trace` on `hardware`, simulated; tide's from planner.solve."""
+    problem = problem or build_problem(trace, hardware, trace_digest=trace_digest)
+    names = list(policies) if policies else [TIDE, *POLICIES]
+    for name in names:
+        if name != TIDE and name not in POLICIES:
+            raise PlannerError(f"unknown policy {name!r}; choose from {', '.join([TIDE, *POLICIES])}")
+    raw: list[tuple[str, Schedule | None, SimResult | None, str]] = []
+    for name in names:
+        try:
+            schedule = _tide(trace, hardware, trace_digest) if name == TIDE else baseline(name, problem)
+        except InfeasibleError as exc:
+            raw.append((name, None, None, str(exc)))
+            continue
+        except _Unavailable as exc:
+            raw.append((name, None, None, str(exc)))
+            continue
+        if schedule.header.solver_status.value == "INFEASIBLE":
+            raw.append((name, None, None, "; ".join(schedule.header.notes) or "INFEASIBLE"))
+            continue
+        raw.append((name, schedule, simulate(schedule, hardware), ""))  # a rejected schedule raises: not a row
+    best = min((r.iteration_seconds for n, _, r, _ in raw if n != TIDE and r is not None), default=None)
+    rows = tuple(CompareRow(policy=n, feasible=r is not None, reason=why, schedule=s, result=r,
+                            speedup_vs_best_baseline=(best / r.iteration_seconds) if best and r is not None else None)
+                 for n, s, r, why in raw)
+    tide = next((r for r in rows if r.policy == TIDE and r.schedule is not None), None)
+    return Comparison(model_name=trace.meta.model_name, hardware_name=hardware.name, rows=rows,
+                      lower_bound=lower_bound(problem),
+                      tide_bound_seconds=tide.schedule.header.lower_bound_seconds if tide is not None else None)
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> Schedule:
+    try:
+        from planner.solve import solve
+    except ImportError as exc:  # PLANNER-OPT's module not there yet
+        raise _Unavailable(f"planner.solve is not available ({exc})") from None
+    try:
+        return solve(trace, hardware, trace_digest=trace_digest)
+    except (InfeasibleError, ScheduleViolation):
+        raise
+    except PlannerError as exc:  # e.g. no integral plan within the time limit: a row that says so
+        raise _Unavailable(f"no tide schedule: {exc}") from None
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compare", help="tide and the baselines (DeepSpeed, PatrickStar, Gemini, Fuyou, PyTorch) on one trace",
+        description="Schedule TRACE with tide and with each baseline policy on the same hardware, replay every "
+                    "schedule in the simulator and print one row per policy, with the lower bound.")
+    p.add_argument("trace", metavar="TRACE", help="trace file (.msgpack)")
+    p.add_argument("--hardware", metavar="NAME|FILE", help="hardware preset or TOML (default: cpu-emulated)")
+    p.add_argument("--policies", nargs="+", metavar="POLICY", choices=[TIDE, *POLICIES],
+                   help=f"policies to compare (default: all of {', '.join([TIDE, *POLICIES])})")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from planner.presets import resolve_hardware
+
+    payload = read_bytes("trace", args.trace)
+    trace = Trace.from_msgpack(payload, source=args.trace)
+    hardware = resolve_hardware(args.hardware)
+    result = compare(trace, hardware, trace_digest=digest_bytes(payload), policies=args.policies)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print_comparison(result)
+    return 0
+
+
+def print_comparison(c: Comparison) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{c.model_name} on {c.hardware_name}")
+    cols = ["policy", "feasible", "iter s", "TFLOPS", "H2D GB", "D2H GB", "NVMe R GB", "NVMe W GB",
+            "peak DEVICE GB", "peak HOST GB", "vs best baseline"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("policy", "feasible") else "right")
+    for r in c.rows:
+        if r.result is None:
+            table.add_row(r.policy, "no", *["-"] * (len(cols) - 2))
+            continue
+        res = r.result
+        gb = {k: v / GB for k, v in res.bytes_per_channel.items()}
+        table.add_row(r.policy, "yes", f"{res.iteration_seconds:.4g}", f"{res.tflops:.3g}", f"{gb[Channel.H2D]:.3g}",
+                      f"{gb[Channel.D2H]:.3g}", f"{gb[Channel.NVME_READ]:.3g}", f"{gb[Channel.NVME_WRITE]:.3g}",
+                      f"{res.peak_bytes_per_tier[Tier.DEVICE] / GB:.3g}", f"{res.peak_bytes_per_tier[Tier.HOST] / GB:.3g}",
+                      f"{r.speedup_vs_best_baseline:.2f}x" if r.speedup_vs_best_baseline else "-")
+    console = Console(width=max(Console().width, 160))
+    console.print(table)
+    lb = c.lower_bound
+    console.print(f"lower bound: {lb.seconds:.4g} s ({lb.resource}; "
+                  + ", ".join(f"{k} {v:.4g} s" for k, v in lb.seconds_per_resource.items()) + ")")
+    if c.tide_bound_seconds is not None:
+        console.print(f"tide's own bound (header: its placement model's LP relaxation or the physical limit): "
+                      f"{c.tide_bound_seconds:.4g} s")
+    for r in c.rows:
+        if r.result is None:
+            console.print(f"[yellow]{r.policy}[/yellow]: {r.reason}", soft_wrap=True)
+
+
+__all__ = ["Comparison", "CompareRow", "LowerBound", "TIDE", "compare", "lower_bound", "print_comparison", "register"]

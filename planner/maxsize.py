@@ -1,0 +1,172 @@
+"""`python -m planner maxsize --family gpt3 --hardware H`: the largest model each policy can train.
+
+For every width of the GPT-3 ladder (Fuyou Table 4: hidden size and heads of GPT-3 13B ... 805B)
+the layer count is binary-searched between 1 and 4x the Table 4 layer count of that width
+(feasibility is monotone in layers: more layers, more model data and the same per-layer peak); the
+widths are tried in ascending order until not even one layer fits; the answer is the feasible
+(layers, width) with the most parameters.
+A size is feasible for a policy when its schedule replays in the simulator within every tier's
+capacity (baselines: `planner.baselines`; tide: `planner.solve.solve`).
+
+The candidate traces come from `planner.families.gpt_trace`: analytic traces of the GPT-2-style
+model with the moments, parameter shapes, FLOPs and activation bytes a meta-device recording
+(`python -m executor record --meta`) of that model would give; nothing is recorded or downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+
+from planner.baselines import POLICIES, baseline
+from planner.compare import TIDE
+from planner.errors import InfeasibleError, PlannerError
+from planner.families import gpt_param_count, gpt_trace
+from planner.problem import build_problem
+from planner.simulate import simulate
+from schemas import Hardware
+from schemas._base import frozen
+
+# (layers, hidden, heads) of Fuyou Table 4, GPT-3 13B ... 805B
+GPT3_LADDER: tuple[tuple[int, int, int], ...] = (
+    (40, 5120, 40), (60, 6656, 52), (80, 8192, 64), (88, 11264, 88),
+    (96, 12288, 96), (112, 14336, 112), (128, 16384, 128), (160, 20480, 160),
+)
+TRACE_SOURCE = ("traces: planner.families.gpt_trace (analytic GPT-2-style traces, equivalent to a meta-device "
+                "recording of the model: same moments, parameter shapes, FLOPs and activation bytes)")
+_DIGEST = "sha256:" + "0" * 64  # analytic traces have no file; schedules made here are not written
+
+
+@frozen
+class MaxSize:
+    """The largest model of the family one policy trains on the hardware (layers 0: none fits)."""
+
+    policy: str
+    layers: int
+    hidden: int
+    heads: int
+    params: int
+    checked: int  # how many sizes were scheduled to find it
+
+
+def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, int, int], bool]:
+    """`fn(layers, hidden, heads)`: does `policy` fit that model on `hardware`?"""
+
+    def fn(layers: int, hidden: int, heads: int) -> bool:
+        trace = gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, positions=max(seq, 1024),
+                          name=f"gpt3-{layers}x{hidden}")
+        try:
+            if policy == TIDE:
+                from planner.solve import solve
+
+                schedule = solve(trace, hardware, trace_digest=_DIGEST)
+                if schedule.header.solver_status.value == "INFEASIBLE":
+                    return False
+                simulate(schedule, hardware)  # a schedule the simulator rejects is an error, not a size
+                return True
+            baseline(policy, build_problem(trace, hardware, trace_digest=_DIGEST))
+            return True
+        except InfeasibleError:
+            return False
+
+    return fn
+
+
+def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER,
+             max_layers_factor: int = 4, policy: str = "") -> MaxSize:
+    """Binary search of the layer count per width; the widths in ascending order until none fits."""
+    best = MaxSize(policy=policy, layers=0, hidden=0, heads=0, params=0, checked=0)
+    checked = 0
+    for table_layers, hidden, heads in ladder:
+        lo, hi = 0, max_layers_factor * table_layers  # lo fits (0: nothing yet), hi + 1 does not
+        checked += 1
+        if not fits(1, hidden, heads):
+            break  # a wider model of one layer does not fit either
+        lo = 1
+        if fits(hi, hidden, heads):
+            lo = hi
+        else:
+            hi -= 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                checked += 1
+                if fits(mid, hidden, heads):
+                    lo = mid
+                else:
+                    hi = mid - 1
+        checked += 1
+        params = gpt_param_count(layers=lo, hidden=hidden)
+        if params > best.params:
+            best = MaxSize(policy=policy, layers=lo, hidden=hidden, heads=heads, params=params, checked=0)
+    return MaxSize(policy=policy, layers=best.layers, hidden=best.hidden, heads=best.heads, params=best.params,
+                   checked=checked)
+
+
+def max_sizes(hardware: Hardware, *, policies: Sequence[str], batch: int = 1, seq: int = 1024,
+              ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER) -> list[MaxSize]:
+    out = []
+    for policy in policies:
+        if policy != TIDE and policy not in POLICIES:
+            raise PlannerError(f"unknown policy {policy!r}; choose from {', '.join([TIDE, *POLICIES])}")
+        out.append(max_size(feasible_fn(policy, hardware, batch=batch, seq=seq), ladder=ladder, policy=policy))
+    return out
+
+
+def _tide_available() -> bool:
+    try:
+        import planner.solve  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "maxsize", help="the largest GPT-3-family model each policy can train on the hardware",
+        description="Search layer count (binary search, up to 4x the Table 4 count) and width (the GPT-3 ladder of "
+                    "Fuyou Table 4) for the largest model each policy schedules within the hardware's capacities. "
+                    + TRACE_SOURCE + ".")
+    p.add_argument("--family", choices=["gpt3"], default="gpt3", help="model family (default: gpt3)")
+    p.add_argument("--hardware", metavar="NAME|FILE", help="hardware preset or TOML (default: cpu-emulated)")
+    p.add_argument("--batch", type=int, default=1, help="micro-batch size (default: 1, as Fuyou §5.2)")
+    p.add_argument("--seq", type=int, default=1024, help="sequence length (default: 1024, Fuyou Table 4)")
+    p.add_argument("--policies", nargs="+", metavar="POLICY", choices=[TIDE, *POLICIES],
+                   help=f"policies (default: all of {', '.join([TIDE, *POLICIES])})")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from planner.presets import resolve_hardware
+
+    if args.batch < 1 or args.seq < 1:
+        raise PlannerError(f"--batch and --seq must be positive, found batch={args.batch} seq={args.seq}")
+    hardware = resolve_hardware(args.hardware)
+    policies = args.policies or ([TIDE] if _tide_available() else []) + list(POLICIES)
+    results = max_sizes(hardware, policies=policies, batch=args.batch, seq=args.seq)
+    if args.json:
+        print(json.dumps({"family": args.family, "hardware": hardware.name, "batch": args.batch, "seq": args.seq,
+                          "trace_source": TRACE_SOURCE,
+                          "results": [{"policy": r.policy, "params": r.params, "layers": r.layers, "hidden": r.hidden,
+                                       "heads": r.heads, "sizes_checked": r.checked} for r in results]}, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"largest GPT-3-family model on {hardware.name} (batch {args.batch}, seq {args.seq})")
+    for col in ("policy", "params (B)", "layers", "hidden", "heads", "sizes checked"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in results:
+        table.add_row(r.policy, f"{r.params / 1e9:.1f}" if r.params else "none fits", str(r.layers), str(r.hidden),
+                      str(r.heads), str(r.checked))
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    console.print(TRACE_SOURCE + ".")
+    return 0
+
+
+__all__ = ["GPT3_LADDER", "MaxSize", "TRACE_SOURCE", "feasible_fn", "max_size", "max_sizes", "register"]

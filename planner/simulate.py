@@ -1,0 +1,794 @@
+"""Discrete-event replay of a schedule on a hardware profile: the predictor and the schedule checker.
+
+`simulate(schedule, hardware)` replays one iteration using only the schedule (its moments carry
+compute seconds, FLOPs, non-model bytes and parameter tensors; its activation plans carry bytes and
+recompute seconds) and returns a `SimResult`, or raises `ScheduleViolation` naming the moment, the
+action index, the chunk list and the chunk of the first rule the schedule breaks.
+
+Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2):
+
+- Time. Moment m's event happens when moment m-1's work ends (moment 0 at t=0). Its actions are
+  issued then, in list order. Each channel is a FIFO server: an action starts when it is issued,
+  the channel is free, and its inputs are ready, and lasts bytes / bandwidth. Moment m's work
+  (on COMPUTE) starts after the previous work, after every FETCH of moment m, after every chunk
+  its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
+  activations of a block whose backward starts at m are back on DEVICE; it lasts the moment's
+  compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
+  The time the work waits past its event is a stall. The iteration ends when the last work and the
+  last transfer or optimizer step are done.
+- Ranks. With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
+  and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
+  (SPMD); NVMe, the CPU optimizer (one host per node) and collectives are shared. Bytes and busy
+  seconds are summed over ranks.
+- Channels. H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
+  SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
+  `count * read rate`, writes at `count * write rate`. CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at
+  `host.optimizer_params_per_s`; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
+  `device.optimizer_params_per_s`. A copy between DEVICE and NVME crosses HOST: it occupies both
+  channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
+- Validity. Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
+  it is valid. Copies make the destination valid when issued (its arrival time is tracked
+  separately); backward work that writes a GRAD chunk makes other copies stale; an optimizer step
+  makes copies of PARAM and the OS lists on other tiers stale and the GRAD chunk dead.
+- Memory, per moment after its actions: DEVICE = chunks held + non-model bytes + activations;
+  HOST and NVME = chunks held + activations swapped there. The trace's non-model bytes are recorded
+  with every block's activations kept, so between a block's last forward moment and its first
+  backward moment the simulator subtracts what the activation plan moved away: a RECOMPUTE block
+  keeps only its input bytes, a swapped block holds nothing on DEVICE while offloaded.
+  ACT_OFFLOAD / ACT_RELOAD of a RECOMPUTE block move its kept input (the checkpoint) to HOST or NVME
+  and back: how ZeRO-Infinity and Fuyou keep activation checkpoints off the GPU (Fuyou §2.2, §4.5).
+  Capacity is checked against `schedule.budgets` per moment (and, without the non-model bytes,
+  after every action, because the executor's store allocates as it goes).
+
+Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
+next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
+instantly, PCIe links are full duplex, collectives cost bytes / inter-GPU bandwidth, staging
+buffers in HOST for NVMe copies are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from pathlib import Path
+from typing import Any
+
+from schemas import Hardware, Schedule
+from schemas._base import frozen
+from schemas.schedule import (
+    OS_LISTS,
+    Action,
+    ActivationMode,
+    Channel,
+    ChunkList,
+    Op,
+    SolverStatus,
+    Tier,
+)
+from schemas.trace import DTYPE_BYTES, Phase
+
+from planner.errors import PlannerError
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@frozen
+class MemorySample:
+    """Bytes on one tier during one moment's work (after the moment's actions)."""
+
+    moment: int
+    tier: Tier
+    non_model_bytes: int  # DEVICE only: the work's peak minus activations held elsewhere
+    activation_bytes: int  # activations kept, reloaded or swapped to this tier
+    chunk_bytes: dict[ChunkList, int]  # bytes of held chunk copies per chunk list
+
+    @property
+    def total_bytes(self) -> int:
+        return self.non_model_bytes + self.activation_bytes + sum(self.chunk_bytes.values())
+
+
+@frozen
+class Interval:
+    """One busy interval of one channel."""
+
+    channel: Channel
+    start_seconds: float
+    end_seconds: float
+    label: str
+
+
+@frozen
+class SimResult:
+    """What one replayed iteration costs on the hardware."""
+
+    iteration_seconds: float
+    tflops: float  # model FLOPs (without recompute) / iteration seconds / 1e12
+    flops: int  # model FLOPs of one iteration (without recompute)
+    recompute_flops: int
+    bytes_per_channel: dict[Channel, int]
+    busy_seconds_per_channel: dict[Channel, float]
+    peak_bytes_per_tier: dict[Tier, int]
+    stall_seconds: float  # total time the work waited for data past its event
+    compute_seconds: float  # busy time of the work itself (incl. recompute, excl. GPU optimizer steps)
+    moment_start_seconds: tuple[float, ...]
+    memory: tuple[MemorySample, ...]
+    timeline: tuple[Interval, ...]
+
+    def to_json(self, *, detail: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "iteration_seconds": self.iteration_seconds,
+            "tflops": self.tflops,
+            "flops": self.flops,
+            "recompute_flops": self.recompute_flops,
+            "stall_seconds": self.stall_seconds,
+            "compute_seconds": self.compute_seconds,
+            "bytes_per_channel": {k.value: v for k, v in self.bytes_per_channel.items()},
+            "busy_seconds_per_channel": {k.value: v for k, v in self.busy_seconds_per_channel.items()},
+            "peak_bytes_per_tier": {k.value: v for k, v in self.peak_bytes_per_tier.items()},
+        }
+        if detail:
+            out["moment_start_seconds"] = list(self.moment_start_seconds)
+            out["memory"] = [
+                {"moment": s.moment, "tier": s.tier.value, "non_model_bytes": s.non_model_bytes,
+                 "activation_bytes": s.activation_bytes, "chunk_bytes": {k.value: v for k, v in s.chunk_bytes.items()}}
+                for s in self.memory
+            ]
+            out["timeline"] = [[i.channel.value, i.start_seconds, i.end_seconds, i.label] for i in self.timeline]
+        return out
+
+
+# ----------------------------------------------------------------------------- violations
+
+
+class ViolationKind(StrEnum):
+    USE_BEFORE_ARRIVAL = "use before arrival"  # the work needs a chunk that is not valid on DEVICE
+    COPY_WITHOUT_SOURCE = "copy from a tier without a valid copy"
+    EVICT_LAST_COPY = "evict of the last valid copy of live data"
+    EVICT_ABSENT = "evict of a copy the tier does not hold"
+    CAPACITY = "capacity exceeded"
+    STEADY_STATE = "steady state broken"
+    OPTIMIZER_INPUTS = "optimizer step without its inputs on its tier"
+    OPTIMIZER_EARLY = "optimizer step before the final grads"
+    OPTIMIZER_COUNT = "optimizer steps per chunk"
+    ACTIVATIONS = "activation plan broken"
+    CHANNEL = "channel does not connect the tiers"
+    BAD_ACTION = "malformed action"
+
+
+class ScheduleViolation(PlannerError):
+    """A schedule breaks the action semantics; names moment, action index, chunk list and chunk."""
+
+    def __init__(self, kind: ViolationKind, message: str, *, moment: int, action_index: int | None = None,
+                 list_: ChunkList | None = None, chunk: int | None = None, block: int | None = None) -> None:
+        self.kind, self.moment, self.action_index = kind, moment, action_index
+        self.list, self.chunk, self.block = list_, chunk, block
+        where = [f"moment {moment}"]
+        where.append(f"action {action_index}" if action_index is not None else "the moment's work")
+        if list_ is not None:
+            where.append(f"list {list_.value}")
+        if chunk is not None:
+            where.append(f"chunk {chunk}")
+        if block is not None:
+            where.append(f"block {block}")
+        super().__init__(f"schedule violation ({kind.value}) at {', '.join(where)}: {message}. "
+                         "Fix: re-solve the schedule; if the planner produced it, this is a planner bug")
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class _T(IntEnum):
+    """Tier indices of the simulator's arrays."""
+
+    DEVICE = 0
+    HOST = 1
+    NVME = 2
+
+
+_TIER = {Tier.DEVICE: _T.DEVICE, Tier.HOST: _T.HOST, Tier.NVME: _T.NVME}
+_TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
+
+# the channels a copy from src to dst crosses (DEVICE <-> NVME goes through HOST)
+_PATH: dict[tuple[Tier, Tier], tuple[Channel, ...]] = {
+    (Tier.HOST, Tier.DEVICE): (Channel.H2D,),
+    (Tier.DEVICE, Tier.HOST): (Channel.D2H,),
+    (Tier.NVME, Tier.HOST): (Channel.NVME_READ,),
+    (Tier.HOST, Tier.NVME): (Channel.NVME_WRITE,),
+    (Tier.NVME, Tier.DEVICE): (Channel.NVME_READ, Channel.H2D),
+    (Tier.DEVICE, Tier.NVME): (Channel.D2H, Channel.NVME_WRITE),
+}
+
+
+class _ActState(StrEnum):
+    """Where a block's saved activations are."""
+
+    ABSENT = "ABSENT"  # before the block's forward ends (counted in the recorded non-model bytes)
+    ON_DEVICE = "ON_DEVICE"  # after forward (KEEP, RECOMPUTE's input, SWAP before offload) or after reload
+    OFFLOADED = "OFFLOADED"  # SWAP: on HOST or NVME between ACT_OFFLOAD and ACT_RELOAD
+    CONSUMED = "CONSUMED"  # the block's backward started
+
+
+@dataclass(slots=True)
+class _Server:
+    """A FIFO channel (or a simplex set of channels) with its bandwidth per channel."""
+
+    free_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Block:
+    plan_mode: ActivationMode
+    bytes: int
+    input_bytes: int
+    recompute_seconds: float
+    recompute_flops: int
+    fwd_last: int = -1
+    bwd_first: int = -1
+    state: _ActState = _ActState.ABSENT
+    tier: Tier | None = None  # where an offloaded block's activations are
+    ready_at: float = 0.0  # when reloaded activations are on DEVICE
+
+    def moved_bytes(self) -> int:
+        """What ACT_OFFLOAD moves: the saved activations, or a RECOMPUTE block's kept input (its checkpoint)."""
+        return self.input_bytes if self.plan_mode is ActivationMode.RECOMPUTE else self.bytes
+
+    def device_bytes(self) -> int:
+        """Bytes this block holds on DEVICE while in its held window (fwd_last <= m < bwd_first)."""
+        if self.state is _ActState.OFFLOADED:
+            return 0
+        if self.plan_mode is ActivationMode.RECOMPUTE:
+            return self.input_bytes
+        return self.bytes
+
+
+@dataclass(slots=True)
+class _Sim:
+    schedule: Schedule
+    hardware: Hardware
+    lists: tuple[ChunkList, ...]
+    list_index: dict[ChunkList, int]
+    chunk_bytes: list[list[int]]  # [list][chunk]
+    held: list[list[int]]  # [list][chunk] bitmask of tiers holding a copy
+    valid: list[list[int]]  # [list][chunk] bitmask of tiers holding a valid copy
+    ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
+    grad_live: list[bool]
+    stepped: list[int]
+    tier_chunk_bytes: list[list[int]]  # [tier][list]
+    servers: dict[tuple[Channel, int], _Server]  # per (channel, rank); NVMe, CPU and collectives shared
+    rate: dict[Channel, float]
+    bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
+    busy: dict[Channel, float] = field(default_factory=dict)
+    timeline: list[Interval] = field(default_factory=list)
+    last_end: float = 0.0
+
+
+def _bit(t: _T) -> int:
+    return 1 << int(t)
+
+
+# ----------------------------------------------------------------------------- simulate
+
+
+def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
+    """Replay one iteration of `schedule` on `hardware`; raise ScheduleViolation on any broken rule."""
+    if schedule.header.solver_status is SolverStatus.INFEASIBLE:
+        raise PlannerError(f"schedule of policy {schedule.header.policy!r} is INFEASIBLE "
+                           f"({'; '.join(schedule.header.notes) or 'no notes'}): there is nothing to replay")
+    sim = _setup(schedule, hardware)
+    moments = schedule.moments
+    n_moments = len(moments)
+    layout = schedule.layout
+    tensor_chunk = {t.tensor: t.chunk for t in layout.tensors}
+    trainable = {t.tensor for t in layout.tensors if t.trainable}
+    pi = sim.list_index[ChunkList.PARAM]
+    gi = sim.list_index.get(ChunkList.GRAD)
+
+    # chunks each moment's work needs on DEVICE, and the last backward moment writing each GRAD chunk
+    needs: list[tuple[int, ...]] = []
+    writes: list[tuple[int, ...]] = []
+    last_grad_write = [-1] * len(layout.chunks)
+    for m in moments:
+        if m.phase is Phase.OPTIMIZER:
+            needs.append(())
+            writes.append(())
+            continue
+        chunks = sorted({tensor_chunk[t] for t in m.tensors if t in tensor_chunk})
+        needs.append(tuple(chunks))
+        if m.phase is Phase.BACKWARD and gi is not None:
+            w = tuple(sorted({tensor_chunk[t] for t in m.tensors if t in trainable and t in tensor_chunk}))
+            writes.append(w)
+            for c in w:
+                last_grad_write[c] = m.id
+        else:
+            writes.append(())
+
+    blocks = _blocks(schedule)
+    # blocks whose held window contains moment m: fwd_last <= m < bwd_first
+    window_start: dict[int, list[int]] = {}
+    window_end: dict[int, list[int]] = {}
+    bwd_first_of: dict[int, int] = {}
+    for b, blk in enumerate(blocks):
+        if blk.fwd_last >= 0 and blk.bwd_first > blk.fwd_last:
+            window_start.setdefault(blk.fwd_last, []).append(b)
+            window_end.setdefault(blk.bwd_first, []).append(b)
+            bwd_first_of[blk.bwd_first] = b
+
+    actions = schedule.actions
+    by_moment: list[list[int]] = [[] for _ in range(n_moments)]
+    for i, a in enumerate(actions):
+        by_moment[a.moment].append(i)
+
+    budgets = {_T.DEVICE: schedule.budgets.device_bytes, _T.HOST: schedule.budgets.host_bytes,
+               _T.NVME: schedule.budgets.nvme_bytes}
+    act_bytes = [0, 0, 0]  # activation bytes per tier (DEVICE: held-window part only)
+    held_act_recorded = 0  # bytes of kept activations the recorded non-model curve includes right now
+    peaks = [0, 0, 0]
+    memory: list[MemorySample] = []
+    starts: list[float] = []
+    stall = 0.0
+    compute_busy = 0.0
+    world = schedule.header.world_size
+    computes = [sim.servers[(Channel.COMPUTE, r)] for r in range(world)]
+    event = 0.0
+    flops = sum(m.flops for m in moments)
+    recompute_flops = 0
+
+    for m_ref in moments:
+        m = m_ref.id
+        # blocks entering their held window now: their activations are on DEVICE (recorded curve)
+        for b in window_start.get(m, ()):
+            blk = blocks[b]
+            blk.state = _ActState.ON_DEVICE
+            held_act_recorded += blk.bytes
+            act_bytes[_T.DEVICE] += blk.device_bytes()
+        deps = event
+        for i in by_moment[m]:
+            a = actions[i]
+            end = _apply(sim, a, i, event, blocks, act_bytes, last_grad_write)
+            if a.op is Op.FETCH:
+                deps = max(deps, end)
+            for t in (_T.DEVICE, _T.HOST, _T.NVME):
+                used = sum(sim.tier_chunk_bytes[t]) + act_bytes[t]
+                if used > budgets[t]:
+                    raise ScheduleViolation(ViolationKind.CAPACITY, f"{_TIERS[t].value} holds {used} bytes of chunks and "
+                                            f"activations after this action, budget {budgets[t]}",
+                                            moment=m, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None)
+
+        # blocks leaving it (after the moment's actions, which may reload them): their backward starts
+        for b in window_end.get(m, ()):
+            blk = blocks[b]
+            if blk.state is _ActState.OFFLOADED:
+                raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"block {b}'s backward starts but its activations "
+                                        f"({blk.bytes} bytes) are still on {blk.tier.value}; reload them first",
+                                        moment=m, block=b)
+            held_act_recorded -= blk.bytes
+            act_bytes[_T.DEVICE] -= blk.device_bytes()
+            blk.state = _ActState.CONSUMED
+
+        # the work: its chunks on DEVICE (and arrived), its block's activations back
+        for c in needs[m]:
+            if not sim.valid[pi][c] & 1:
+                raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
+                                        f"the work of {m_ref.kind.value} {m_ref.module or '(root)'} needs PARAM chunk {c} "
+                                        "on DEVICE and no valid copy is there", moment=m, list_=ChunkList.PARAM, chunk=c)
+            deps = max(deps, sim.ready[pi][c][_T.DEVICE])
+        for c in writes[m]:
+            if not sim.valid[gi][c] & 1:
+                raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
+                                        f"the backward work of {m_ref.module or '(root)'} accumulates GRAD chunk {c} "
+                                        "on DEVICE and no valid copy is there (ALLOCATE or fetch it first)",
+                                        moment=m, list_=ChunkList.GRAD, chunk=c)
+            deps = max(deps, sim.ready[gi][c][_T.DEVICE])
+        extra = 0.0
+        if m in bwd_first_of:
+            blk = blocks[bwd_first_of[m]]
+            deps = max(deps, blk.ready_at)
+            if blk.plan_mode is ActivationMode.RECOMPUTE:
+                extra = blk.recompute_seconds
+                recompute_flops += blk.recompute_flops
+
+        start = max(deps, *(c.free_at for c in computes))
+        stall += max(0.0, deps - event)
+        duration = m_ref.compute_seconds + extra
+        end = start + duration
+        for c in computes:  # every rank runs the same work (SPMD)
+            c.free_at = end
+        compute_busy += duration
+        if duration > 0:
+            sim.timeline.append(Interval(channel=Channel.COMPUTE, start_seconds=start, end_seconds=end,
+                                         label=f"{m_ref.phase.value.lower()} {m_ref.module or '(root)'}"))
+        starts.append(start)
+        for c in writes[m]:
+            sim.valid[gi][c] = 1  # DEVICE only: copies elsewhere are stale now
+            sim.ready[gi][c][_T.DEVICE] = end
+            sim.grad_live[c] = True
+
+        # memory during the work
+        recorded_nm = m_ref.non_model_bytes
+        non_model = max(0, recorded_nm - held_act_recorded)
+        for t in (_T.DEVICE, _T.HOST, _T.NVME):
+            chunk_b = {lst: sim.tier_chunk_bytes[t][li] for li, lst in enumerate(sim.lists)}
+            nm = non_model if t is _T.DEVICE else 0
+            total = sum(chunk_b.values()) + act_bytes[t] + nm
+            if total > budgets[t]:
+                raise ScheduleViolation(ViolationKind.CAPACITY,
+                                        f"{_TIERS[t].value} needs {total} bytes during the work of "
+                                        f"{m_ref.kind.value} {m_ref.module or '(root)'} (chunks {sum(chunk_b.values())}, "
+                                        f"activations {act_bytes[t]}, non-model {nm}), budget {budgets[t]}", moment=m)
+            peaks[t] = max(peaks[t], total)
+            memory.append(MemorySample(moment=m, tier=_TIERS[t], non_model_bytes=nm, activation_bytes=act_bytes[t],
+                                       chunk_bytes=chunk_b))
+        event = end
+
+    _check_end(sim, schedule, last_grad_write, n_moments)
+    iteration = max(event, sim.last_end, *(s.free_at for s in sim.servers.values()))
+    busy = {ch: sim.busy.get(ch, 0.0) for ch in Channel}
+    busy[Channel.COMPUTE] += compute_busy
+    return SimResult(
+        iteration_seconds=iteration,
+        tflops=flops / iteration / 1e12 if iteration > 0 else 0.0,
+        flops=flops,
+        recompute_flops=recompute_flops,
+        bytes_per_channel={ch: sim.bytes_per_channel.get(ch, 0) for ch in Channel},
+        busy_seconds_per_channel=busy,
+        peak_bytes_per_tier={_TIERS[t]: peaks[t] for t in (_T.DEVICE, _T.HOST, _T.NVME)},
+        stall_seconds=stall,
+        compute_seconds=compute_busy,
+        moment_start_seconds=tuple(starts),
+        memory=tuple(memory),
+        timeline=tuple(sorted(sim.timeline, key=lambda i: (i.start_seconds, i.channel.value))),
+    )
+
+
+def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
+    layout = schedule.layout
+    lists = tuple(layout.lists)
+    list_index = {lst: i for i, lst in enumerate(lists)}
+    n = len(layout.chunks)
+    chunk_bytes = [[c.elements * DTYPE_BYTES[layout.list_dtypes[lst]] for c in layout.chunks] for lst in lists]
+    held = [[0] * n for _ in lists]
+    valid = [[0] * n for _ in lists]
+    ready = [[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists]
+    tier_chunk_bytes = [[0] * len(lists) for _ in range(3)]
+    for r in schedule.initial_residency:
+        li = list_index[r.list]
+        for tier in r.tiers:
+            t = _TIER[tier]
+            if not held[li][r.chunk] & _bit(t):
+                held[li][r.chunk] |= _bit(t)
+                tier_chunk_bytes[t][li] += chunk_bytes[li][r.chunk]
+            valid[li][r.chunk] |= _bit(t)
+    nvme = _Server()
+    shared = {Channel.NVME_READ: nvme, Channel.NVME_WRITE: nvme, Channel.INTER_GPU: _Server(),
+              Channel.CPU_OPTIMIZER: _Server()}
+    servers = {(ch, rank): shared[ch] if ch in shared else _Server()
+               for ch in Channel for rank in range(schedule.header.world_size)}
+    rate = {
+        Channel.H2D: hardware.h2d_bytes_per_s,
+        Channel.D2H: hardware.d2h_bytes_per_s,
+        Channel.NVME_READ: hardware.nvme_read_bytes_per_s,
+        Channel.NVME_WRITE: hardware.nvme_write_bytes_per_s,
+        Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s,
+    }
+    return _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
+                held=held, valid=valid, ready=ready, grad_live=[False] * n, stepped=[0] * n,
+                tier_chunk_bytes=tier_chunk_bytes, servers=servers, rate=rate)
+
+
+def _blocks(schedule: Schedule) -> list[_Block]:
+    blocks = [_Block(plan_mode=p.mode, bytes=p.bytes, input_bytes=p.input_bytes, recompute_seconds=p.recompute_seconds,
+                     recompute_flops=p.recompute_flops) for p in schedule.activation_plans]
+    for m in schedule.moments:
+        if 0 <= m.block < len(blocks):
+            blk = blocks[m.block]
+            if m.phase is Phase.FORWARD:
+                blk.fwd_last = m.id
+            elif m.phase is Phase.BACKWARD and blk.bwd_first < 0:
+                blk.bwd_first = m.id
+    return blocks
+
+
+def _transfer(sim: _Sim, channels: tuple[Channel, ...], nbytes: int, issue: float, ready: float, label: str,
+              *, m: int, i: int, action: Action, rank: int = 0) -> float:
+    """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes."""
+    for ch in channels:
+        if sim.rate[ch] <= 0:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"{ch.value} has no bandwidth on hardware "
+                                    f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
+                                    list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
+    start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
+    duration = max(nbytes / sim.rate[ch] for ch in channels)
+    end = start + duration
+    for ch in channels:
+        sim.servers[(ch, rank)].free_at = end
+        sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
+        sim.busy[ch] = sim.busy.get(ch, 0.0) + nbytes / sim.rate[ch]
+        if duration > 0:
+            sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
+    sim.last_end = max(sim.last_end, end)
+    return end
+
+
+def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act_bytes: list[int],
+           last_grad_write: list[int]) -> float:
+    """Apply action `i` issued at time `issue`; returns when it completes."""
+    m = a.moment
+    if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
+        li = _list(sim, a, i)
+        c = a.chunk
+        if a.src == a.dst:
+            raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src.value} to itself",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        path = _path(a, i)
+        if a.channel not in path:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"{a.op.value} {a.src.value}->{a.dst.value} crosses "
+                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        s, d = _TIER[a.src], _TIER[a.dst]
+        if not sim.valid[li][c] & _bit(s):
+            raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
+                                    f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
+                                    f"{'a stale copy' if sim.held[li][c] & _bit(s) else 'no copy'}",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        nbytes = a.bytes or sim.chunk_bytes[li][c]
+        end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
+                        m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
+        if not sim.held[li][c] & _bit(d):
+            sim.held[li][c] |= _bit(d)
+            sim.tier_chunk_bytes[d][li] += sim.chunk_bytes[li][c]
+        sim.valid[li][c] |= _bit(d)
+        sim.ready[li][c][d] = end
+        return end
+    if a.op is Op.EVICT:
+        li = _list(sim, a, i)
+        c, s = a.chunk, _TIER[a.src]
+        if not sim.held[li][c] & _bit(s):
+            raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from {a.src.value}, "
+                                    "which holds no copy", moment=m, action_index=i, list_=a.list, chunk=c)
+        live = not (a.list is ChunkList.GRAD and not sim.grad_live[c])
+        if live and sim.valid[li][c] == _bit(s):
+            raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
+                                    "drops its last valid copy (write it back first)",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        sim.held[li][c] &= ~_bit(s)
+        sim.valid[li][c] &= ~_bit(s)
+        sim.tier_chunk_bytes[s][li] -= sim.chunk_bytes[li][c]
+        return issue
+    if a.op is Op.ALLOCATE:
+        li = _list(sim, a, i)
+        c, d = a.chunk, _TIER[a.dst]
+        if not sim.held[li][c] & _bit(d):
+            sim.held[li][c] |= _bit(d)
+            sim.tier_chunk_bytes[d][li] += sim.chunk_bytes[li][c]
+        sim.valid[li][c] = _bit(d)  # a fresh zero chunk: other copies are stale
+        sim.ready[li][c][d] = issue
+        if a.list is ChunkList.GRAD:
+            sim.grad_live[c] = True
+        return issue
+    if a.op is Op.OPTIMIZER_STEP:
+        return _optimizer_step(sim, a, i, issue, last_grad_write)
+    if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
+        return _activation(sim, a, i, issue, blocks, act_bytes)
+    if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
+        # comm group `chunk`: bytes over INTER_GPU; an all-gather makes the group's chunks valid on DEVICE
+        end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, issue, f"{a.op.value.lower()} {a.chunk}",
+                        m=m, i=i, action=a)
+        if a.op is Op.ALL_GATHER:
+            li = _list(sim, a, i)
+            for ch in sim.schedule.layout.chunks:
+                if ch.comm_group == a.chunk:
+                    if not sim.held[li][ch.id] & 1:
+                        sim.held[li][ch.id] |= 1
+                        sim.tier_chunk_bytes[_T.DEVICE][li] += sim.chunk_bytes[li][ch.id]
+                    sim.valid[li][ch.id] |= 1
+                    sim.ready[li][ch.id][_T.DEVICE] = end
+        return end
+    raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
+
+
+def _path(a: Action, i: int) -> tuple[Channel, ...]:
+    if (a.src, a.dst) not in _PATH:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src} to {a.dst}: no such path",
+                                moment=a.moment, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None,
+                                block=a.block if a.block >= 0 else None)
+    return _PATH[(a.src, a.dst)]
+
+
+def _list(sim: _Sim, a: Action, i: int) -> int:
+    if a.list not in sim.list_index:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"list {a.list} is not in the layout", moment=a.moment,
+                                action_index=i, chunk=a.chunk)
+    return sim.list_index[a.list]
+
+
+def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write: list[int]) -> float:
+    m, c, d = a.moment, a.chunk, _TIER[a.dst]
+    if m <= last_grad_write[c]:
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_EARLY, f"chunk {c}'s grads are still written by the backward "
+                                f"work of moment {last_grad_write[c]}", moment=m, action_index=i, chunk=c)
+    sim.stepped[c] += 1
+    if sim.stepped[c] > 1:
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} stepped twice in one iteration",
+                                moment=m, action_index=i, chunk=c)
+    inputs = [lst for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
+    ready = issue
+    for lst in inputs:
+        li = sim.list_index[lst]
+        if not sim.valid[li][c] & _bit(d) or (lst is ChunkList.GRAD and not sim.grad_live[c]):
+            raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
+                                    f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c)
+        ready = max(ready, sim.ready[li][c][d])
+    params = sim.schedule.layout.chunks[c].used_elements
+    if d is _T.HOST:
+        channel, rate = Channel.CPU_OPTIMIZER, sim.hardware.host.optimizer_params_per_s
+    elif d is _T.DEVICE:
+        channel, rate = Channel.COMPUTE, sim.hardware.device.optimizer_params_per_s
+    else:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
+                                moment=m, action_index=i, chunk=c)
+    server = sim.servers[(channel, sim.schedule.layout.chunks[c].owner_rank)]
+    start = max(ready, server.free_at)
+    end = start + params / rate
+    server.free_at = end
+    sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
+    sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
+    sim.last_end = max(sim.last_end, end)
+    for lst in inputs:
+        li = sim.list_index[lst]
+        if lst is ChunkList.GRAD:
+            sim.grad_live[c] = False
+            continue
+        sim.valid[li][c] = _bit(d)  # copies elsewhere are stale now
+        sim.ready[li][c][d] = end
+    return end
+
+
+def _activation(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act_bytes: list[int]) -> float:
+    m, b = a.moment, a.block
+    blk = blocks[b]
+    if blk.plan_mode is ActivationMode.KEEP:
+        raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"{a.op.value} for a block planned {blk.plan_mode.value}",
+                                moment=m, action_index=i, block=b)
+    moved = blk.moved_bytes()
+    nbytes = a.bytes or moved
+    if a.op is Op.ACT_OFFLOAD:
+        if blk.state is not _ActState.ON_DEVICE:
+            raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_OFFLOAD while the block's activations are "
+                                    f"{blk.state.value} (offload after its forward, before its backward)",
+                                    moment=m, action_index=i, block=b)
+        path = _path(dataclasses.replace(a, src=Tier.DEVICE), i)
+        if a.channel not in path:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_OFFLOAD to {a.dst.value} crosses "
+                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                    moment=m, action_index=i, block=b)
+        end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a)
+        act_bytes[_T.DEVICE] -= blk.device_bytes()
+        blk.state, blk.tier = _ActState.OFFLOADED, a.dst
+        act_bytes[_TIER[a.dst]] += moved
+        blk.ready_at = end  # a reload cannot start before the offload is done
+        return end
+    if blk.state is not _ActState.OFFLOADED or blk.tier is not a.src:
+        raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_RELOAD from {a.src.value} while the block's "
+                                f"activations are {blk.state.value}{' on ' + blk.tier.value if blk.tier else ''}",
+                                moment=m, action_index=i, block=b)
+    path = _path(dataclasses.replace(a, dst=Tier.DEVICE), i)
+    if a.channel not in path:
+        raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_RELOAD from {a.src.value} crosses "
+                                f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                moment=m, action_index=i, block=b)
+    end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a)
+    act_bytes[_TIER[a.src]] -= moved
+    blk.state, blk.tier, blk.ready_at = _ActState.ON_DEVICE, None, end
+    act_bytes[_T.DEVICE] += blk.device_bytes()
+    return end
+
+
+def _check_end(sim: _Sim, schedule: Schedule, last_grad_write: list[int], n_moments: int) -> None:
+    last = n_moments - 1
+    trainable_chunks = {t.chunk for t in schedule.layout.tensors if t.trainable}
+    for c in sorted(trainable_chunks):
+        if sim.stepped[c] == 0 and ChunkList.GRAD in sim.list_index:
+            raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} holds trainable params and is never "
+                                    "stepped", moment=last, chunk=c)
+    initial: dict[tuple[ChunkList, int], int] = {}
+    for r in schedule.initial_residency:
+        initial[(r.list, r.chunk)] = sum(_bit(_TIER[t]) for t in r.tiers)
+    for li, lst in enumerate(sim.lists):
+        for c in range(len(schedule.layout.chunks)):
+            want = initial.get((lst, c), 0)
+            have = sim.held[li][c] if lst is ChunkList.GRAD else sim.valid[li][c]
+            stale = sim.held[li][c] & ~sim.valid[li][c]
+            if have != want or (lst is not ChunkList.GRAD and stale):
+                raise ScheduleViolation(ViolationKind.STEADY_STATE,
+                                        f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
+                                        f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
+                                        f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
+
+
+def _names(mask: int) -> str:
+    names = [_TIERS[t].value for t in (_T.DEVICE, _T.HOST, _T.NVME) if mask & _bit(t)]
+    return "+".join(names) if names else "no tier"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="replay a schedule on a hardware profile: time, bytes per channel, peaks, violations",
+        description="Discrete-event replay of one iteration of SCHEDULE on the hardware: iteration seconds, TFLOPS, "
+                    "bytes and busy seconds per channel, peak bytes per tier, stalls. A schedule that breaks the "
+                    "action semantics (use before arrival, capacity, last copy evicted, steady state) is an error "
+                    "naming the moment, action and chunk.")
+    p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.msgpack)")
+    p.add_argument("--trace", metavar="TRACE", help="the trace the schedule was solved from (checks its digest)")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help="hardware preset or TOML (default: the preset named in the schedule's header)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--detail", action="store_true", help="with --json: per-moment memory and the channel timeline")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from planner.presets import PRESET_DIR, resolve_hardware
+
+    schedule = Schedule.read(args.schedule)
+    if args.hardware:
+        hardware = resolve_hardware(args.hardware)
+    elif (PRESET_DIR / f"{schedule.header.hardware_name}.toml").exists():
+        hardware = resolve_hardware(schedule.header.hardware_name)
+    else:
+        raise PlannerError(f"{args.schedule}: solved for hardware {schedule.header.hardware_name!r}, which is not a "
+                           "preset; pass --hardware NAME|FILE")
+    if hardware.digest != schedule.header.hardware_digest:
+        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
+              f"({schedule.header.hardware_name!r}, digest {schedule.header.hardware_digest[:19]}...)", file=sys.stderr)
+    if args.trace:
+        from schemas._base import digest_bytes, read_bytes
+
+        digest = digest_bytes(read_bytes("trace", args.trace))
+        if digest != schedule.header.trace_digest:
+            raise PlannerError(f"{args.trace}: digest {digest[:19]}... is not the trace the schedule was solved from "
+                               f"({schedule.header.trace_digest[:19]}...); re-solve or pass the right trace")
+    result = simulate(schedule, hardware)
+    if args.json:
+        print(json.dumps({"schedule": str(args.schedule), "policy": schedule.header.policy, "hardware": hardware.name,
+                          **result.to_json(detail=args.detail)}, indent=2))
+        return 0
+    _print(result, schedule, hardware, Path(args.schedule).name)
+    return 0
+
+
+def _print(result: SimResult, schedule: Schedule, hardware: Hardware, name: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{name}[/bold]: policy {schedule.header.policy}, model {schedule.header.model_name}, "
+                  f"hardware {hardware.name}")
+    console.print(f"iteration {result.iteration_seconds:.4f} s, {result.tflops:.2f} TFLOPS, "
+                  f"stalls {result.stall_seconds:.4f} s, predicted {schedule.prediction.iteration_seconds:.4f} s")
+    table = Table(title="channels")
+    for col in ("channel", "GB", "busy s", "busy %"):
+        table.add_column(col, justify="right" if col != "channel" else "left")
+    for ch in Channel:
+        busy = result.busy_seconds_per_channel[ch]
+        table.add_row(ch.value, f"{result.bytes_per_channel.get(ch, 0) / 1e9:.3f}", f"{busy:.4f}",
+                      f"{100 * busy / result.iteration_seconds:.1f}" if result.iteration_seconds else "-")
+    console.print(table)
+    peaks = Table(title="peak bytes per tier")
+    for col in ("tier", "peak GB", "budget GB"):
+        peaks.add_column(col, justify="right" if col != "tier" else "left")
+    budget = {Tier.DEVICE: schedule.budgets.device_bytes, Tier.HOST: schedule.budgets.host_bytes,
+              Tier.NVME: schedule.budgets.nvme_bytes}
+    for tier in Tier:
+        peaks.add_row(tier.value, f"{result.peak_bytes_per_tier[tier] / 1e9:.3f}", f"{budget[tier] / 1e9:.3f}")
+    console.print(peaks)
+
+
+__all__ = ["Interval", "MemorySample", "ScheduleViolation", "SimResult", "ViolationKind", "register", "simulate"]

@@ -1,0 +1,169 @@
+"""Baseline policies: each replays as its system behaves, passes the simulator, and is infeasible where it would OOM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.baselines import POLICIES, baseline, fuyou_activation_plan
+from planner.errors import InfeasibleError, PlannerError
+from planner.families import gpt_trace
+from planner.problem import build_problem
+from planner.simulate import simulate
+from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
+from schemas.schedule import ActivationMode, ChunkList, Op, SolverStatus, Tier
+from schemas.trace import Phase
+
+DIGEST = "sha256:" + "0" * 64
+
+
+def box(*, device_gb: float = 4.0, host_gb: float = 16.0, ssds: int = 2, link_gb_per_s: float = 10.0,
+        tflops: float = 10.0) -> Hardware:
+    return Hardware(
+        name="box", description="test box",
+        device=DeviceSpec(kind=DeviceKind.CUDA, name="gpu", memory_gb=device_gb, usable_fraction=1.0,
+                          compute_tflops=tflops, optimizer_params_per_s=1e10),
+        host=HostSpec(memory_gb=host_gb, usable_fraction=1.0, optimizer_params_per_s=1e8, cores=8),
+        nvme=NvmeSpec(count=ssds, capacity_gb_each=100.0 if ssds else 0.0, read_gb_per_s_each=2.0 if ssds else 0.0,
+                      write_gb_per_s_each=1.0 if ssds else 0.0, usable_fraction=1.0),
+        links=LinkSpec(h2d_gb_per_s=link_gb_per_s, d2h_gb_per_s=link_gb_per_s, inter_gpu_gb_per_s=0.0),
+        cluster=ClusterSpec(world_size=1, gpus_per_node=1),
+    )
+
+
+def small_trace(*, layers: int = 8, hidden: int = 1024, batch: int = 2, seq: int = 128):
+    """~109 M params: 0.22 GB of fp16 params, 1.7 GB of model data."""
+    return gpt_trace(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=8192)
+
+
+def problem(hw: Hardware | None = None, **kw: int):
+    return build_problem(small_trace(**kw), hw or box(), trace_digest=DIGEST)
+
+
+def _steps(schedule) -> list:
+    return [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP]
+
+
+def _phase(schedule, moment: int) -> Phase:
+    return schedule.moments[moment].phase
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_replays_in_the_simulator(name: str) -> None:
+    p = problem()
+    s = baseline(name, p)
+    assert s.header.policy == name and s.header.solver_status is SolverStatus.HEURISTIC
+    r = simulate(s, p.hardware)
+    assert r.iteration_seconds == pytest.approx(s.prediction.iteration_seconds)
+    assert r.iteration_seconds >= p.compute_seconds
+    trainable = {t.chunk for t in s.layout.tensors if t.trainable}
+    assert {a.chunk for a in _steps(s)} == trainable
+    assert s.header.notes
+
+
+def test_unknown_policy_is_a_clear_error() -> None:
+    with pytest.raises(PlannerError, match="unknown baseline"):
+        baseline("megatron", problem())
+
+
+def test_pytorch_keeps_everything_on_device_and_is_infeasible_when_it_does_not_fit() -> None:
+    s = baseline("pytorch", problem())
+    assert all(Tier.DEVICE in r.tiers for r in s.initial_residency)
+    assert not any(a.op in (Op.FETCH, Op.PREFETCH) for a in s.actions)
+    assert all(a.dst is Tier.DEVICE for a in _steps(s))
+    with pytest.raises(InfeasibleError, match="DEVICE runs out"):
+        baseline("pytorch", problem(box(device_gb=1.0)))
+
+
+def test_zero_offload_params_persistent_cpu_adam_after_backward() -> None:
+    p = problem()
+    s = baseline("zero-offload", p)
+    params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
+    assert all(set(r.tiers) == {Tier.DEVICE, Tier.HOST} for r in params)
+    assert all(a.dst is Tier.HOST and _phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
+    # checkpoints on HOST: every RECOMPUTE block's input goes down and comes back
+    assert all(pl.mode is ActivationMode.RECOMPUTE for pl in s.activation_plans)
+    assert sum(a.op is Op.ACT_OFFLOAD for a in s.actions) == len(p.blocks)
+    # fp16 params do not fit the GPU: OOM like DeepSpeed (PatrickStar §8.4)
+    with pytest.raises(InfeasibleError):
+        baseline("zero-offload", problem(box(device_gb=0.2)))
+
+
+def test_zero_infinity_streams_from_nvme_on_demand_and_needs_host_memory() -> None:
+    s = baseline("zero-infinity", problem())
+    params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
+    assert all(r.tiers == (Tier.NVME,) for r in params)
+    assert all(pl.os_tier is Tier.NVME for pl in s.chunk_plans)
+    assert not any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
+    assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
+    with pytest.raises(InfeasibleError, match="HOST runs out"):
+        baseline("zero-infinity", problem(box(host_gb=0.05)))
+
+
+def test_patrickstar_places_os_in_the_gpu_margin_only_when_there_is_one() -> None:
+    roomy = baseline("patrickstar", problem(box(device_gb=8.0)))
+    tight = baseline("patrickstar", problem(box(device_gb=0.3)))
+    assert any(pl.os_tier is Tier.DEVICE for pl in roomy.chunk_plans)
+    assert all(pl.os_tier is Tier.HOST for pl in tight.chunk_plans)
+    assert all(pl.optimizer_tier is pl.os_tier for pl in roomy.chunk_plans)
+    assert not any(a.op is Op.ACT_OFFLOAD for a in tight.actions)
+    assert not any(a.op is Op.PREFETCH for a in tight.actions)  # fetched on access (Algorithm 1)
+    # tight: fp16 chunks move, evicted and fetched again within the iteration
+    assert sum(a.op is Op.FETCH and a.list is ChunkList.PARAM for a in tight.actions) > len(tight.layout.chunks)
+
+
+def test_gemini_keeps_checkpoints_on_the_gpu_and_os_on_the_cpu() -> None:
+    s = baseline("gemini", problem())
+    assert all(pl.os_tier is Tier.HOST and pl.optimizer_tier is Tier.HOST for pl in s.chunk_plans)
+    assert not any(a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD) for a in s.actions)
+    assert not any(a.src is Tier.NVME or a.dst is Tier.NVME for a in s.actions)
+
+
+def test_fuyou_overlaps_cpu_adam_with_backward_and_beats_zero_infinity() -> None:
+    p = problem()
+    fy, zi = baseline("fuyou", p), baseline("zero-infinity", p)
+    assert any(_phase(fy, a.moment) is Phase.BACKWARD for a in _steps(fy))
+    assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM for a in fy.actions)
+    assert fy.prediction.iteration_seconds < zi.prediction.iteration_seconds
+
+
+def test_fuyou_swaps_activations_only_when_backward_compute_is_the_bottleneck() -> None:
+    # fast links and a slow GPU: recomputation costs more than moving activations (Eq. 9 > 0)
+    compute_bound = problem(box(tflops=0.05, link_gb_per_s=100.0), batch=8)
+    modes, tier, note = fuyou_activation_plan(compute_bound, Tier.NVME)
+    assert any(m in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME) for m in modes), note
+    # slow links: every swapped byte lengthens the transfer-bound iteration
+    transfer_bound = problem(box(tflops=1000.0, link_gb_per_s=0.1))
+    modes, _, _ = fuyou_activation_plan(transfer_bound, Tier.NVME)
+    assert all(m is ActivationMode.RECOMPUTE for m in modes)
+    s = baseline("fuyou", compute_bound)
+    swapped = [pl.block for pl in s.activation_plans if pl.mode is not ActivationMode.RECOMPUTE]
+    assert swapped and {a.block for a in s.actions if a.op is Op.ACT_OFFLOAD} >= set(swapped)
+
+
+def test_without_ssds_nvme_policies_fall_back_to_host() -> None:
+    p = problem(box(ssds=0))
+    for name in ("zero-infinity", "fuyou"):
+        s = baseline(name, p)
+        assert not any(a.src is Tier.NVME or a.dst is Tier.NVME for a in s.actions)
+
+
+def test_infeasible_message_names_tier_moment_and_bytes() -> None:
+    with pytest.raises(InfeasibleError) as info:
+        baseline("gemini", problem(box(device_gb=0.02)))
+    msg = str(info.value)
+    assert "gemini" in msg and "DEVICE" in msg and "moment" in msg and "GB" in msg
+
+
+def test_same_inputs_same_schedule() -> None:
+    a, b = baseline("fuyou", problem()), baseline("fuyou", problem())
+    assert a.to_msgpack() == b.to_msgpack()
+
+
+def test_schedules_round_trip_through_the_file_format(tmp_path) -> None:
+    s = baseline("patrickstar", problem())
+    path = tmp_path / "ps.msgpack"
+    s.write(path)
+    again = type(s).read(path)
+    assert dataclasses.replace(again) == s
