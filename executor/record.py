@@ -608,7 +608,7 @@ class _Recorder:
             for b, name in enumerate(self.blocks))
         meta = TraceMeta(
             model_name=self.model_name, model_config=self.model_config, batch_shape=shape,
-            compute_dtype=self.compute_dtype, world_size=1, torch_version=torch.__version__,
+            compute_dtype=self.compute_dtype, world_size=_world_size(), torch_version=torch.__version__,
             device=self._device_name(), recording=Recording.META if self.meta else Recording.REAL,
             time_source=TimeSource.FLOPS if self.meta else TimeSource.MEASURED, optimizer=self.optimizer_kind)
         return Trace(meta=meta, tensors=tensors, blocks=blocks, moments=moments, activations=activations)
@@ -736,3 +736,13 @@ def _main(args: argparse.Namespace) -> int:
 
 
 __all__ = ["default_loss", "record", "register"]
+
+
+def _world_size() -> int:
+    """The ranks this recording will train with: the initialized process group's size, else 1.
+
+    Each rank records the same per-rank work (its share of the global batch); the planner then
+    checks the trace's world size against the hardware profile's `cluster.world_size`.
+    """
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
