@@ -105,6 +105,9 @@ class Decisions:
     eviction: EvictionRule
     notes: tuple[str, ...] = ()
     param_home_tiers: tuple[Tier, ...] = ()  # per chunk: HOST or NVME home of non-persistent PARAM; () = HOST
+    # where RECOMPUTE blocks keep their input (the checkpoint) between forward and backward: None =
+    # DEVICE; HOST = offloaded after the forward and reloaded with the SWAP blocks' timing (Fuyou §4.4)
+    checkpoint_tier: Tier | None = None
 
 
 @frozen
@@ -154,7 +157,8 @@ def activation_moments(problem: Problem, block: int) -> tuple[int, int, int]:
     return fwd_last, reload, bwd_first
 
 
-def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]) -> np.ndarray:
+def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode],
+                    checkpoint_tier: Tier | None = None) -> np.ndarray:
     """DEVICE non-model bytes per moment under an activation plan (int64).
 
     The recorded curve keeps every block's activations; a SWAP block holds none on DEVICE from its
@@ -171,6 +175,8 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
         info = problem.blocks[b]
         if mode is ActivationMode.RECOMPUTE:
             curve[fwd_last:bwd_first] -= max(0, info.activation_bytes - info.input_bytes)
+            if checkpoint_tier is not None:  # the input is off DEVICE until its reload
+                curve[fwd_last:reload] -= min(info.input_bytes, info.activation_bytes)
         else:
             curve[fwd_last:reload] -= info.activation_bytes
     return np.maximum(curve, 0)
@@ -183,11 +189,11 @@ def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence
 
 
 def param_budget_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan],
-                       activation_modes: Sequence[ActivationMode]) -> tuple[int, ...]:
+                       activation_modes: Sequence[ActivationMode], checkpoint_tier: Tier | None = None) -> tuple[int, ...]:
     """The largest PARAM+GRAD budget per moment the DEVICE allows: capacity minus non-model bytes,
     minus OS kept on DEVICE, minus (in the OPTIMIZER moment) room for one comm group's OS fetched
     for a DEVICE step."""
-    curve = non_model_curve(problem, activation_modes)
+    curve = non_model_curve(problem, activation_modes, checkpoint_tier)
     fixed = os_device_bytes(problem, layout, chunk_plans)
     transient = _device_step_os_bytes(problem, layout, chunk_plans)
     out = []
@@ -426,7 +432,7 @@ def _check_budget(plan: _Plan) -> None:
     short, tick, need = worst
     problem = plan.problem
     m = problem.moments[plan.tick_moment[tick]]
-    curve = non_model_curve(problem, plan.decisions.activation_modes)
+    curve = non_model_curve(problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
     fixed = os_device_bytes(problem, plan.decisions.layout, plan.decisions.chunk_plans)
     smallest = max(
         pinned + sum(int(plan.entry_bytes[e]) for e in needs if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
@@ -674,7 +680,7 @@ def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], 
         if tick != optimizer_tick:
             os_reads_early.setdefault(plan.grad_first_tick[g], []).append(g)
     device_steps = {tick: g for g, tick in plan.device_step_tick.items()}
-    activation = _activation_actions(plan.problem, plan.decisions.activation_modes)
+    activation = _activation_actions(plan.problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
     first_tick_of = {tick: m for m, tick in plan.first_tick.items()}
     key = lambda iv: iv.entry  # noqa: E731 - determinism inside a tick
     written_back_later: list[int] = []
@@ -818,15 +824,24 @@ def _device_step(out: _Emitter, plan: _Plan, g: int, tick: int) -> None:
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
 
 
-def _activation_actions(problem: Problem, modes: Sequence[ActivationMode]) -> dict[int, list[dict]]:
-    """Per moment: the activation copies of SWAP blocks (offload after forward, reload before backward)."""
+def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],
+                        checkpoint_tier: Tier | None = None) -> dict[int, list[dict]]:
+    """Per moment: the activation copies of SWAP blocks (offload after forward, reload before backward),
+    and of RECOMPUTE blocks' inputs when they are kept off DEVICE (`checkpoint_tier`)."""
     out: dict[int, list[dict]] = {}
     for b, mode in enumerate(modes):
-        if mode not in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+        if mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None:
+            fwd_last, reload, bwd_first = activation_moments(problem, b)
+            if fwd_last < 0 or reload <= fwd_last:
+                continue
+            nbytes = min(problem.blocks[b].input_bytes, problem.blocks[b].activation_bytes)
+            tier = checkpoint_tier
+        elif mode not in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
             continue
-        fwd_last, reload, bwd_first = activation_moments(problem, b)
-        nbytes = problem.blocks[b].activation_bytes
-        tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+        else:
+            fwd_last, reload, bwd_first = activation_moments(problem, b)
+            nbytes = problem.blocks[b].activation_bytes
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
         out.setdefault(fwd_last, []).append(dict(
             op=Op.ACT_OFFLOAD, block=b, src=Tier.DEVICE, dst=tier,
             channel=Channel.D2H if tier is Tier.HOST else Channel.NVME_WRITE, bytes=nbytes, deadline=max(fwd_last, reload - 1)))

@@ -110,6 +110,7 @@ class StageData:
     phase: Phase
     compute_seconds: float  # sum of the moments' compute
     non_model_bytes: int  # max of the moments' non-model curve (all activations kept)
+    tail_non_model_bytes: int = -1  # the curve at the stage's last moment (-1: same as the max)
 
 
 @frozen
@@ -130,6 +131,8 @@ class PlacementInput:
     gpu_adam_seconds_per_element: float
     optimizer_overlap: bool  # CPU Adam runs during backward as soon as a chunk's grads are final
     optimizer_stage: int  # the stage holding the optimizer step (the last stage)
+    stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
+    checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
 
     @property
     def has_nvme(self) -> bool:
@@ -156,6 +159,7 @@ class PlacementSolution:
     persistent: tuple[float, ...]  # [group] chunks that never leave DEVICE
     os_counts: tuple[dict[str, float], ...]  # [group] chunks with OS on DEVICE / HOST / NVME
     activation_modes: tuple[ActivationMode, ...]  # [block] (argmax for a relaxation)
+    checkpoint_offload: bool = False  # RECOMPUTE blocks' inputs wait on HOST (materialize's checkpoint_tier)
     stage_seconds: tuple[float, ...]
     device_bytes_per_stage: tuple[float, ...]
     host_bytes_per_stage: tuple[float, ...]
@@ -220,7 +224,9 @@ def _scaled(d: PlacementInput) -> PlacementInput:
         groups=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b) for g in d.groups),
         blocks=tuple(dataclasses.replace(x, activation_bytes=x.activation_bytes / b, input_bytes=x.input_bytes / b,
                                          recompute_seconds=x.recompute_seconds / t) for x in d.blocks),
-        stages=tuple(dataclasses.replace(st, compute_seconds=st.compute_seconds / t, non_model_bytes=st.non_model_bytes / b)
+        stages=tuple(dataclasses.replace(st, compute_seconds=st.compute_seconds / t, non_model_bytes=st.non_model_bytes / b,
+                                         tail_non_model_bytes=(st.tail_non_model_bytes if st.tail_non_model_bytes >= 0
+                                                               else st.non_model_bytes) / b)
                      for st in d.stages),
         device_bytes=d.device_bytes / b, host_bytes=d.host_bytes / b, nvme_bytes=d.nvme_bytes / b,
         h2d_bytes_per_s=d.h2d_bytes_per_s * t / b, d2h_bytes_per_s=d.d2h_bytes_per_s * t / b,
@@ -301,7 +307,7 @@ class PlacementModel:
         self.keep: list[list[Any]] = []
         self.incoming: list[list[list[Any]]] = []  # [g][gap][k] aligned with gap.lookahead
         self.refresh: list[list[Any]] = []  # [g][k] aligned with the wrap gap's lookahead
-        self.persistent, self.os_device, self.os_host, self.os_nvme = [], [], [], []
+        self.persistent, self.os_device, self.os_host, self.os_nvme, self.os_stream = [], [], [], [], []
         for g in d.groups:
             gaps = group_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, self.lookahead)
             self.gaps.append(gaps)
@@ -310,11 +316,15 @@ class PlacementModel:
             od = self._int(0, n_os, f"os_device[{g.id}]")
             oh = self._int(0, n_os, f"os_host[{g.id}]")
             on = self._int(0, n_os if d.has_nvme else 0, f"os_nvme[{g.id}]")
+            # OS on HOST, streamed to the DEVICE for GPU Adam in the optimizer stage (and back): beats
+            # CPU Adam where the CPU optimizer, not the link, is the bottleneck
+            st = self._int(0, n_os if d.stream_optimizer else 0, f"os_stream[{g.id}]")
             self.persistent.append(pers)
             self.os_device.append(od)
             self.os_host.append(oh)
             self.os_nvme.append(on)
-            self.solver.Add(od + oh + on == n_os, f"os_all[{g.id}]")
+            self.os_stream.append(st)
+            self.solver.Add(od + oh + on + st == n_os, f"os_all[{g.id}]")
             # GPU Adam needs PARAM and GRAD on DEVICE at the optimizer step: such chunks stay
             self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
             keeps, incs, refresh = [], [], []
@@ -343,6 +353,21 @@ class PlacementModel:
             if b.forward_stage < 0 or b.backward_stage < 0:  # no forward or no backward: nothing to plan
                 for m in ACT_MODES[1:]:
                     choice[m].upper_bound = 0
+        # RECOMPUTE blocks' inputs (checkpoints) offloaded to HOST: one global choice (materialize's
+        # Decisions.checkpoint_tier); ckpt_block[b] = act[b,RECOMPUTE] AND ckpt, linearized
+        self.ckpt: Any = 0
+        self.ckpt_block: list[Any] = [0] * len(d.blocks)
+        if d.checkpoint_offload:
+            self.ckpt = self._bool("checkpoint_offload")
+            for i, (b, choice) in enumerate(zip(d.blocks, self.act)):
+                if b.forward_stage < 0 or b.backward_stage < 0:
+                    continue
+                z = self.solver.NumVar(0, 1, f"checkpoint_offloaded[{b.id}]")
+                r = choice[ActivationMode.RECOMPUTE]
+                self.solver.Add(z <= r, f"ckpt_r[{b.id}]")
+                self.solver.Add(z <= self.ckpt, f"ckpt_g[{b.id}]")
+                self.solver.Add(z >= r + self.ckpt - 1, f"ckpt_and[{b.id}]")
+                self.ckpt_block[i] = z
         self.capacity = None
         if self.capacity_variable is not None:
             self.capacity = self.solver.NumVar(0, inf, f"capacity[{self.capacity_variable.value}]")
@@ -381,10 +406,12 @@ class PlacementModel:
         self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.groups)),
                         "device_static_sum")
         self.host_static = self.solver.NumVar(0, inf, "host_static")  # HOST copies of PARAM + OS on HOST
-        self.solver.Add(self.host_static == sum((g.count - self.os_device[gi]) * g.param_bytes + self.os_host[gi] * g.os_bytes
+        self.solver.Add(self.host_static == sum((g.count - self.os_device[gi]) * g.param_bytes
+                                                + (self.os_host[gi] + self.os_stream[gi]) * g.os_bytes
                                                 for gi, g in enumerate(d.groups)), "host_static_sum")
         self.use_bytes = [0.0] * n  # PARAM bytes of the groups a stage's work touches
         self.arrived: list[list[Any]] = [[] for _ in range(n)]  # incoming chunks already on DEVICE in s (bytes)
+        self.arriving: list[list[Any]] = [[] for _ in range(n)]  # the part of `arrived` arriving during s itself
         kept: list[tuple[int, int, Any]] = []
         grads: list[tuple[int, int, Any]] = []
         host_grads: list[tuple[int, int, Any]] = []
@@ -398,6 +425,7 @@ class PlacementModel:
                 for k, s_in in enumerate(gap.lookahead):
                     for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
                         self.arrived[s].append(self.incoming[gi][i][k] * g.param_bytes)
+                    self.arriving[s_in].append(self.incoming[gi][i][k] * g.param_bytes)
             if not self.gaps[gi]:
                 kept.append((0, n - 1, self.persistent[gi] * g.param_bytes))
             if not g.trainable:
@@ -408,24 +436,28 @@ class PlacementModel:
                 grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
                 # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)
                 last = g.last_backward_stage if d.optimizer_overlap else n - 1
-                host_grads.append((g.last_backward_stage, last, (g.count - self.os_device[gi]) * g.param_bytes))
+                host_grads.append((g.last_backward_stage, last,
+                                   (g.count - self.os_device[gi] - self.os_stream[gi]) * g.param_bytes))
+                # streamed chunks' grads wait on HOST for the optimizer stage
+                host_grads.append((g.last_backward_stage, n - 1, self.os_stream[gi] * g.param_bytes))
                 if d.optimizer_overlap:
                     # OS living on NVME is staged on HOST from the chunk's first backward use (read
                     # early, so the SSDs work while the device computes) until its CPU step
                     host_grads.append((g.first_backward_stage, g.last_backward_stage, self.os_nvme[gi] * g.os_bytes))
         saved: list[tuple[int, int, Any]] = []
         host_acts: list[tuple[int, int, Any]] = []
-        for b, choice in zip(d.blocks, self.act):
+        for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
             recompute, swap, offload, reload = _act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
+            ckpt = self.ckpt_block[bi]
             if len(recompute):
                 saved.append((recompute.start, recompute.stop - 1,
                               (b.activation_bytes - b.input_bytes) * choice[ActivationMode.RECOMPUTE]))
             if len(swap):
-                saved.append((swap.start, swap.stop - 1, b.activation_bytes * swapped))
-            host_acts.append((offload, reload, b.activation_bytes * choice[ActivationMode.SWAP_HOST]))
+                saved.append((swap.start, swap.stop - 1, b.activation_bytes * swapped + b.input_bytes * ckpt))
+            host_acts.append((offload, reload, b.activation_bytes * choice[ActivationMode.SWAP_HOST] + b.input_bytes * ckpt))
         trainable = [(gi, g) for gi, g in enumerate(d.groups) if g.trainable]
         if d.has_nvme and trainable:
             # OS living on NVME passes through HOST for its CPU step. With overlap the write-back of
@@ -442,6 +474,13 @@ class PlacementModel:
                 host_grads.append((first, last, staged))
             else:
                 host_grads.append((d.optimizer_stage, d.optimizer_stage, staged))
+        self.stream_transient: Any = 0
+        if d.stream_optimizer and trainable:
+            # a streamed GPU Adam step holds one chunk's OS, PARAM and GRAD on DEVICE at a time
+            self.any_stream = self._bool("any_stream")
+            for gi, g in trainable:
+                self.solver.Add(self.os_stream[gi] <= g.count * self.any_stream, f"any_stream[{g.id}]")
+            self.stream_transient = max(g.os_bytes + 2 * g.param_bytes for _, g in trainable) * self.any_stream
         self.kept_bytes = self._interval_sums("kept_params", kept)
         self.grad_bytes = self._interval_sums("device_grads", grads)
         self.saved_bytes = self._interval_sums("activation_saved", saved)
@@ -454,7 +493,21 @@ class PlacementModel:
 
     def _device_expr(self, s: int) -> Any:
         d = self.data
-        return d.stages[s].non_model_bytes + self.device_static + self._param_expr(s) - self.saved_bytes[s]
+        transient = self.stream_transient if s == d.optimizer_stage else 0
+        return d.stages[s].non_model_bytes + self.device_static + self._param_expr(s) - self.saved_bytes[s] + transient
+
+    def _device_rows(self, s: int) -> list[Any]:
+        """DEVICE bytes in stage s, as the rows the capacity bounds. The chunks arriving during s for
+        the next use are issued at the first moment with room (materialize's prefetch), which is at
+        the latest the stage's last moment, when the work's peak of non-model bytes is over. So two
+        rows: the work's peak without them, and the stage's last moment with them (the simulator
+        and materialize count memory per moment, not per stage)."""
+        d = self.data
+        st = d.stages[s]
+        full = self._device_expr(s)
+        if not self.arriving[s] or st.tail_non_model_bytes >= st.non_model_bytes:
+            return [full]
+        return [full - sum(self.arriving[s]), full - st.non_model_bytes + st.tail_non_model_bytes]
 
     def _host_expr(self, s: int) -> Any:
         return self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s]
@@ -475,7 +528,8 @@ class PlacementModel:
         d = self.data
         self._build_memory_terms()
         for s in range(len(d.stages)):
-            self.solver.Add(self._device_expr(s) <= self._cap(Tier3.DEVICE, d.device_bytes), f"device_memory[{s}]")
+            for r, row in enumerate(self._device_rows(s)):
+                self.solver.Add(row <= self._cap(Tier3.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")
             self.solver.Add(self._host_expr(s) <= self._cap(Tier3.HOST, d.host_bytes), f"host_memory[{s}]")
         self.solver.Add(self._nvme_expr() <= self._cap(Tier3.NVME, d.nvme_bytes), "nvme_memory")
 
@@ -501,19 +555,27 @@ class PlacementModel:
                 continue
             release = g.last_backward_stage if (d.optimizer_overlap and g.last_backward_stage >= 0) else d.optimizer_stage
             grads_at = g.last_backward_stage if g.last_backward_stage >= 0 else d.optimizer_stage
-            cpu_chunks = g.count - self.os_device[gi]
-            d2h[grads_at] += cpu_chunks * g.param_bytes
+            cpu_chunks = g.count - self.os_device[gi] - self.os_stream[gi]
+            d2h[grads_at] += (cpu_chunks + self.os_stream[gi]) * g.param_bytes
             cpu_released[release] += cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element)
+            # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
+            o = d.optimizer_stage
+            h2d[o] += self.os_stream[gi] * (g.os_bytes + 2 * g.param_bytes)
+            d2h[o] += self.os_stream[gi] * (g.os_bytes + g.param_bytes)
+            compute[o] += self.os_stream[gi] * (g.elements * d.gpu_adam_seconds_per_element)
             os_read[release] += self.os_nvme[gi] * g.os_bytes
             os_write[release] += self.os_nvme[gi] * g.os_bytes
             compute[d.optimizer_stage] += self.os_device[gi] * (g.elements * d.gpu_adam_seconds_per_element)
-        for b, choice in zip(d.blocks, self.act):
+        for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
             _, _, offload, reload = _act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             d2h[offload] += b.activation_bytes * swapped
             h2d[reload] += b.activation_bytes * swapped
+            if not _is_zero(self.ckpt_block[bi]):  # an offloaded checkpoint goes down and comes back
+                d2h[offload] += b.input_bytes * self.ckpt_block[bi]
+                h2d[reload] += b.input_bytes * self.ckpt_block[bi]
             nvme_write[offload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
             nvme_read[reload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
@@ -650,9 +712,10 @@ class PlacementModel:
             resident=tuple(resident),
             incoming=tuple(incoming),
             persistent=tuple(val(v) for v in self.persistent),
-            os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c)}
-                            for a, h, c in zip(self.os_device, self.os_host, self.os_nvme)),
+            os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x)}
+                            for a, h, c, x in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream)),
             activation_modes=tuple(modes),
+            checkpoint_offload=bool(round(self._value(self.ckpt))) if not self.relax else self._value(self.ckpt) > 0.5,
             stage_seconds=tuple(self._value(v) * t for v in self.stage_time),
             device_bytes_per_stage=tuple(self._value(self._device_expr(s)) * b for s in range(n)),
             host_bytes_per_stage=tuple(self._value(self._host_expr(s)) * b for s in range(n)),
@@ -816,6 +879,7 @@ def placement_input(problem: Any, layout: Any, *, optimizer_overlap: bool = True
     for st in stages:
         compute = 0.0
         peak = 0
+        tail = problem.moments[st.last_moment].non_model_bytes
         for m in range(st.first_moment, st.last_moment + 1):
             mom = problem.moments[m]
             compute += mom.compute_seconds
@@ -825,7 +889,8 @@ def placement_input(problem: Any, layout: Any, *, optimizer_overlap: bool = True
             for t in mom.tensors:
                 if t in chunk_of_tensor:
                     uses[chunk_of_tensor[t]].add(st.id)
-        stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak))
+        stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak,
+                                    tail_non_model_bytes=tail))
     optimizer_stage = n_stages - 1
     for st in stages:
         if st.phase is Phase.OPTIMIZER:

@@ -200,7 +200,7 @@ def decisions_from_placement(problem, layout, data: PlacementInput, sol: Placeme
     plans: dict[int, ChunkPlan] = {}
     persistent: set[int] = set()
     for g, counts, pers in zip(data.groups, sol.os_counts, sol.persistent):
-        n_dev, n_host = int(counts["DEVICE"]), int(counts["HOST"])
+        n_dev, n_host, n_stream = int(counts["DEVICE"]), int(counts["HOST"]), int(counts.get("STREAM", 0))
         n_pers = int(pers)
         for j, chunk in enumerate(g.chunks):  # chunks of a group are interchangeable: take them in order
             if j < n_pers:
@@ -211,6 +211,8 @@ def decisions_from_placement(problem, layout, data: PlacementInput, sol: Placeme
                 plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
             elif j < n_dev + n_host:
                 plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+            elif j < n_dev + n_host + n_stream:  # OS streamed to the DEVICE for GPU Adam
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE)
             else:
                 plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.HOST)
     chunk_plans = tuple(plans[c.id] for c in layout.chunks)
@@ -220,12 +222,13 @@ def decisions_from_placement(problem, layout, data: PlacementInput, sol: Placeme
     # `sol.param_bytes_per_stage`) always fit in it; the extra room only lets materialize's
     # Belady eviction keep more and prefetch earlier (measured on the shipped 1.3B/12B/13B traces:
     # the same predicted time, 1-25% fewer H2D bytes than budgets cut to the resident counts).
-    budget = param_budget_bytes(problem, layout, chunk_plans, modes)
+    checkpoint_tier = Tier.HOST if getattr(sol, "checkpoint_offload", False) else None
+    budget = param_budget_bytes(problem, layout, chunk_plans, modes, checkpoint_tier)
     return Decisions(
         policy=POLICY, layout=layout, chunk_plans=chunk_plans, activation_modes=modes,
         param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
-        notes=notes,
+        notes=notes, checkpoint_tier=checkpoint_tier,
     )
 
 
