@@ -1,0 +1,194 @@
+"""Executor overhead and prediction accuracy (issue 6 targets).
+
+1. Unlimited budget (everything on DEVICE, the planner's `pytorch` schedule): median iteration time
+   of the executor vs plain PyTorch with `torch.optim.AdamW(fused=True)`, same model, same batch,
+   iterations interleaved (engine, plain, engine, ...) so both see the same machine noise.
+   Target: ratio <= 1.05.
+2. Offloading forced (DEVICE budget a fraction of the model data) on a hardware profile measured on
+   this machine by `python -m executor profile`: measured median iteration time vs the simulator's
+   prediction for the schedule. Target: within 20%.
+
+    python bench/bench_executor.py                       # GPT-2-small config, batch 4, seq 256, fp32
+    python bench/bench_executor.py --model gpt-small --iters 20 --offload-iters 20   # quick
+
+Prints a table; CPU timings are ratios from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import executor
+from executor.models import build_model, make_batch, model_spec
+from executor.record import record
+from planner.baselines import pytorch as pytorch_schedule
+from planner.layout import build_layout, candidate_chunk_sizes
+from planner.materialize import Decisions, EvictionRule, materialize
+from planner.presets import resolve_hardware
+from planner.problem import build_problem
+from planner.simulate import simulate
+from schemas import Hardware
+from schemas._base import digest_bytes
+from schemas.schedule import ActivationMode, ChunkList, ChunkPlan, Tier
+from schemas.trace import Phase
+
+GB = 1e9
+
+
+def _loss(model, batch):
+    return model(**batch)
+
+
+def offloaded_schedule(trace, hardware, digest: str, device_bytes: int):
+    """The planner's schedule for a DEVICE budget of `device_bytes` (solve when it is there)."""
+    try:
+        from planner.solve import solve
+    except ImportError:
+        solve = None
+    if solve is not None:
+        return solve(trace, hardware, trace_digest=digest, device_bytes=device_bytes), "planner.solve"
+    problem = build_problem(trace, hardware, trace_digest=digest, device_bytes=device_bytes)
+    sizes = candidate_chunk_sizes(problem)
+    layout = build_layout(problem, chunk_elements=sizes[len(sizes) // 2])
+    chunk_bytes = max(c.elements for c in layout.chunks) * problem.list_itemsize(ChunkList.PARAM)
+    plans = tuple(ChunkPlan(chunk=c.id, os_tier=Tier.HOST, optimizer_tier=Tier.HOST) for c in layout.chunks)
+    budget = chunk_bytes * 2
+    while True:
+        d = Decisions(policy="tide", layout=layout, chunk_plans=plans,
+                      activation_modes=(ActivationMode.KEEP,) * len(problem.blocks),
+                      param_device_budget_bytes=(budget,) * len(problem.moments), persistent_chunks=frozenset(),
+                      optimizer_overlap=True, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST)
+        try:
+            return materialize(problem, d), "planner.materialize (OS on HOST, overlapped CPU Adam)"
+        except Exception:  # noqa: BLE001 - the budget below one block's chunks: grow it
+            budget += chunk_bytes
+            if budget > device_bytes:
+                raise
+
+
+def timed(step) -> float:
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2-124m")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations of each loop (unlimited budget)")
+    ap.add_argument("--offload-iters", type=int, default=10, help="timed iterations with offloading")
+    ap.add_argument("--device-fraction", type=float, default=0.5,
+                    help="DEVICE budget as a fraction of the model data bytes (offloaded part)")
+    ap.add_argument("--hardware", default=None, help="hardware TOML (default: measure with `python -m executor profile`)")
+    ap.add_argument("--skip-unlimited", action="store_true")
+    ap.add_argument("--skip-offload", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    spec = model_spec(args.model, batch=args.batch, seq=args.seq)
+    batch = make_batch(spec)
+    base = build_model(spec)
+    n_params = sum(p.numel() for p in base.parameters())
+    print(f"model {args.model}: {n_params / 1e6:.1f}M params, batch {args.batch}, seq {args.seq}, fp32, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
+
+    start = time.perf_counter()
+    trace = record(copy.deepcopy(base), batch, model_name=args.model)
+    digest = digest_bytes(trace.to_msgpack())
+    print(f"recorded in {time.perf_counter() - start:.1f} s: {len(trace.moments)} moments", flush=True)
+    rows: list[tuple[str, str]] = []
+
+    if not args.skip_unlimited:
+        problem = build_problem(trace, resolve_hardware("cpu-emulated"), trace_digest=digest, device_bytes=1 << 40)
+        schedule = pytorch_schedule(problem)
+        model, plain = copy.deepcopy(base), copy.deepcopy(base)
+        engine = executor.run(model, schedule, lr=1e-4, weight_decay=0.0, params=model.parameters())
+        opt = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
+
+        def engine_step():
+            _loss(model, batch).backward()
+            engine.step()
+
+        def plain_step():
+            _loss(plain, batch).backward()
+            opt.step()
+            opt.zero_grad()
+
+        for _ in range(2):  # warm-up
+            engine_step()
+            plain_step()
+        t_engine, t_plain = [], []
+        for i in range(args.iters):
+            t_engine.append(timed(engine_step))
+            t_plain.append(timed(plain_step))
+            print(f"  iteration {i}: executor {t_engine[-1]:.3f} s, plain {t_plain[-1]:.3f} s", flush=True)
+        me, mp = statistics.median(t_engine), statistics.median(t_plain)
+        rows += [("unlimited: executor median s/iter", f"{me:.3f}"), ("unlimited: plain PyTorch median s/iter", f"{mp:.3f}"),
+                 ("unlimited: ratio executor/plain (target <= 1.05)", f"{me / mp:.3f}"),
+                 ("unlimited: bytes moved per iteration", str(sum(engine.stats().bytes_per_channel.values())))]
+        engine.detach()
+        del model, plain, engine, opt
+
+    if not args.skip_offload:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.hardware is None:
+                hw_path = Path(tmp) / "hw.toml"
+                subprocess.run([sys.executable, "-m", "executor", "profile", "-o", str(hw_path), "--device-memory-gb", "1.0"],
+                               check=True)
+                hardware = Hardware.read(hw_path)
+            else:
+                hardware = resolve_hardware(args.hardware)
+        model_bytes = n_params * 16  # fp32 params, grads, Adam m and v
+        non_model_bytes = max(m.non_model_bytes for m in trace.moments)  # activations stay on DEVICE
+        device_bytes = non_model_bytes + int(model_bytes * args.device_fraction)
+        schedule, how = offloaded_schedule(trace, hardware, digest, device_bytes)
+        sim = simulate(schedule, hardware)
+        model = copy.deepcopy(base)
+        engine = executor.run(model, schedule, lr=1e-4, weight_decay=0.0, params=model.parameters())
+
+        def offload_step():
+            _loss(model, batch).backward()
+            engine.step()
+
+        offload_step()  # warm-up
+        times = []
+        for i in range(args.offload_iters):
+            times.append(timed(offload_step))
+            print(f"  offloaded iteration {i}: {times[-1]:.3f} s", flush=True)
+        measured = statistics.median(times)
+        stats = engine.stats()
+        rows += [
+            ("offload: schedule from", how),
+            ("offload: DEVICE budget bytes", f"{device_bytes:,} (non-model peak + {args.device_fraction:.0%} of "
+                                             f"{model_bytes:,} model data bytes)"),
+            ("offload: bytes per channel measured == predicted", str(stats.bytes_match(schedule))),
+            ("offload: bytes moved per iteration", f"{sum(stats.bytes_per_channel.values()):,}"),
+            ("offload: peak DEVICE chunk bytes", f"{stats.peak_bytes_per_tier[Tier.DEVICE]:,}"),
+            ("offload: stall seconds per iteration", f"{stats.stall_seconds:.3f}"),
+            ("offload: measured median s/iter", f"{measured:.3f}"),
+            ("offload: simulator s/iter", f"{sim.iteration_seconds:.3f}"),
+            ("offload: of which recorded compute s (trace)", f"{sum(m.compute_seconds for m in trace.moments):.3f}"),
+            ("offload: measured forward+backward s (engine stats)",
+             f"{stats.seconds_per_phase.get(Phase.FORWARD, 0) + stats.seconds_per_phase.get(Phase.BACKWARD, 0):.3f}"),
+            ("offload: measured/simulated (target within 20%)", f"{measured / sim.iteration_seconds:.3f}"),
+        ]
+    width = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'figure':{width}}  value")
+    for name, value in rows:
+        print(f"{name:{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

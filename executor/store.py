@@ -1,0 +1,427 @@
+"""The chunk store: chunk payloads per tier, the DEVICE pool with its hard byte budget, the copy engine.
+
+Every (chunk list, chunk) has at most one payload per tier, each in an explicit `CopyState`
+changed only through `ChunkStore._move` (a guarded transition). The store never decides anything:
+the runtime calls it once per schedule action and it raises `ExecutorError` when the action is
+impossible (a copy from a tier holding no valid copy, an allocation beyond the DEVICE budget...).
+
+DEVICE is the GPU when there is one (two CUDA streams created once, a CUDA event travels with every
+in-flight buffer, HOST payloads pinned). On a CPU-only machine DEVICE is emulated: a CPU pool whose
+capacity is the schedule's DEVICE budget (a hard limit) and copies DEVICE<->HOST are real copies on
+ONE worker thread, a future travelling with every in-flight buffer, so ordering, overlap, budgets
+and byte counts run in CI exactly as on a GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from executor.errors import ExecutorError
+from schemas.schedule import Channel, ChunkLayout, ChunkList, Tier
+from schemas.trace import DType
+
+TORCH_DTYPES: dict[DType, torch.dtype] = {
+    DType.FLOAT32: torch.float32,
+    DType.BFLOAT16: torch.bfloat16,
+    DType.FLOAT16: torch.float16,
+}
+
+# the channel a copy between two tiers travels on (DESIGN.md §2); NVME goes through executor/nvme.py
+COPY_CHANNELS: dict[tuple[Tier, Tier], Channel] = {
+    (Tier.HOST, Tier.DEVICE): Channel.H2D,
+    (Tier.DEVICE, Tier.HOST): Channel.D2H,
+    (Tier.HOST, Tier.NVME): Channel.NVME_WRITE,
+    (Tier.NVME, Tier.HOST): Channel.NVME_READ,
+}
+TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
+
+
+class CopyState(enum.Enum):
+    """State of one chunk payload on one tier."""
+
+    ABSENT = "absent"  # no payload (start, or after EVICT)
+    ARRIVING = "arriving"  # payload allocated, a copy into it is in flight (`ready` says when it lands)
+    VALID = "valid"  # payload holds the chunk's current data
+    STALE = "stale"  # payload kept, but an OPTIMIZER_STEP on another tier made newer data there
+
+
+# allowed transitions; anything else is a schedule that contradicts itself (or an executor bug)
+_TRANSITIONS: dict[CopyState, frozenset[CopyState]] = {
+    CopyState.ABSENT: frozenset({CopyState.ARRIVING, CopyState.VALID}),
+    CopyState.ARRIVING: frozenset({CopyState.VALID, CopyState.ABSENT}),
+    CopyState.VALID: frozenset({CopyState.ABSENT, CopyState.STALE, CopyState.ARRIVING}),
+    CopyState.STALE: frozenset({CopyState.ABSENT, CopyState.ARRIVING, CopyState.VALID}),
+}
+
+
+class Ready:
+    """Completion of one in-flight copy: a future (emulated DEVICE) or a CUDA event."""
+
+    __slots__ = ("_future", "_event")
+
+    def __init__(self, *, future: Future | None = None, event: torch.cuda.Event | None = None) -> None:
+        self._future, self._event = future, event
+
+    def done(self) -> bool:
+        if self._future is not None:
+            return self._future.done()
+        return self._event is None or self._event.query()
+
+    def wait_on_device(self) -> None:
+        """Make the compute stream wait for the copy without blocking the host (CUDA); else `wait`."""
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
+        else:
+            self.wait()
+
+    def wait(self) -> float:
+        """Block the calling (host) thread until the copy landed; returns the seconds waited (a stall)."""
+        if self.done():
+            if self._future is not None:
+                self._future.result()  # re-raise a failed copy
+            return 0.0
+        start = time.perf_counter()
+        if self._future is not None:
+            self._future.result()
+        elif self._event is not None:
+            self._event.synchronize()
+        return time.perf_counter() - start
+
+
+@dataclass(slots=True)
+class Payload:
+    """One chunk's buffer on one tier and its state."""
+
+    state: CopyState = CopyState.ABSENT
+    tensor: torch.Tensor | None = None
+    ready: Ready | None = None  # the copy writing `tensor`, while ARRIVING
+    readers: list[Ready] = field(default_factory=list)  # copies reading `tensor` still in flight
+
+
+class Pool:
+    """Buffers of one tier. DEVICE has a hard capacity: going over it is a bug, raised loudly.
+
+    Freed buffers are cached by (dtype, numel) and reused, because chunks have few sizes and
+    re-faulting fresh pages every fetch would cost as much as the copy itself; cached bytes
+    are dropped before in-use plus cached bytes would exceed the capacity.
+    """
+
+    def __init__(self, tier: Tier, *, capacity_bytes: int | None, device: torch.device, pin: bool,
+                 aligned: bool = False) -> None:
+        self.tier, self.capacity_bytes, self.device, self.pin = tier, capacity_bytes, device, pin
+        self.aligned = aligned  # 4096-aligned buffers: O_DIRECT reads and writes land without a staging copy
+        self.in_use_bytes = 0
+        self.peak_bytes = 0
+        self._cache: dict[tuple[torch.dtype, int], list[torch.Tensor]] = defaultdict(list)
+        self._cached_bytes = 0
+
+    def allocate(self, dtype: torch.dtype, numel: int, *, what: str) -> torch.Tensor:
+        nbytes = numel * _itemsize(dtype)
+        if self.capacity_bytes is not None and self.in_use_bytes + nbytes > self.capacity_bytes:
+            raise ExecutorError(
+                f"{self.tier.value} budget exceeded: {what} needs {nbytes} bytes, {self.in_use_bytes} of "
+                f"{self.capacity_bytes} are in use; the schedule does not fit its own budget (re-solve it "
+                f"with `python -m planner solve`, and check it with `python -m planner simulate`)")
+        cached = self._cache.get((dtype, numel))
+        if cached:
+            tensor = cached.pop()
+            self._cached_bytes -= nbytes
+        else:
+            if self.capacity_bytes is not None:
+                self._trim(self.capacity_bytes - self.in_use_bytes - nbytes)
+            if self.aligned:
+                from executor.nvme import aligned_empty
+
+                tensor = aligned_empty(numel, dtype, pin_memory=self.pin)
+            else:
+                tensor = torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin)
+        self.in_use_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
+        return tensor
+
+    def free(self, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.in_use_bytes -= nbytes
+        self._cache[(tensor.dtype, tensor.numel())].append(tensor)
+        self._cached_bytes += nbytes
+        if self.capacity_bytes is not None:
+            self._trim(self.capacity_bytes - self.in_use_bytes)
+
+    def _trim(self, keep_bytes: int) -> None:
+        for key in list(self._cache):
+            bucket = self._cache[key]
+            while bucket and self._cached_bytes > max(keep_bytes, 0):
+                tensor = bucket.pop()
+                self._cached_bytes -= tensor.numel() * tensor.element_size()
+
+
+class CpuCopyEngine:
+    """Emulated DEVICE: DEVICE<->HOST copies are real memcpys on ONE worker thread (a DMA engine)."""
+
+    def __init__(self) -> None:
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-copy")
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, after: list[Ready]) -> Ready:
+        # `after`: what still writes src (an earlier copy on this FIFO worker, or an NVME read on the
+        # NVME store's threads): waited for on the worker, so the training thread goes on
+        if not after:
+            return Ready(future=self._worker.submit(dst.copy_, src))
+
+        def copy_after() -> None:
+            for ready in after:
+                ready.wait()
+            dst.copy_(src)
+
+        return Ready(future=self._worker.submit(copy_after))
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+class CudaCopyEngine:
+    """Real DEVICE: one stream per direction, created once; a CUDA event travels with each copy."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._streams = {Channel.H2D: torch.cuda.Stream(device), Channel.D2H: torch.cuda.Stream(device)}
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, after: list[Ready], channel: Channel) -> Ready:
+        stream = self._streams[channel]
+        for ready in after:  # src is itself still arriving: on another stream, or from NVME
+            if ready._event is not None:
+                stream.wait_event(ready._event)
+            else:
+                ready.wait()
+        # the copy must see everything the compute stream wrote to src (grads, optimizer updates)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            for t in (src, dst):  # the caching allocator must not hand these out before the copy ends
+                if t.is_cuda:
+                    t.record_stream(stream)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return Ready(event=event)
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+class ChunkStore:
+    """Payloads of every (chunk list, chunk) on every tier, with byte counters per channel."""
+
+    def __init__(self, layout: ChunkLayout, *, device_capacity_bytes: int, device: torch.device,
+                 nvme: object | None = None) -> None:
+        self.layout = layout
+        self.device = device
+        self.on_gpu = device.type == "cuda"
+        self.nvme = nvme  # executor.nvme.NvmeStore when the schedule uses the NVME tier
+        self.pools = {
+            Tier.DEVICE: Pool(Tier.DEVICE, capacity_bytes=device_capacity_bytes, device=device, pin=False),
+            Tier.HOST: Pool(Tier.HOST, capacity_bytes=None, device=torch.device("cpu"), pin=self.on_gpu,
+                            aligned=nvme is not None),
+        }
+        self.copies = CudaCopyEngine(device) if self.on_gpu else CpuCopyEngine()
+        self.dtypes = {lst: TORCH_DTYPES[layout.list_dtypes[lst]] for lst in layout.lists}
+        self._payloads: dict[tuple[ChunkList, int, Tier], Payload] = defaultdict(Payload)
+        self.bytes_per_channel: dict[Channel, int] = defaultdict(int)
+        self.stall_seconds = 0.0
+        # called with (list, chunk, tensor or None) whenever a DEVICE payload appears or goes
+        self.on_device_change = lambda lst, chunk, tensor: None
+
+    # -- queries ----------------------------------------------------------------------------
+    def numel(self, chunk: int) -> int:
+        return self.layout.chunks[chunk].elements
+
+    def nbytes(self, lst: ChunkList, chunk: int) -> int:
+        return self.numel(chunk) * _itemsize(self.dtypes[lst])
+
+    def state(self, lst: ChunkList, chunk: int, tier: Tier) -> CopyState:
+        key = (lst, chunk, tier)
+        return self._payloads[key].state if key in self._payloads else CopyState.ABSENT
+
+    def valid_tiers(self, lst: ChunkList, chunk: int) -> list[Tier]:
+        return [t for t in TIERS if self.state(lst, chunk, t) in (CopyState.VALID, CopyState.ARRIVING)]
+
+    def device_tensor(self, lst: ChunkList, chunk: int) -> torch.Tensor | None:
+        """The DEVICE buffer (valid or arriving) or None; no waiting (compute waits via `wait`)."""
+        p = self._payloads.get((lst, chunk, Tier.DEVICE))
+        return p.tensor if p is not None and p.state in (CopyState.VALID, CopyState.ARRIVING) else None
+
+    def tensor(self, lst: ChunkList, chunk: int, tier: Tier, *, why: str) -> torch.Tensor:
+        """A valid payload, waiting for the copy writing it if it is still in flight."""
+        p = self._payloads.get((lst, chunk, tier))
+        if p is None or p.state not in (CopyState.VALID, CopyState.ARRIVING):
+            state = CopyState.ABSENT if p is None else p.state
+            raise ExecutorError(f"schedule violation: {why} needs {lst.value} chunk {chunk} on {tier.value}, "
+                                f"where it is {state.value}")
+        self.wait(lst, chunk, tier)
+        return p.tensor
+
+    def wait(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        p = self._payloads.get((lst, chunk, tier))
+        if p is not None and p.state is CopyState.ARRIVING:
+            if self.on_gpu and tier is Tier.DEVICE:
+                p.ready.wait_on_device()  # GPU work after this point waits; the host goes on
+            else:
+                self.stall_seconds += p.ready.wait()
+            self._move(p, lst, chunk, tier, CopyState.VALID)
+            p.ready = None
+
+    def settle(self) -> None:
+        """Let every in-flight copy land (end of the run, before state is read)."""
+        for (lst, chunk, tier), p in list(self._payloads.items()):
+            self.wait(lst, chunk, tier)
+            self._drain_readers(p)
+        if self.nvme is not None:
+            self.nvme.wait()
+
+    # -- actions ----------------------------------------------------------------------------
+    def place(self, lst: ChunkList, chunk: int, tier: Tier, data: torch.Tensor | None) -> None:
+        """Attach time: a VALID payload on `tier` filled from `data` (zeros where None)."""
+        p = self._payloads[(lst, chunk, tier)]
+        if tier is Tier.NVME:
+            self._require_nvme(lst, chunk)
+            if data is None:
+                data = torch.zeros(self.numel(chunk), dtype=self.dtypes[lst])
+            self.nvme.write(lst, chunk, data.to(self.dtypes[lst]).contiguous())
+            self._move(p, lst, chunk, tier, CopyState.VALID)
+            return
+        tensor = self.pools[tier].allocate(self.dtypes[lst], self.numel(chunk), what=f"{lst.value} chunk {chunk}")
+        if data is None:
+            tensor.zero_()
+        else:
+            tensor.copy_(data)
+        p.tensor = tensor
+        self._move(p, lst, chunk, tier, CopyState.VALID)
+        if tier is Tier.DEVICE:
+            self.on_device_change(lst, chunk, tensor)
+
+    def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str) -> int:
+        """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved."""
+        expected = COPY_CHANNELS.get((src, dst))
+        if expected is None or expected is not channel:
+            raise ExecutorError(f"schedule violation: {why} copies {src.value} -> {dst.value} on channel "
+                                f"{channel.value}; this executor copies that pair on {expected}")
+        s = self._payloads.get((lst, chunk, src))
+        if s is None or s.state not in (CopyState.VALID, CopyState.ARRIVING):
+            raise ExecutorError(f"schedule violation: {why} copies {lst.value} chunk {chunk} from {src.value}, "
+                                f"which holds no valid copy ({(s.state if s else CopyState.ABSENT).value})")
+        d = self._payloads[(lst, chunk, dst)]
+        if d.state is CopyState.VALID or d.state is CopyState.ARRIVING:
+            raise ExecutorError(f"schedule violation: {why} copies {lst.value} chunk {chunk} to {dst.value}, "
+                                f"which already holds a valid copy")
+        if d.tensor is None and dst is not Tier.NVME:
+            d.tensor = self.pools[dst].allocate(self.dtypes[lst], self.numel(chunk), what=f"{why} ({lst.value} chunk {chunk})")
+            if dst is Tier.DEVICE:
+                self.on_device_change(lst, chunk, d.tensor)
+        self._drain_readers(d)  # a stale payload may still be read by an earlier copy
+        after = [s.ready] if s.state is CopyState.ARRIVING else []
+        if Tier.NVME in (src, dst):
+            self._require_nvme(lst, chunk)
+            if dst is Tier.NVME:  # only the schedule's WRITE_BACKs write: dirty chunks only
+                ready = Ready(future=self.nvme.write_async(lst, chunk, s.tensor, after=after))
+            else:
+                ready = Ready(future=self.nvme.read_async(lst, chunk, d.tensor, after=after))
+        elif self.on_gpu:
+            ready = self.copies.copy(d.tensor, s.tensor, after=after, channel=channel)
+        else:
+            ready = self.copies.copy(d.tensor, s.tensor, after=after)
+        s.readers.append(ready)
+        d.ready = ready
+        self._move(d, lst, chunk, dst, CopyState.ARRIVING)
+        nbytes = self.nbytes(lst, chunk)
+        self.bytes_per_channel[channel] += nbytes
+        return nbytes
+
+    def allocate(self, lst: ChunkList, chunk: int, tier: Tier, *, why: str, zero: bool = True) -> None:
+        """ALLOCATE: a zero-filled VALID payload on `tier` (zero=False: the caller fills every element
+        before anything reads the chunk)."""
+        p = self._payloads[(lst, chunk, tier)]
+        if p.state in (CopyState.VALID, CopyState.ARRIVING):
+            raise ExecutorError(f"schedule violation: {why} allocates {lst.value} chunk {chunk} on {tier.value}, "
+                                f"which already holds it")
+        if p.tensor is None:
+            p.tensor = self.pools[tier].allocate(self.dtypes[lst], self.numel(chunk), what=f"{why} ({lst.value} chunk {chunk})")
+        self._drain_readers(p)
+        if zero:
+            p.tensor.zero_()
+        self._move(p, lst, chunk, tier, CopyState.VALID)
+        if tier is Tier.DEVICE:
+            self.on_device_change(lst, chunk, p.tensor)
+
+    def evict(self, lst: ChunkList, chunk: int, tier: Tier, *, why: str) -> None:
+        """EVICT: drop the payload (after the copies reading or writing it have landed)."""
+        p = self._payloads.get((lst, chunk, tier))
+        if p is None or p.state is CopyState.ABSENT:
+            raise ExecutorError(f"schedule violation: {why} evicts {lst.value} chunk {chunk} from {tier.value}, "
+                                f"which does not hold it")
+        if p.state is CopyState.ARRIVING:
+            self.stall_seconds += p.ready.wait()
+            p.ready = None
+        self._drain_readers(p)
+        if tier is Tier.DEVICE:
+            self.on_device_change(lst, chunk, None)
+        if p.tensor is not None:  # an NVME copy is a file slot: nothing to free
+            self.pools[tier].free(p.tensor)
+        p.tensor = None
+        self._move(p, lst, chunk, tier, CopyState.ABSENT)
+
+    def updated(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        """The payload on `tier` was written in place (optimizer step): copies elsewhere are stale."""
+        for other in TIERS:
+            if other is not tier and self.state(lst, chunk, other) is not CopyState.ABSENT:
+                self.wait(lst, chunk, other)  # an ARRIVING copy lands (VALID) before it goes stale
+                self._move(self._payloads[(lst, chunk, other)], lst, chunk, other, CopyState.STALE)
+
+    def drop_readers(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        """Before writing a payload in place: the copies still reading its old content must land."""
+        p = self._payloads.get((lst, chunk, tier))
+        if p is not None:
+            self._drain_readers(p)
+
+    def read_nvme(self, lst: ChunkList, chunk: int) -> torch.Tensor:
+        """A CPU copy of a chunk that is valid on NVME (state dicts between iterations)."""
+        self.wait(lst, chunk, Tier.NVME)
+        out = torch.empty(self.numel(chunk), dtype=self.dtypes[lst])
+        self.nvme.read(lst, chunk, out)
+        return out
+
+    def write_nvme(self, lst: ChunkList, chunk: int, data: torch.Tensor) -> None:
+        self.wait(lst, chunk, Tier.NVME)
+        self.nvme.write(lst, chunk, data.to(self.dtypes[lst]).contiguous())
+
+    def close(self) -> None:
+        self.settle()
+        self.copies.close()
+        if self.nvme is not None:
+            self.nvme.close()  # removes the files
+
+    def _require_nvme(self, lst: ChunkList, chunk: int) -> None:
+        if self.nvme is None:
+            raise ExecutorError(f"{lst.value} chunk {chunk} goes to NVME but the engine has no NVME store: pass "
+                                "nvme_dir= to executor.run")
+
+    # -- internals --------------------------------------------------------------------------
+    def _drain_readers(self, p: Payload) -> None:
+        for ready in p.readers:
+            self.stall_seconds += ready.wait()
+        p.readers.clear()
+
+    def _move(self, p: Payload, lst: ChunkList, chunk: int, tier: Tier, to: CopyState) -> None:
+        if to not in _TRANSITIONS[p.state]:
+            raise ExecutorError(f"internal error: {lst.value} chunk {chunk} on {tier.value} cannot go from "
+                                f"{p.state.value} to {to.value}")
+        p.state = to
+
+
+@functools.cache
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()

@@ -1,0 +1,150 @@
+"""The executor on schedules the planner makes from recorded traces: record -> plan -> train (issue 6).
+
+Each model is recorded for real on the CPU (executor.record), planned by the planner's
+`materialize` with decisions that force eviction (a PARAM budget far below the model) and put
+the OS on HOST (or split it between DEVICE and HOST), and trained for 20 steps against plain
+PyTorch with `torch.optim.AdamW(fused=True)`. The tests import the planner; the executor does not.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import executor
+from executor.models import GPT, GPTConfig, build_gpt2
+from executor.record import record
+from planner.layout import build_layout
+from planner.materialize import Decisions, EvictionRule, materialize
+from planner.presets import resolve_hardware
+from planner.problem import build_problem
+from schemas._base import digest_bytes
+from schemas.schedule import ActivationMode, Channel, ChunkPlan, Op, Tier
+from test_executor import (
+    LR, STEPS, WD, Unusual, assert_same, bytes_checker, engine_run, gpt_batches, one_thread, plain_run,
+)
+
+CHUNK_ELEMENTS = 4096
+__all__ = ["one_thread"]  # the autouse fixture of test_executor applies here too
+
+
+def gpt_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=64, block_size=16))
+
+
+def hf_model():
+    torch.manual_seed(0)
+    return build_gpt2(dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
+
+
+def unusual_model() -> Unusual:
+    torch.manual_seed(0)
+    return Unusual()
+
+
+MODELS = {
+    "gpt": (gpt_model, lambda b: {"idx": b, "targets": b}, lambda m, b: m(b, b), 64),
+    "hf-gpt2": (hf_model, lambda b: {"input_ids": b, "labels": b}, lambda m, b: m(input_ids=b, labels=b).loss, 64),
+    "unusual": (unusual_model, lambda b: b, lambda m, b: m(b), 32),
+}
+
+
+@functools.cache
+def recorded(name: str):
+    build, as_batch, _, vocab = MODELS[name]
+    trace = record(build(), as_batch(gpt_batches(1, vocab=vocab)[0]), model_name=name)
+    hardware = resolve_hardware("cpu-emulated")
+    problem = build_problem(trace, hardware, trace_digest=digest_bytes(trace.to_msgpack()))
+    return trace, problem
+
+
+def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chunks: int = 8, recompute: bool = False,
+         swap: bool = False, nvme: bool = False):
+    """A schedule forcing eviction: PARAM+GRAD on DEVICE capped at `budget_chunks` chunks."""
+    _, problem = recorded(name)
+    layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
+    cap = max(c.elements for c in layout.chunks) * 4
+
+    def plan_of(c: int) -> ChunkPlan:
+        if nvme:
+            return ChunkPlan(chunk=c, os_tier=Tier.NVME if c % 2 == 0 else Tier.HOST, optimizer_tier=Tier.HOST)
+        if os_split and c % 3 == 0:
+            return ChunkPlan(chunk=c, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+        if os_split and c % 3 == 1:
+            return ChunkPlan(chunk=c, os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE)
+        return ChunkPlan(chunk=c, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+
+    def mode(b: int) -> ActivationMode:
+        if recompute and swap:
+            return (ActivationMode.RECOMPUTE, ActivationMode.SWAP_HOST, ActivationMode.KEEP)[b % 3]
+        if recompute or swap:
+            return (ActivationMode.RECOMPUTE if recompute else ActivationMode.SWAP_HOST) if b % 2 == 0 else ActivationMode.KEEP
+        return ActivationMode.KEEP
+
+    for chunks in range(budget_chunks, 4 * budget_chunks):  # the smallest budget the layout allows
+        decisions = Decisions(policy="tide", layout=layout, chunk_plans=tuple(plan_of(c.id) for c in layout.chunks),
+                              activation_modes=tuple(mode(b) for b in range(len(problem.blocks))),
+                              param_device_budget_bytes=(cap * chunks,) * len(problem.moments),
+                              persistent_chunks=frozenset(), optimizer_overlap=overlap, prefetch=True,
+                              eviction=EvictionRule.BELADY_CLEAN_FIRST,
+                              param_home_tiers=tuple(Tier.NVME if nvme and c.id % 3 else Tier.HOST
+                                                     for c in layout.chunks) if nvme else ())
+        try:
+            return materialize(problem, decisions)
+        except Exception:  # noqa: BLE001 - too small a budget: try one chunk more
+            continue
+    raise AssertionError("no feasible budget")
+
+
+CASES = [("gpt", v) for v in ("os-host", "os-split", "cpu-overlap", "recompute", "swap-host", "recompute+swap",
+                              "nvme", "nvme+overlap")] + [
+    ("hf-gpt2", "os-split"), ("hf-gpt2", "swap-host"), ("unusual", "cpu-overlap"), ("unusual", "recompute+swap")]
+
+
+@pytest.mark.parametrize(("name", "variant"), CASES, ids=[f"{n}-{v}" for n, v in CASES])
+def test_recorded_and_planned_models_train_like_plain_pytorch(name, variant, tmp_path):
+    build, _, loss_fn, vocab = MODELS[name]
+    schedule = plan(name, os_split=variant == "os-split", overlap="overlap" in variant,
+                    recompute="recompute" in variant, swap="swap" in variant, nvme="nvme" in variant)
+    evicted = [a for a in schedule.actions if a.op is Op.EVICT and a.src is Tier.DEVICE]
+    assert evicted and schedule.prediction.bytes_per_channel.get(Channel.H2D, 0) > 0
+    model, ref = build(), build()
+    batches = gpt_batches(STEPS, vocab=vocab)
+    engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path)
+    assert bool(engine._recomputed) == ("recompute" in variant)  # blocks run under torch.utils.checkpoint
+    got = engine_run(engine, model, loss_fn, batches, check_bytes=bytes_checker(schedule))
+    want = plain_run(ref, loss_fn, batches)
+    assert_same(engine, ref, got, want, rel=0.0)
+    stats = engine.stats()
+    assert stats.peak_bytes_per_tier[Tier.HOST] == schedule.prediction.peak_bytes_per_tier[Tier.HOST]
+    assert 0 < stats.peak_bytes_per_tier[Tier.DEVICE] <= schedule.budgets.device_bytes
+    if "nvme" in variant:
+        assert stats.bytes_per_channel[Channel.NVME_READ] > 0 and stats.bytes_per_channel[Channel.NVME_WRITE] > 0
+        files = list(tmp_path.rglob("*.bin"))
+        assert files  # the chunk files exist while training...
+        engine.detach()
+        assert not list(tmp_path.rglob("*.bin"))  # ...and are removed on a clean exit
+
+
+@pytest.mark.parametrize(("name", "overlap"), [("gpt", True), ("hf-gpt2", False), ("unusual", True)],
+                         ids=["gpt-overlap", "hf-gpt2-no-overlap", "unusual-overlap"])
+def test_solved_schedules_train_like_plain_pytorch(name, overlap):
+    """`planner.solve` with a DEVICE budget of the non-model peak plus 40% of the model data."""
+    from planner.solve import solve
+
+    trace, _ = recorded(name)
+    model_bytes = sum(t.bytes for t in trace.tensors) * 4  # fp32 params, grads, m, v
+    device_bytes = max(m.non_model_bytes for m in trace.moments) + int(0.4 * model_bytes)
+    schedule = solve(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(trace.to_msgpack()),
+                     device_bytes=device_bytes, optimizer_overlap=overlap, time_limit_s=20)
+    assert schedule.prediction.bytes_per_channel.get(Channel.H2D, 0) > 0  # it offloads
+    build, _, loss_fn, vocab = MODELS[name]
+    model, ref = build(), build()
+    batches = gpt_batches(STEPS, vocab=vocab)
+    clip = None if overlap else 0.5  # clipping needs every grad before the first step
+    engine = executor.run(model, schedule, lr=LR, weight_decay=WD, grad_clip_norm=clip)
+    got = engine_run(engine, model, loss_fn, batches, check_bytes=bytes_checker(schedule))
+    assert_same(engine, ref, got, plain_run(ref, loss_fn, batches, clip=clip), rel=0.0)
