@@ -1,0 +1,50 @@
+"""Golden schedules: CI fails when the planner's output changes without `python -m planner.golden --write`."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import shutil
+
+import pytest
+
+from planner import golden
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("planner.solve") is None, reason="planner.solve has not landed yet"),
+    pytest.mark.skipif(not all(c.trace_path.exists() for c in golden.CASES), reason="shipped traces missing"),
+]
+
+
+@pytest.mark.slow  # ~20 s: solves every golden case, as CI must
+def test_committed_golden_schedules_are_current():
+    out = io.StringIO()
+    code = golden.check(out=out)
+    assert code == 0, "golden schedules differ from the planner's output; if intended run " \
+                      "`python -m planner.golden --write`:\n" + out.getvalue()
+
+
+def test_a_changed_schedule_fails_with_its_diff(tmp_path):
+    case = golden.CASES[0]  # the small real trace: fast
+    other = golden.GoldenCase(name=case.name, trace=case.trace, hardware=case.hardware,
+                              device_memory_gb=(case.device_memory_gb or 1.0) * 2)
+    (tmp_path / f"{case.name}{golden.SUFFIX}").write_bytes(golden.regenerate(other))
+    out = io.StringIO()
+    assert golden.check((case,), golden_dir=tmp_path, out=out) == 1
+    text = out.getvalue()
+    assert f"FAIL {case.name}: changed" in text
+    assert "budget DEVICE" in text and "python -m planner.golden --write" in text
+
+
+def test_missing_and_stale_files_fail(tmp_path):
+    case = golden.CASES[0]
+    shutil.copy(case.golden_path, tmp_path / "old-name.schedule.msgpack")
+    out = io.StringIO()
+    assert golden.check((case,), golden_dir=tmp_path, out=out) == 1
+    assert "missing" in out.getvalue() and "old-name.schedule.msgpack: no case" in out.getvalue()
+
+
+def test_write_then_check_passes(tmp_path):
+    case = golden.CASES[0]
+    assert golden.write((case,), golden_dir=tmp_path, out=io.StringIO()) == 0
+    assert golden.check((case,), golden_dir=tmp_path, out=io.StringIO()) == 0
