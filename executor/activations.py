@@ -44,6 +44,7 @@ worker, removes the NVMe files and their directory, and removes the hooks.
 from __future__ import annotations
 
 import enum
+import errno
 import functools
 import os
 import shutil
@@ -214,6 +215,8 @@ class ActivationManager:
         (the depth of Fuyou §4.4's prefetch FIFO: each reloaded block is DEVICE memory held early).
     record_events: keep `events`, a list of (what, block) in order: "capture", "saved",
         "prefetch", "backward", "wait" (tests and debugging).
+    on_failure: called with the error line before a failed copy is raised (the engine marks itself
+        FAILED: the error surfaces in the model's own hooks, not in the engine's).
     """
 
     def __init__(self, model: nn.Module, modes: Sequence[ActivationMode] | Mapping[str, ActivationMode], *,
@@ -221,7 +224,8 @@ class ActivationManager:
                  alias_pack: Callable[[torch.Tensor], object | None] | None = None,
                  alias_unpack: Callable[[object], torch.Tensor] | None = None,
                  nvme_dir: str | os.PathLike[str] | None = None, auto_prefetch: bool = True,
-                 prefetch_ahead: int = 1, record_events: bool = False, install: bool = True) -> None:
+                 prefetch_ahead: int = 1, record_events: bool = False, install: bool = True,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         names = list(find_blocks(model) if blocks is None else blocks)
         modules = dict(model.named_modules())
         unknown = [n for n in names if n not in modules or n == ""]
@@ -247,6 +251,7 @@ class ActivationManager:
         self.blocks = [_Block(i, n, modules[n], m) for i, (n, m) in enumerate(zip(names, mode_list, strict=True))]
         self._alias_pack, self._alias_unpack = alias_pack, alias_unpack
         self.auto_prefetch, self.prefetch_ahead = auto_prefetch, prefetch_ahead
+        self._on_failure = on_failure
         self.events: list[tuple[str, int]] | None = [] if record_events else None
 
         self._nvme_dir: Path | None = None
@@ -260,6 +265,7 @@ class ActivationManager:
                 raise ExecutorError(f"activation plan: cannot make a directory in nvme_dir={str(nvme_dir)!r} "
                                     f"({exc.strerror}); pass a writable directory") from exc
         self._cuda_stream: torch.cuda.Stream | None = None  # made on the first CUDA swap, once
+        self._offloading = 0  # live bytes whose offload copy is in flight
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-activations")
         self._lock = threading.Lock()
         self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[_Record]]] = {}
@@ -441,6 +447,8 @@ class ActivationManager:
             produced = torch.cuda.Event()
             produced.record()  # the copy starts once the kernels producing the tensor are done
         src, record.device = record.device, None
+        with self._lock:
+            self._offloading += record.nbytes
         record.offload = self._worker.submit(self._offload_work, b, record, src, produced)
         with self._lock:
             self._offloaded[tier] += record.nbytes
@@ -461,6 +469,8 @@ class ActivationManager:
         else:
             _copy_bytes(host, src)
         del src
+        with self._lock:
+            self._offloading -= record.nbytes
         self._hold(record, -1)
         if record.mode is ActivationMode.SWAP_NVME:
             self._nvme_write(b, record.nvme_offset, host)
@@ -545,13 +555,18 @@ class ActivationManager:
     def _result(self, future: Future, record: _Record, what: str) -> Any:
         try:
             return future.result()
-        except ExecutorError:
+        except ExecutorError as exc:
+            if self._on_failure is not None:
+                self._on_failure(str(exc))
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the worker becomes one clear line
             b = self.blocks[record.block]
-            raise ExecutorError(f"activations of block {b.index} ({b.name!r}): the {what} of a saved tensor "
-                                f"({record.nbytes} bytes, {b.mode.value}) failed in the copy worker: "
-                                f"{type(exc).__name__}: {exc}") from exc
+            error = ExecutorError(f"activations of block {b.index} ({b.name!r}): the {what} of a saved tensor "
+                                  f"({record.nbytes} bytes, {b.mode.value}) failed in the copy worker: "
+                                  f"{type(exc).__name__}: {exc}")
+            if self._on_failure is not None:
+                self._on_failure(str(error))
+            raise error from exc
 
     def _raise_failed(self, b: _Block) -> None:
         for record in b.live_records():
@@ -576,8 +591,10 @@ class ActivationManager:
             while done < len(view):
                 done += os.pwrite(fd, view[done:], offset + done)
         except OSError as exc:
+            fix = ("make nvme_dir writable or pass another one" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                   else "free space on the SSD or pass another nvme_dir")
             raise ExecutorError(f"activation file {b.nvme_path}: write of {len(view)} bytes at {offset} failed "
-                                f"({exc.strerror}); free space on the SSD or pass another nvme_dir") from exc
+                                f"({exc.strerror}); {fix}") from exc
 
     def _nvme_read(self, b: _Block, offset: int, host: torch.Tensor) -> None:
         fd, view, done = self._nvme_fd(b), memoryview(host.numpy()), 0
@@ -614,6 +631,16 @@ class ActivationManager:
                 offloaded_bytes_per_block=tuple(self._offloaded_per_block),
                 reloaded_bytes_per_block=tuple(self._reloaded_per_block),
                 live_bytes=self._live, peak_live_bytes=self._peak, stall_seconds=self._stall)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes the manager holds on DEVICE now."""
+        return self._live
+
+    @property
+    def offloading_bytes(self) -> int:
+        """The part of `live_bytes` whose offload copy is in flight (released when it lands)."""
+        return self._offloading
 
     def _hold(self, record: _Record, copies: int) -> None:
         """`copies` more (or fewer) DEVICE copies of `record` are held."""

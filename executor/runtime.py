@@ -26,16 +26,48 @@ storage is a DEVICE PARAM payload (a weight, `weight.t()`...) are saved as (chun
 stride) through `torch.autograd.graph.saved_tensors_hooks` and rebuilt from the chunk's DEVICE payload
 of the moment backward needs them, so they never pin (or read a reused buffer of) an evicted chunk.
 
-Activations, per the schedule's plan: KEEP (nothing to do); RECOMPUTE (the block's forward runs
-under `torch.utils.checkpoint`, non-reentrant, so only its input is saved and the forward reruns in
-its backward); SWAP_HOST (what the block saves in forward is captured by the same saved-tensor
-hooks, storage by storage, and moved whole by ACT_OFFLOAD / ACT_RELOAD on the copy engine; the
-first unpack in backward waits for the reload). SWAP_NVME is refused at attach.
+Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
+(KEEP, RECOMPUTE via non-reentrant checkpointing driven by block hooks, SWAP_HOST and SWAP_NVME via
+saved-tensor hooks; `nvme_dir=` is required when a block swaps to NVME). The engine hands it its param
+aliasing (a saved tensor living in a DEVICE PARAM chunk is stored as a `_ChunkRef`, never copied or
+swapped) and turns off its own reload heuristics (`auto_prefetch=False`): the offload copy starts when
+the tensor is saved, so ACT_OFFLOAD does nothing (a failed copy is raised at the block's
+post_forward), and ACT_RELOAD (the offload's deadline) waits for the block's offload copies and
+starts its prefetch; an unpack waits for its reload. The activation bytes held on DEVICE count
+against the DEVICE budget together with the chunks: every chunk allocation and every moment checks
+chunk bytes + activation bytes <= the budget and raises `ExecutorError` ("DEVICE budget exceeded")
+otherwise (bytes whose offload copy is in flight count as gone, as the schedule counts them).
 
 NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
 O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
 actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. The files are
 removed by `detach()` (or when the engine is collected).
+
+Several ranks (`schedule.header.world_size > 1`, launched by torchrun, the default process group
+initialized before `executor.run`): `executor.distributed.StoreCollectives` runs the schedule's
+ALL_GATHER / REDUCE_SCATTER over this rank's store (gloo on the CPU, NCCL on GPUs). A rank holds the
+chunks it owns (`Chunk.owner_rank`: their HOST/NVME copies, OS and optimizer steps) plus the PARAM
+chunks on DEVICE; it performs the actions `runs_on_rank` gives it, waits for a group's collective
+before touching its chunks, releases the group when it is evicted from DEVICE, and lands what is
+left after the OPTIMIZER moment. Grads are averaged by the reduce-scatter (each rank's batch is its
+share of the global batch). Clipping: the owned grads' squared norms, summed over the ranks.
+`save()` / `load()` (called on every rank) write and read ONE plain checkpoint
+(`save_sharded` / `load_sharded`) that loads into any world size; `state_dict()` is refused (a rank
+holds only its chunks); `detach()` all-gathers the PARAM chunks so every rank gets plain params back.
+Not yet with several ranks: gradient accumulation and fp16 loss scaling (refused at attach). Stats:
+INTER_GPU bytes are this rank's.
+
+Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
+raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
+earlier ..."); `engine.failure` says where. Nothing in memory is lost: a chunk is never evicted from
+HOST before its NVME write landed, and a copy that failed is dropped, not used. `state_dict()` /
+`save()` still work after a failure when the state is CONSISTENT: every trainable chunk has taken
+the same number of optimizer steps (`engine.failure.steps` of them), i.e. the failure came before
+the first OPTIMIZER_STEP of its iteration or after the last one. A failure between them leaves the
+step TORN (some chunks updated, the others not; each chunk itself is intact, old or new): then
+`state_dict()` / `save()` refuse, naming the chunks, and the last checkpoint is the state to go back
+to. Making every step transactional would need a second copy of the model's OS, which is what
+offloading exists to avoid.
 
 Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
 every micro-step replays ALL moments of the schedule, including the OPTIMIZER moment, and only the
@@ -49,18 +81,19 @@ prediction by exactly that traffic (with N = 1 they equal it).
 from __future__ import annotations
 
 import enum
-import functools
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 
 from executor import state as state_io
+from executor.activations import ActivationManager
+from executor.distributed import StoreCollectives, load_sharded, save_sharded
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
@@ -92,6 +125,23 @@ _ENGINE_TRANSITIONS = {
 }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFailure:
+    """Where the replay failed and what state it left (see "Failures" in the module docstring)."""
+
+    message: str  # the ExecutorError line
+    iteration: int  # micro-steps completed before it
+    moment: int  # the moment being applied
+    steps: int  # optimizer steps every chunk in `updated_chunks` has taken
+    updated_chunks: frozenset[int]  # chunks stepped in the failed iteration
+    pending_chunks: frozenset[int]  # chunks that were still to be stepped in it
+
+    @property
+    def torn(self) -> bool:
+        """Some chunks took the failed iteration's step and others did not."""
+        return bool(self.updated_chunks) and bool(self.pending_chunks)
+
+
 class _Place(NamedTuple):
     """A param's place in its chunk."""
 
@@ -106,73 +156,6 @@ class _ChunkRef(NamedTuple):
     offset: int
     size: torch.Size
     stride: tuple[int, ...]
-
-
-class _SavedRef(NamedTuple):
-    """A tensor a SWAP_HOST block saved for backward: its storage (moved whole) and its view."""
-
-    block: int
-    storage: int  # index into the block's storages
-    dtype: torch.dtype
-    offset: int
-    size: torch.Size
-    stride: tuple[int, ...]
-
-
-class _BlockActivations:
-    """The storages one SWAP_HOST block saved in forward, deduplicated, on DEVICE or HOST.
-
-    A copy is a copy of the whole storage (what the recorder counts as the activation's bytes); the
-    copy's Ready travels with the storage and `get` waits for it, so the reload overlaps the
-    backward of later blocks and only the first unpack of this block can stall.
-    """
-
-    def __init__(self) -> None:
-        self.index: dict[int, int] = {}  # data_ptr of a DEVICE storage -> index
-        self.storages: list[torch.Tensor] = []  # uint8 views of each storage where it lives now
-        self.ready: list[Any] = []  # the copy that wrote it, or None
-        self.tier = Tier.DEVICE
-
-    def add(self, block: int, tensor: torch.Tensor) -> _SavedRef:
-        storage = tensor.untyped_storage()
-        i = self.index.get(storage.data_ptr())
-        if i is None:
-            i = self.index[storage.data_ptr()] = len(self.storages)
-            self.storages.append(torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage))
-            self.ready.append(None)
-        return _SavedRef(block, i, tensor.dtype, tensor.storage_offset(), tensor.size(), tensor.stride())
-
-    def move(self, to: Tier, store: ChunkStore, *, pin: bool, device: torch.device) -> int:
-        if self.tier is to:
-            raise ExecutorError(f"schedule violation: activations moved to {to.value}, where they already are")
-        nbytes = 0
-        target = device if to is Tier.DEVICE else torch.device("cpu")
-        for i, src in enumerate(self.storages):
-            dst = torch.empty(src.numel(), dtype=torch.uint8, device=target, pin_memory=pin and to is Tier.HOST)
-            after = [self.ready[i]] if self.ready[i] is not None else []
-            channel = Channel.D2H if to is Tier.HOST else Channel.H2D
-            if store.on_gpu:
-                self.ready[i] = store.copies.copy(dst, src, after=after, channel=channel)
-            else:
-                self.ready[i] = store.copies.copy(dst, src, after=after)
-            self.storages[i] = dst  # the source is freed once its copy (which holds it) is done
-            nbytes += src.numel()
-        self.tier = to
-        return nbytes
-
-    def get(self, ref: _SavedRef, store: ChunkStore) -> torch.Tensor:
-        if self.tier is not Tier.DEVICE:
-            raise ExecutorError("schedule violation: backward needs activations still on HOST (no ACT_RELOAD before it)")
-        ready = self.ready[ref.storage]
-        if ready is not None:
-            if store.on_gpu:
-                ready.wait_on_device()
-            else:
-                store.stall_seconds += ready.wait()
-            self.ready[ref.storage] = None
-        raw = self.storages[ref.storage]
-        out = torch.empty(0, dtype=ref.dtype, device=raw.device)
-        return out.set_(raw.untyped_storage(), ref.offset, ref.size, ref.stride)
 
 
 def default_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
@@ -253,7 +236,8 @@ class Engine:
             raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps}: expected 1 or more")
         if grad_clip_norm is not None and not grad_clip_norm > 0:
             raise ExecutorError(f"grad_clip_norm={grad_clip_norm}: expected a positive number or None")
-        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir)
+        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir,
+                                       grad_accumulation_steps=grad_accumulation_steps)
         problems = check_model(model, schedule, compute=compute)
         if problems:
             raise ExecutorError(f"the model does not match the schedule ({len(problems)} differences): "
@@ -316,11 +300,6 @@ class Engine:
         self._first_optimizer_moment = self._optimizer_moments[0]
         self._evicts_params = any(a.op is Op.EVICT and a.list is ChunkList.PARAM and a.src is Tier.DEVICE
                                   for a in schedule.actions)
-        # SWAP_HOST blocks: what their forward saves is captured (between the block's pre_forward and
-        # post_forward events) and moved by ACT_OFFLOAD / ACT_RELOAD
-        self._swapped = {p.module: p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_HOST}
-        self._capturing: int | None = None
-        self._activations: dict[int, _BlockActivations] = {}
 
         # ---- the chunk store, filled per initial_residency; params move into it
         nvme = None
@@ -333,6 +312,9 @@ class Engine:
         self._placeholder = {dt: torch.empty(0, dtype=dt, device=self.device) for dt in (self.compute_dtype,)}
         self._device_storage: dict[int, int] = {}  # data_ptr of a DEVICE PARAM payload -> chunk
         self.store.on_device_change = self._on_device_change
+        # several ranks: the schedule's collectives over this rank's store (executor/distributed.py)
+        self.comm = StoreCollectives(layout, self.store) if schedule.header.world_size > 1 else None
+        self.rank = self.comm.collectives.rank if self.comm is not None else 0
         self._fill_store(by_name)
         for module_buffer in model.buffers():  # buffers stay plain tensors, on the compute device
             if module_buffer.device != self.device:
@@ -348,6 +330,12 @@ class Engine:
         self._grad_scale = 1.0
         self._clip_coefficient: float | None = None
         self._failure = ""
+        self.failure: EngineFailure | None = None
+        self.steps_applied = 0  # optimizer steps every trainable chunk has taken
+        self._stepped: set[int] = set()  # chunks stepped in this iteration
+        self._step_chunks = frozenset(a.chunk for a in schedule.actions if a.op is Op.OPTIMIZER_STEP
+                                      and (self.comm is None or self.comm.runs_here(a)))
+        self._lost: list[tuple[ChunkList, int]] = []  # chunks left without a valid copy by a failure
         self._stats = _Counters()
         self._last_event_seconds = 0.0
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -358,23 +346,27 @@ class Engine:
                 if place.slot.trainable and place.param is by_name[place.slot.names[0]]:
                     self._grad_handles.append(place.param.register_post_accumulate_grad_hook(
                         lambda p, slot=place.slot: self._grad_ready(p, slot)))
-        # RECOMPUTE blocks: their forward runs under torch.utils.checkpoint (non-reentrant), so only
-        # the block's input is saved and the forward reruns inside the block's backward (its PARAM
-        # chunks are on DEVICE then, by the schedule); MomentHooks sees no events from the rerun
-        modules = dict(model.named_modules())
-        self._recomputed: list[nn.Module] = []
-        for plan in schedule.activation_plans:
-            if plan.mode is ActivationMode.RECOMPUTE:
-                if plan.module not in modules:
-                    raise ExecutorError(f"the schedule recomputes block {plan.block} ({plan.module!r}), which is not a "
-                                        f"module of the model. {_RERECORD}")
-                block = modules[plan.module]
-                block.forward = functools.partial(_checkpointed, block.forward)
-                self._recomputed.append(block)
         # registered after the grad hooks, so a unit's post_backward (which may fire from a param
         # grad hook) always sees its grads already in the GRAD chunk
+        # first of all forward hooks: after a failure the model's next forward stops here, before the
+        # hooks of an iteration that never finished see it
+        self._refuse_handle = model.register_forward_pre_hook(self._refuse_if_failed, prepend=True)
         self.hooks = MomentHooks(model, blocks=self._blocks, units=self._units, on_event=self._on_event)
         self.hooks.install()
+        # after MomentHooks: a block's pre_forward moment (its FETCHes) runs before the manager starts
+        # capturing, and the manager's post_forward (prepended) finishes before the moment's EVICTs
+        modules = dict(model.named_modules())
+        missing = [p.module for p in schedule.activation_plans if p.module not in modules]
+        if missing:
+            self.hooks.remove()
+            self._refuse_handle.remove()
+            raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
+                                f"the model. {_RERECORD}")
+        self.activations = ActivationManager.from_plans(
+            model, schedule.activation_plans,
+            alias_pack=lambda t: (r if isinstance(r := self._pack(t), _ChunkRef) else None),
+            alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
+        self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
 
     # ------------------------------------------------------------------------------ the loop API
     def step(self) -> None:
@@ -395,9 +387,25 @@ class Engine:
         """Counters of the last complete iteration (bytes, stalls, seconds per phase) and peaks since attach."""
         return self._stats.snapshot(self)
 
+    def bytes_per_channel(self) -> dict[Channel, int]:
+        """Bytes copied since attach per channel: chunk copies (the store) + activation swaps (the manager)."""
+        out = defaultdict(int, self.store.bytes_per_channel)
+        for ch, n in self.activations.stats().bytes_per_channel.items():
+            out[ch] += n
+        if self.comm is not None:  # this rank's all-gathers and reduce-scatters
+            out[Channel.INTER_GPU] += self.comm.stats.inter_gpu_bytes
+        return dict(out)
+
+    def stall_seconds(self) -> float:
+        """Seconds the training thread waited since attach: for chunk copies and for activation reloads."""
+        return self.store.stall_seconds + self.activations.stats().stall_seconds
+
     def state_dict(self) -> dict[str, Any]:
         """{"model": plain model state dict, "optimizer": plain AdamW state dict[, "master", "loss_scaler"]}."""
-        self._require_idle("state_dict()")
+        self._require_consistent("state_dict()")
+        if self.comm is not None:
+            raise ExecutorError("engine.state_dict() with world_size > 1: a rank holds only its own chunks; call "
+                                "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
         out: dict[str, Any] = {"model": state_io.model_state_dict(self, self.model),
                                "optimizer": state_io.optimizer_state_dict(self, self.optimizer)}
         master = state_io.master_state_dict(self)
@@ -413,11 +421,19 @@ class Engine:
 
     def save(self, path: str | Path) -> None:
         """Checkpoint atomically (executor.state.save): model, optimizer, masters, loss scaler."""
-        self._require_idle("save()")
+        self._require_consistent("save()")
+        if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
+            save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
+                         loss_scaler=self.scaler)
+            return
         state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
 
     def load(self, path: str | Path) -> None:
         self._require_idle("load()")
+        if self.comm is not None:  # every rank keeps what it owns
+            load_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
+                         loss_scaler=self.scaler)
+            return
         state_io.restore(state_io.load(path), self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
 
     def detach(self) -> None:
@@ -425,20 +441,37 @@ class Engine:
         if self.state is EngineState.DETACHED:
             return
         self.hooks.remove()
-        for block in self._recomputed:
-            del block.forward  # the class's forward again
+        self._refuse_handle.remove()
+        self.activations.close()
         for h in self._grad_handles:
             h.remove()
         self._pop_saved_hooks()
         self.store.settle()
+        # several ranks: every rank calls detach(); the owners' PARAM chunks are gathered everywhere
+        full = self._gather_params_everywhere() if self.comm is not None else None
         for chunk, places in self._places.items():
-            flat = self.read_chunk(ChunkList.PARAM, chunk)
+            flat = full[chunk] if full is not None else self.read_chunk(ChunkList.PARAM, chunk)
             for place in places:
                 s = place.slot
                 place.param.data = flat[s.offset_elements:s.offset_elements + s.numel].view(s.shape).clone()
         self.store.on_device_change = lambda lst, chunk, tensor: None
         self.store.close()
         self._enter(EngineState.DETACHED)
+
+    def _gather_params_everywhere(self) -> dict[int, torch.Tensor]:
+        """Every PARAM chunk on every rank (CPU tensors), each from its owner: one all-gather per comm group."""
+        coll = self.comm.collectives
+        device = torch.device("cuda", torch.cuda.current_device()) if coll.backend == "nccl" else torch.device("cpu")
+        out: dict[int, torch.Tensor] = {}
+        for g in range(coll.n_groups):
+            mine = self.read_chunk(ChunkList.PARAM, coll.owned_chunk(g))
+            shard = torch.zeros(coll.capacity_elements(g), dtype=mine.dtype, device=device)
+            shard[:mine.numel()].copy_(mine)
+            parts = [torch.empty_like(shard) for _ in range(coll.world_size)]
+            torch.distributed.all_gather(parts, shard, group=coll.process_group)
+            for chunk, part in zip(coll.group_chunks(g), parts, strict=True):
+                out[chunk] = part[:self.store.numel(chunk)].to("cpu")
+        return out
 
     # ---- the ChunkSource protocol of executor.state
     @property
@@ -470,15 +503,17 @@ class Engine:
     # ------------------------------------------------------------------------------ attach
     @staticmethod
     def _check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
-                                  nvme_dir: str | Path | None) -> None:
-        if schedule.header.world_size != 1:
-            raise ExecutorError(f"the schedule is for world_size={schedule.header.world_size}; this executor runs one "
-                                "process (re-solve for world_size 1)")
-        for p in schedule.activation_plans:
-            if p.mode is ActivationMode.SWAP_NVME:
-                raise ExecutorError(f"the schedule's activation plan for block {p.block} ({p.module}) is {p.mode.value}; "
-                                    "this executor swaps activations to HOST only: re-solve on a hardware profile "
-                                    "whose [nvme] count is 0, or with more HOST memory")
+                                  nvme_dir: str | Path | None, grad_accumulation_steps: int) -> None:
+        if schedule.header.world_size > 1 and grad_accumulation_steps > 1:
+            raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps} with world_size="
+                                f"{schedule.header.world_size}: not supported yet; accumulate with world_size 1, or "
+                                "raise the per-rank batch")
+        if schedule.header.world_size > 1 and compute is DType.FLOAT16:
+            raise ExecutorError("fp16 loss scaling with world_size > 1 is not supported yet: use bf16 or fp32")
+        nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
+        if nvme_blocks and nvme_dir is None:
+            raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "
+                                "(a directory on the SSD) to executor.run")
         if _uses_nvme(schedule) and nvme_dir is None:
             raise ExecutorError("the schedule puts chunks on NVME: pass nvme_dir= (a directory on the SSD) to "
                                 "executor.run")
@@ -508,7 +543,10 @@ class Engine:
                         s = place.slot
                         data[s.offset_elements:s.offset_elements + s.numel].copy_(originals[s.tensor].reshape(-1))
                 for tier in tiers:
-                    self.store.place(lst, chunk.id, tier, data)
+                    # several ranks: a rank holds the chunks it owns, plus every PARAM chunk on DEVICE
+                    if (self.comm is None or (tier is Tier.DEVICE and lst is ChunkList.PARAM)
+                            or chunk.owner_rank == self.rank):
+                        self.store.place(lst, chunk.id, tier, data)
         # a param whose PARAM chunk starts off DEVICE was not re-pointed by `place`: free it now
         for chunk, places in self._places.items():
             if self.store.device_tensor(ChunkList.PARAM, chunk) is None:
@@ -541,28 +579,38 @@ class Engine:
             self._push_saved_hooks()
         else:
             self._stats.add_phase(moments[m - 1].phase, now - self._last_event_seconds, last_backward=(m == self._first_optimizer_moment))
-        if ref.module in self._swapped:
-            block = self._swapped[ref.module]
-            if ref.kind is MomentKind.PRE_FORWARD:
-                self._capturing = block
-                self._activations[block] = _BlockActivations()
-            elif ref.kind is MomentKind.POST_FORWARD:
-                self._capturing = None
-            elif ref.kind is MomentKind.POST_BACKWARD:
-                self._activations.pop(block, None)  # its backward is done: nothing unpacks them again
         if ref.kind is MomentKind.PRE_BACKWARD and ref.module == "":
             self._pop_saved_hooks()  # forward is over: nothing more is saved
-        with torch.profiler.record_function(f"tide.moment[{m}]"):
-            self._apply(m)
+        try:
+            with torch.profiler.record_function(f"tide.moment[{m}]"):
+                self._apply(m)
+            self._check_device_budget(m)
+        except ExecutorError as exc:
+            if self.state is not EngineState.FAILED:
+                self._fail(str(exc))
+            raise
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
 
     def _apply(self, m: int) -> None:
         store = self.store
         final = self.micro_step == self.accumulation_steps - 1
+        comm = self.comm
         for index, a in self._actions[m]:
             why = f"moment {m} action {index} ({a.op.value})"
             op = a.op
+            if comm is not None:
+                if not comm.runs_here(a):
+                    continue
+                if op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
+                    if op is Op.REDUCE_SCATTER:  # every grad slot of the group set before it is summed
+                        for c in comm.collectives.group_chunks(a.chunk):
+                            if store.device_tensor(ChunkList.GRAD, c) is not None:
+                                self._fill_gaps(c)
+                    comm.apply(a, why=why)
+                    continue
+                if a.chunk >= 0:
+                    comm.wait(a.list or ChunkList.GRAD, a.chunk)
             if a.list is ChunkList.GRAD and op is not Op.ALLOCATE:
                 self._fill_gaps(a.chunk)  # the chunk is read (copied) or dropped: no unset element left
             if op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
@@ -576,6 +624,8 @@ class Engine:
                         continue
                     store.copy(a.list, a.chunk, Tier.DEVICE, Tier.HOST, Channel.D2H, why=f"{why}, kept for accumulation")
                 store.evict(a.list, a.chunk, a.src, why=why)
+                if comm is not None and a.src is Tier.DEVICE:
+                    comm.evicted(a.list, a.chunk)
             elif op is Op.ALLOCATE:
                 tiers = store.valid_tiers(a.list, a.chunk) if a.list is ChunkList.GRAD else []
                 if a.dst in tiers:
@@ -592,15 +642,18 @@ class Engine:
                     else:
                         store.allocate(a.list, a.chunk, a.dst, why=why)
             elif op is Op.ACT_OFFLOAD:
-                self._activations_move(a.block, Tier.HOST, a.channel, why=why)
+                pass  # the manager started each copy when the tensor was saved; failures raise at post_forward
             elif op is Op.ACT_RELOAD:
-                self._activations_move(a.block, Tier.DEVICE, a.channel, why=why)
+                self.activations.wait_offloaded(a.block)  # the offload's deadline: before its reload
+                self.activations.prefetch(a.block)
             elif op is Op.OPTIMIZER_STEP:
                 if final and not self._found_inf:
                     self._optimizer_step(a.chunk, a.dst, why=why)
             else:
                 raise ExecutorError(f"{why}: {op.value} is not supported by this executor; re-solve without it")
         for chunk in self._needs[m]:
+            if comm is not None:
+                comm.wait(ChunkList.PARAM, chunk)
             store.tensor(ChunkList.PARAM, chunk, Tier.DEVICE, why=f"the work of moment {m}")
 
     def _optimizer_step(self, chunk: int, tier: Tier, *, why: str) -> None:
@@ -620,6 +673,7 @@ class Engine:
         self.optimizer.step_chunk(chunk, param=payload[ChunkList.PARAM], grad=payload[ChunkList.GRAD],
                                   master=payload.get(ChunkList.MASTER), exp_avg=payload[ChunkList.M],
                                   exp_avg_sq=payload[ChunkList.V], grad_scale=grad_scale, skip_tensors=skip)
+        self._stepped.add(chunk)  # before `updated`, which may raise a failed copy of another tier
         for lst in lists:
             store.updated(lst, chunk, tier)
         self._stats.optimizer_seconds[tier] += time.perf_counter() - start
@@ -637,6 +691,8 @@ class Engine:
             self._prepare_step()
         for _ in self._optimizer_moments:
             self._on_event(MomentEvent(MomentKind.OPTIMIZER_STEP, Phase.OPTIMIZER, "", -1))
+        if self.comm is not None:
+            self.comm.end_iteration()
         if final:
             for chunk in list(self._unfilled):
                 self._fill_gaps(chunk)
@@ -646,6 +702,9 @@ class Engine:
             if self.scaler is not None:
                 self.scaler.update(self._found_inf)
             self._grad_seen.clear()
+            if self._stepped:
+                self.steps_applied += 1
+            self._stepped.clear()
         self._stats.add_phase(Phase.OPTIMIZER, time.perf_counter() - self._last_event_seconds, last_backward=False)
         self.micro_step = (self.micro_step + 1) % self.accumulation_steps
         self.iterations += 1
@@ -660,6 +719,8 @@ class Engine:
         inv_scale = self.scaler.inv_scale if self.scaler is not None else 1.0
         flats: dict[int, torch.Tensor] = {}
         for chunk in self._trainable_by_chunk:
+            if self.comm is not None and not self.comm.collectives.owns(chunk):
+                continue  # its owner holds the reduced grads
             self._fill_gaps(chunk)
             tiers = self.store.valid_tiers(ChunkList.GRAD, chunk)
             if not tiers:
@@ -674,10 +735,13 @@ class Engine:
             # coefficient is the plain loop's to the last bit wherever the GRAD chunks live
             groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
             for slot in self._clip_order:
-                if slot.tensor in self._grad_seen:
+                if slot.tensor in self._grad_seen and slot.chunk in flats:
                     view = flats[slot.chunk][slot.offset_elements:slot.offset_elements + slot.numel]
                     groups[(view.device, view.dtype)].append(view)
             norms = [n.float().to(self.device) for views in groups.values() for n in torch._foreach_norm(views, 2.0)]
+            if self.comm is not None:  # the owned grads' squared norm, summed over the ranks
+                squared = torch.stack(norms).square().sum() if norms else torch.zeros((), device=self.device)
+                norms = [self.comm.collectives.all_reduce_scalar(squared, op="sum").to(self.device).sqrt()]
             if norms:
                 total = torch.linalg.vector_norm(torch.stack(norms), 2.0) * inv_scale
                 coefficient = float(torch.clamp(self.grad_clip_norm / (total + 1e-6), max=1.0))
@@ -727,7 +791,7 @@ class Engine:
             place.param.data = tensor[s.offset_elements:s.offset_elements + s.numel].view(s.shape)
 
     def _push_saved_hooks(self) -> None:
-        if not (self._evicts_params or self._swapped) or self._saved_hooks_on:
+        if not self._evicts_params or self._saved_hooks_on:
             return
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -743,27 +807,27 @@ class Engine:
             chunk = self._device_storage.get(tensor.untyped_storage().data_ptr())
             if chunk is not None:
                 return _ChunkRef(chunk, tensor.storage_offset(), tensor.size(), tensor.stride())
-        if self._capturing is not None and tensor.layout is torch.strided:
-            return self._activations[self._capturing].add(self._capturing, tensor)
         return tensor
 
     def _unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _ChunkRef):
             flat = self.store.tensor(ChunkList.PARAM, packed.chunk, Tier.DEVICE, why="backward (a param saved in forward)")
             return flat.as_strided(packed.size, packed.stride, packed.offset)
-        if isinstance(packed, _SavedRef):
-            acts = self._activations.get(packed.block)
-            if acts is None:
-                raise ExecutorError(f"block {packed.block}'s saved activations are gone (its backward already ended)")
-            return acts.get(packed, self.store)
         return packed
 
-    def _activations_move(self, block: int, to: Tier, channel: Channel, *, why: str) -> None:
-        acts = self._activations.get(block)
-        if acts is None:
-            raise ExecutorError(f"schedule violation: {why} moves block {block}'s activations, which were not captured")
-        nbytes = acts.move(to, self.store, pin=self.store.on_gpu, device=self.device)
-        self.store.bytes_per_channel[channel] += nbytes
+    def _activation_device_bytes(self) -> int:
+        """Activation bytes on DEVICE as the schedule counts them: an offload copy in flight counts as
+        gone (the schedule moves them at ACT_OFFLOAD; the copy's deadline bounds how long they stay)."""
+        return self.activations.live_bytes - self.activations.offloading_bytes
+
+    def _check_device_budget(self, m: int) -> None:
+        """Chunks + activations held on DEVICE after moment m's actions: over the budget is a bug, raised loudly."""
+        pool = self.store.pools[Tier.DEVICE]
+        live = self._activation_device_bytes()
+        if pool.capacity_bytes is not None and pool.in_use_bytes + live > pool.capacity_bytes:
+            self._fail(f"DEVICE budget exceeded at moment {m}: {pool.in_use_bytes} chunk bytes + {live} activation "
+                       f"bytes > {pool.capacity_bytes}; the schedule does not fit its own budget (re-solve it with "
+                       "`python -m planner solve`, and check it with `python -m planner simulate`)")
 
     # ------------------------------------------------------------------------------ states
     def _enter(self, to: EngineState) -> None:
@@ -774,10 +838,51 @@ class Engine:
         self.state = to
 
     def _fail(self, message: str) -> None:
+        self._mark_failed(message)
+        raise ExecutorError(message)
+
+    def _mark_failed(self, message: str) -> None:
+        if self.state is EngineState.FAILED:
+            return
+        final = self.micro_step == self.accumulation_steps - 1
+        updated = frozenset(self._stepped)
+        pending = (self._step_chunks - updated) if updated or final else frozenset()
+        if updated and not pending:  # every chunk took this iteration's step
+            self.steps_applied += 1
+            self._stepped.clear()
         self._failure = message
+        self.failure = EngineFailure(message=message, iteration=self.iterations, moment=self.cursor,
+                                     steps=self.steps_applied, updated_chunks=updated,
+                                     pending_chunks=pending if updated else frozenset())
         self._pop_saved_hooks()
         self._enter(EngineState.FAILED)
-        raise ExecutorError(message)
+        # every copy in flight lands or fails now; a failed one's payload is dropped, never read
+        self._lost = self.store.recover()
+
+    def _refuse_if_failed(self, module: nn.Module, args: Any) -> None:
+        if self.state is EngineState.FAILED:
+            raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
+
+    def _failed_elsewhere(self, message: str) -> None:
+        """The activation manager's copy worker failed (raised to the user by the manager's hook)."""
+        if self.state is EngineState.REPLAYING or self.state is EngineState.IDLE:
+            self._mark_failed(message)
+
+    def _require_consistent(self, what: str) -> None:
+        """Between iterations, or after a failure that left a consistent state (module docstring)."""
+        if self.state is not EngineState.FAILED:
+            self._require_idle(what)
+            return
+        failure = self.failure
+        if failure.torn:
+            raise ExecutorError(
+                f"engine.{what}: the failure at moment {failure.moment} of iteration {failure.iteration} tore the "
+                f"optimizer step: chunks {sorted(failure.updated_chunks)} took step {failure.steps + 1}, chunks "
+                f"{sorted(failure.pending_chunks)} did not; no consistent state is in memory, go back to the last "
+                f"checkpoint ({failure.message})")
+        if self._lost:
+            raise ExecutorError(f"engine.{what}: after the failure ({failure.message}) no valid copy is left of "
+                                + ", ".join(f"{lst.value} chunk {c}" for lst, c in self._lost))
 
     def _require_idle(self, what: str) -> None:
         if self.state is not EngineState.IDLE:
@@ -797,8 +902,8 @@ class _Counters:
         self.last: dict[str, Any] = {}
 
     def begin_iteration(self, engine: Engine) -> None:
-        self.bytes_at_start = dict(engine.store.bytes_per_channel)
-        self.stall_at_start = engine.store.stall_seconds
+        self.bytes_at_start = engine.bytes_per_channel()
+        self.stall_at_start = engine.stall_seconds()
         self.iteration_start = time.perf_counter()
         self.phase_seconds = defaultdict(float)
         self.optimizer_seconds = defaultdict(float)
@@ -808,10 +913,9 @@ class _Counters:
             self.phase_seconds[phase] += seconds
 
     def end_iteration(self, engine: Engine) -> None:
-        store = engine.store
         self.last = {
-            "bytes_per_channel": {ch: n - self.bytes_at_start.get(ch, 0) for ch, n in store.bytes_per_channel.items()},
-            "stall_seconds": store.stall_seconds - self.stall_at_start,
+            "bytes_per_channel": {ch: n - self.bytes_at_start.get(ch, 0) for ch, n in engine.bytes_per_channel().items()},
+            "stall_seconds": engine.stall_seconds() - self.stall_at_start,
             "iteration_seconds": time.perf_counter() - self.iteration_start,
             "seconds_per_phase": dict(self.phase_seconds),
             "optimizer_seconds_per_tier": dict(self.optimizer_seconds),
@@ -822,12 +926,13 @@ class _Counters:
         return EngineStats(
             iterations=engine.iterations,
             bytes_per_channel={ch: n for ch, n in last.get("bytes_per_channel", {}).items() if n},
-            total_bytes_per_channel={ch: n for ch, n in engine.store.bytes_per_channel.items() if n},
+            total_bytes_per_channel={ch: n for ch, n in engine.bytes_per_channel().items() if n},
             stall_seconds=last.get("stall_seconds", 0.0),
             peak_bytes_per_tier={tier: pool.peak_bytes for tier, pool in engine.store.pools.items()},
             seconds_per_phase=last.get("seconds_per_phase", {}),
             optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
             iteration_seconds=last.get("iteration_seconds", 0.0),
+            peak_activation_bytes=engine.activations.stats().peak_live_bytes,
         )
 
 
@@ -837,7 +942,8 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
     Keyword arguments: params (iterable of Parameters or param groups; default: decay on matrices,
     none on norms/biases), optimizer ("adamw" | "adam"), lr, betas, eps, weight_decay,
     grad_clip_norm (global, across tiers; None: off), precision ("fp32" | "bf16" | "fp16", None: the
-    schedule's), grad_accumulation_steps, nvme_dir (reserved for the NVME tier), device ("auto" |
+    schedule's), grad_accumulation_steps, nvme_dir (a directory for the NVME tier: chunks and SWAP_NVME activations; required when
+    the schedule uses NVME), device ("auto" |
     "cpu" | "cuda[:i]"; "cpu" emulates DEVICE with a CPU pool of the schedule's budget).
     """
     if not isinstance(schedule, Schedule):
@@ -848,12 +954,6 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
 def _uses_nvme(schedule: Schedule) -> bool:
     return any(Tier.NVME in r.tiers for r in schedule.initial_residency) or any(
         Tier.NVME in (a.src, a.dst) for a in schedule.actions if a.op not in (Op.ACT_OFFLOAD, Op.ACT_RELOAD))
-
-
-def _checkpointed(forward: Any, *args: Any, **kwargs: Any) -> Any:
-    if not torch.is_grad_enabled():
-        return forward(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -871,4 +971,4 @@ def _describe(event: MomentEvent) -> str:
     return f"{event.phase.value} {event.kind.value} of {event.module or '<root>'!r}"
 
 
-__all__ = ["Engine", "EngineState", "check_model", "default_param_groups", "run"]
+__all__ = ["Engine", "EngineFailure", "EngineState", "check_model", "default_param_groups", "run"]

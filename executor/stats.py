@@ -20,6 +20,7 @@ class EngineStats:
     seconds_per_phase: dict[Phase, float]  # last iteration, wall seconds from each moment to the next
     optimizer_seconds_per_tier: dict[Tier, float]  # last iteration: seconds in ChunkAdamW.step_chunk
     iteration_seconds: float  # last iteration: root pre_forward to the end of engine.step()
+    peak_activation_bytes: int = 0  # since attach: activation bytes held on DEVICE at once (ActivationManager)
 
     def bytes_match(self, schedule: Schedule) -> bool:
         """Whether the last iteration moved exactly the bytes the schedule predicts on every channel."""
@@ -39,6 +40,7 @@ class EngineStats:
             got = self.peak_bytes_per_tier.get(tier, 0)
             want = pred.peak_bytes_per_tier.get(tier) if pred else None
             rows.append((f"peak chunk bytes {tier.value}", f"{got:,}", "" if want is None else f"{want:,} (incl. non-model)"))
+        rows.append(("peak activation bytes DEVICE", f"{self.peak_activation_bytes:,}", ""))
         for phase in Phase:
             if phase in self.seconds_per_phase:
                 rows.append((f"seconds {phase.value}", f"{self.seconds_per_phase[phase]:.4f}", ""))

@@ -18,6 +18,7 @@ import enum
 import functools
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -119,15 +120,18 @@ class Pool:
         self.aligned = aligned  # 4096-aligned buffers: O_DIRECT reads and writes land without a staging copy
         self.in_use_bytes = 0
         self.peak_bytes = 0
+        # bytes held outside the pool that count against its capacity (DEVICE: the live activations)
+        self.other_bytes: Callable[[], int] = lambda: 0
         self._cache: dict[tuple[torch.dtype, int], list[torch.Tensor]] = defaultdict(list)
         self._cached_bytes = 0
 
     def allocate(self, dtype: torch.dtype, numel: int, *, what: str) -> torch.Tensor:
         nbytes = numel * _itemsize(dtype)
-        if self.capacity_bytes is not None and self.in_use_bytes + nbytes > self.capacity_bytes:
+        other = self.other_bytes() if self.capacity_bytes is not None else 0
+        if self.capacity_bytes is not None and self.in_use_bytes + other + nbytes > self.capacity_bytes:
             raise ExecutorError(
-                f"{self.tier.value} budget exceeded: {what} needs {nbytes} bytes, {self.in_use_bytes} of "
-                f"{self.capacity_bytes} are in use; the schedule does not fit its own budget (re-solve it "
+                f"{self.tier.value} budget exceeded: {what} needs {nbytes} bytes, {self.in_use_bytes} chunk bytes + "
+                f"{other} activation bytes of {self.capacity_bytes} are in use; the schedule does not fit its own budget (re-solve it "
                 f"with `python -m planner solve`, and check it with `python -m planner simulate`)")
         cached = self._cache.get((dtype, numel))
         if cached:
@@ -375,11 +379,45 @@ class ChunkStore:
         self._move(p, lst, chunk, tier, CopyState.ABSENT)
 
     def updated(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
-        """The payload on `tier` was written in place (optimizer step): copies elsewhere are stale."""
+        """The payload on `tier` was written in place (optimizer step): copies elsewhere are stale.
+
+        Every other copy is marked before a failed one is raised, so no old copy is left VALID."""
+        failure: Exception | None = None
         for other in TIERS:
             if other is not tier and self.state(lst, chunk, other) is not CopyState.ABSENT:
-                self.wait(lst, chunk, other)  # an ARRIVING copy lands (VALID) before it goes stale
+                try:
+                    self.wait(lst, chunk, other)  # an ARRIVING copy lands (VALID) before it goes stale
+                except Exception as exc:  # noqa: BLE001 - the copy failed: its payload holds nothing usable
+                    failure = failure or exc
+                    self._drop(lst, chunk, other)
+                    continue
                 self._move(self._payloads[(lst, chunk, other)], lst, chunk, other, CopyState.STALE)
+        if failure is not None:
+            raise failure
+
+    def recover(self) -> list[tuple[ChunkList, int]]:
+        """After a failed copy: every copy in flight lands or fails; a payload whose copy failed is
+        dropped (ABSENT; a failed NVME write leaves the chunk in memory, where it was never evicted).
+        Returns the (list, chunk) pairs that held data and now have no valid copy (nothing should)."""
+        had_data = {(lst, chunk) for (lst, chunk, _), p in self._payloads.items() if p.state is not CopyState.ABSENT}
+        for (lst, chunk, tier), p in list(self._payloads.items()):
+            if p.state is CopyState.ARRIVING:
+                try:
+                    p.ready.wait()
+                except Exception:  # noqa: BLE001 - reported when it failed; here only its payload goes
+                    self._drop(lst, chunk, tier)
+                else:
+                    self._move(p, lst, chunk, tier, CopyState.VALID)
+                    p.ready = None
+            for ready in p.readers:
+                try:
+                    ready.wait()
+                except Exception:  # noqa: BLE001 - a failed read of this payload left it unchanged
+                    pass
+            p.readers.clear()
+        if self.nvme is not None:
+            self.nvme.wait()
+        return sorted((key for key in had_data if not self.valid_tiers(*key)), key=lambda k: (k[0].value, k[1]))
 
     def drop_readers(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
         """Before writing a payload in place: the copies still reading its old content must land."""
@@ -410,6 +448,17 @@ class ChunkStore:
                                 "nvme_dir= to executor.run")
 
     # -- internals --------------------------------------------------------------------------
+    def _drop(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        """A payload whose incoming copy failed: freed and ABSENT."""
+        p = self._payloads[(lst, chunk, tier)]
+        p.ready = None
+        if tier is Tier.DEVICE:
+            self.on_device_change(lst, chunk, None)
+        if p.tensor is not None:
+            self.pools[tier].free(p.tensor)
+        p.tensor = None
+        p.state = CopyState.ABSENT  # from ARRIVING (allowed) or VALID whose wait failed
+
     def _drain_readers(self, p: Payload) -> None:
         for ready in p.readers:
             self.stall_seconds += ready.wait()

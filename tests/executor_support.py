@@ -11,7 +11,10 @@ Policy (PatrickStar-like, written out as schedule actions):
   `overlap`) for HOST block chunks right after their grads reached HOST;
 - after a HOST step a DEVICE PARAM copy is stale: EVICT + FETCH again; after a DEVICE step the HOST
   PARAM copy is refreshed by a WRITE_BACK (block chunks) so the next iteration starts the same.
-The DEVICE budget is the policy's own peak of chunk bytes (tight: one byte less must fail).
+The DEVICE budget is the policy's own peak of chunk bytes plus the peak of the activation bytes the
+blocks save (measured with an all-KEEP ActivationManager on a copy of the model): both count against
+it in the engine. `prediction.peak_bytes_per_tier[DEVICE]` is the chunk peak alone (one byte less
+must fail).
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ def record_events(model: nn.Module, iteration: Callable[[nn.Module], None]) -> l
         iteration(twin)
     events.append(MomentEvent(MomentKind.OPTIMIZER_STEP, Phase.OPTIMIZER, "", -1))
     return events
+
+
+def activation_peak_bytes(model: nn.Module, iteration: Callable[[nn.Module], None]) -> int:
+    """The peak of the activation bytes the blocks of a copy of `model` hold in one iteration, all KEEP."""
+    from executor.activations import ActivationManager
+
+    twin = copy.deepcopy(model)
+    with ActivationManager(twin, {}) as manager:
+        iteration(twin)
+        return manager.stats().peak_live_bytes
 
 
 def build_schedule(model: nn.Module, iteration: Callable[[nn.Module], None], *, compute: DType = DType.FLOAT32,
@@ -209,7 +222,8 @@ def build_schedule(model: nn.Module, iteration: Callable[[nn.Module], None], *, 
                             gap=0.0, notes=())
     return Schedule(
         header=header,
-        budgets=Budgets(device_bytes=peak if device_bytes is None else device_bytes, host_bytes=1 << 40, nvme_bytes=0),
+        budgets=Budgets(device_bytes=peak + activation_peak_bytes(model, iteration) if device_bytes is None
+                        else device_bytes, host_bytes=1 << 40, nvme_bytes=0),
         layout=layout,
         chunk_plans=tuple(ChunkPlan(chunk=c, os_tier=os_tier, optimizer_tier=os_tier) for c in range(len(chunks))),
         activation_plans=tuple(ActivationPlan(block=i, module=b, mode=ActivationMode.KEEP, bytes=0, input_bytes=0,

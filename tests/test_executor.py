@@ -8,6 +8,7 @@ checks on schedules made by the planner from recorded traces.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import subprocess
 import sys
 
@@ -21,7 +22,7 @@ import executor.runtime
 from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_gpt2
 from executor.runtime import EngineState
-from executor_support import build_schedule
+from executor_support import build_schedule, device_peak
 from schemas.schedule import Channel, ChunkList, Tier
 from schemas.trace import DType, Phase
 
@@ -348,6 +349,7 @@ def test_saved_param_views_are_rebuilt_from_the_chunk_after_eviction(saved_tenso
     schedule = build_schedule(model, lambda m: m(batches[0]).backward(), chunk_elements=256)
     if not saved_tensor_hooks:  # shows the test can fail: without the hooks the grads are wrong
         monkeypatch.setattr(executor.runtime.Engine, "_push_saved_hooks", lambda self: None)
+        monkeypatch.setattr(executor.runtime.Engine, "_pack", lambda self, t: t)  # the blocks' aliasing too
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD)
     got = engine_run(engine, model, lambda m, b: m(b), batches)
     want = plain_run(ref, lambda m, b: m(b), batches)
@@ -364,10 +366,28 @@ def test_device_budget_is_a_hard_limit():
     model, batches = small_gpt(), gpt_batches(1)
     schedule = build_schedule(model, lambda m: gpt_loss(m, batches[0]).backward())
     tight = build_schedule(model, lambda m: gpt_loss(m, batches[0]).backward(),
-                           device_bytes=schedule.budgets.device_bytes - 1)
+                           device_bytes=device_peak(schedule) - 1)
     engine = executor.run(model, tight, lr=LR)
     with pytest.raises(ExecutorError, match="DEVICE budget exceeded"):
         engine_run(engine, model, gpt_loss, batches)
+
+
+def test_activation_bytes_count_against_the_device_budget():
+    """A budget with room for every chunk but not for the activations the blocks keep fails loudly;
+    with the activations swapped out the same budget is enough."""
+    model, batches = small_gpt(), gpt_batches(2)
+    schedule = build_schedule(model, lambda m: gpt_loss(m, batches[0]).backward())
+    chunks_only = dataclasses.replace(schedule, budgets=dataclasses.replace(schedule.budgets,
+                                                                           device_bytes=device_peak(schedule)))
+    engine = executor.run(model, chunks_only, lr=LR)
+    with pytest.raises(ExecutorError, match="DEVICE budget exceeded.*activation bytes"):
+        engine_run(engine, model, gpt_loss, batches)
+    assert engine.state is EngineState.FAILED
+    # the full budget (chunks + activations) trains, and the engine reports the activation peak
+    model = small_gpt()
+    engine = executor.run(model, schedule, lr=LR)
+    engine_run(engine, model, gpt_loss, batches, check_bytes=bytes_checker(schedule))
+    assert engine.stats().peak_activation_bytes > 0
 
 
 def test_attach_mismatch_lists_every_difference_and_leaves_the_model_untouched():

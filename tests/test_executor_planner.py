@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import executor
+from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_gpt2
 from executor.record import record
 from planner.layout import build_layout
@@ -62,7 +63,7 @@ def recorded(name: str):
 
 
 def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chunks: int = 8, recompute: bool = False,
-         swap: bool = False, nvme: bool = False):
+         swap: bool = False, nvme: bool = False, swap_tier: Tier = Tier.HOST):
     """A schedule forcing eviction: PARAM+GRAD on DEVICE capped at `budget_chunks` chunks."""
     _, problem = recorded(name)
     layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
@@ -77,11 +78,13 @@ def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chu
             return ChunkPlan(chunk=c, os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE)
         return ChunkPlan(chunk=c, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
 
+    swap_mode = ActivationMode.SWAP_NVME if swap_tier is Tier.NVME else ActivationMode.SWAP_HOST
+
     def mode(b: int) -> ActivationMode:
         if recompute and swap:
-            return (ActivationMode.RECOMPUTE, ActivationMode.SWAP_HOST, ActivationMode.KEEP)[b % 3]
+            return (ActivationMode.RECOMPUTE, swap_mode, ActivationMode.KEEP)[b % 3]
         if recompute or swap:
-            return (ActivationMode.RECOMPUTE if recompute else ActivationMode.SWAP_HOST) if b % 2 == 0 else ActivationMode.KEEP
+            return (ActivationMode.RECOMPUTE if recompute else swap_mode) if b % 2 == 0 else ActivationMode.KEEP
         return ActivationMode.KEEP
 
     for chunks in range(budget_chunks, 4 * budget_chunks):  # the smallest budget the layout allows
@@ -100,21 +103,26 @@ def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chu
 
 
 CASES = [("gpt", v) for v in ("os-host", "os-split", "cpu-overlap", "recompute", "swap-host", "recompute+swap",
-                              "nvme", "nvme+overlap")] + [
-    ("hf-gpt2", "os-split"), ("hf-gpt2", "swap-host"), ("unusual", "cpu-overlap"), ("unusual", "recompute+swap")]
+                              "nvme", "nvme+overlap", "swap-nvme", "recompute+swap-nvme", "nvme+swap-nvme")] + [
+    ("hf-gpt2", "os-split"), ("hf-gpt2", "swap-host"), ("hf-gpt2", "swap-nvme"), ("unusual", "cpu-overlap"),
+    ("unusual", "recompute+swap")]
 
 
 @pytest.mark.parametrize(("name", "variant"), CASES, ids=[f"{n}-{v}" for n, v in CASES])
 def test_recorded_and_planned_models_train_like_plain_pytorch(name, variant, tmp_path):
     build, _, loss_fn, vocab = MODELS[name]
     schedule = plan(name, os_split=variant == "os-split", overlap="overlap" in variant,
-                    recompute="recompute" in variant, swap="swap" in variant, nvme="nvme" in variant)
+                    recompute="recompute" in variant, swap="swap" in variant,
+                    nvme="nvme" in variant.replace("swap-nvme", ""),
+                    swap_tier=Tier.NVME if "swap-nvme" in variant else Tier.HOST)
     evicted = [a for a in schedule.actions if a.op is Op.EVICT and a.src is Tier.DEVICE]
     assert evicted and schedule.prediction.bytes_per_channel.get(Channel.H2D, 0) > 0
     model, ref = build(), build()
     batches = gpt_batches(STEPS, vocab=vocab)
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path)
-    assert bool(engine._recomputed) == ("recompute" in variant)  # blocks run under torch.utils.checkpoint
+    modes = engine.activations.modes  # the one activation mechanism runs the schedule's plan
+    assert (ActivationMode.RECOMPUTE in modes) == ("recompute" in variant)
+    assert (ActivationMode.SWAP_NVME in modes) == ("swap-nvme" in variant)
     got = engine_run(engine, model, loss_fn, batches, check_bytes=bytes_checker(schedule))
     want = plain_run(ref, loss_fn, batches)
     assert_same(engine, ref, got, want, rel=0.0)
@@ -123,10 +131,20 @@ def test_recorded_and_planned_models_train_like_plain_pytorch(name, variant, tmp
     assert 0 < stats.peak_bytes_per_tier[Tier.DEVICE] <= schedule.budgets.device_bytes
     if "nvme" in variant:
         assert stats.bytes_per_channel[Channel.NVME_READ] > 0 and stats.bytes_per_channel[Channel.NVME_WRITE] > 0
-        files = list(tmp_path.rglob("*.bin"))
-        assert files  # the chunk files exist while training...
+        files = list(tmp_path.rglob("*.bin")) + list(tmp_path.rglob("*.act"))
+        assert files  # the chunk / activation files exist while training...
         engine.detach()
-        assert not list(tmp_path.rglob("*.bin"))  # ...and are removed on a clean exit
+        assert not list(tmp_path.rglob("*.bin")) and not list(tmp_path.rglob("*.act"))  # ...and are removed
+
+
+def test_swap_nvme_without_nvme_dir_is_refused_at_attach():
+    schedule = plan("gpt", swap=True, swap_tier=Tier.NVME)
+    model = gpt_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ExecutorError, match="swaps the activations of blocks .* to NVME: pass nvme_dir="):
+        executor.run(model, schedule, lr=LR)
+    for n, p in model.named_parameters():  # nothing was touched
+        assert torch.equal(p.detach(), before[n]), n
 
 
 @pytest.mark.parametrize(("name", "overlap"), [("gpt", True), ("hf-gpt2", False), ("unusual", True)],

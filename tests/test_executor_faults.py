@@ -1,0 +1,137 @@
+"""Issue 7 fault tests: the NVME directory fills up or turns read-only in the middle of training.
+
+The engine raises one clear `ExecutorError` line, enters FAILED and refuses every later step; what
+was in memory is intact. A failure inside the optimizer step leaves it TORN (some chunks took the
+step, the others did not): state_dict()/save() refuse, and each chunk holds exactly its old or its
+new values. A failure outside it leaves a CONSISTENT state: save() works and the checkpoint loads
+into a plain model and a plain AdamW that continue exactly like an uninterrupted plain loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+
+import executor
+from executor.errors import ExecutorError
+from executor.runtime import EngineState
+from schemas.schedule import ChunkList, Tier
+from test_executor import LR, WD, gpt_batches, one_thread, plain_groups
+from test_executor_planner import gpt_model, plan
+
+__all__ = ["one_thread"]  # the autouse fixture of test_executor applies here too
+GOOD_STEPS = 2
+
+
+def _loss(model, b):
+    return model(b, b)
+
+
+def _plain_states(n: int, batches) -> list[dict[str, torch.Tensor]]:
+    """Plain PyTorch params after 0..n steps."""
+    model = gpt_model()
+    opt = torch.optim.AdamW(plain_groups(model), lr=LR, fused=True)
+    states = [{k: v.clone() for k, v in model.state_dict().items()}]
+    for b in batches[:n]:
+        _loss(model, b).backward()
+        opt.step()
+        opt.zero_grad()
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    return states
+
+
+def _failing_pwrite(code: int):
+    def pwrite(fd, data, offset):
+        raise OSError(code, os.strerror(code))
+    return pwrite
+
+
+def _train(engine, model, batches) -> None:
+    for b in batches:
+        _loss(model, b).backward()
+        engine.step()
+
+
+def _fail_one_iteration(engine, model, batch) -> ExecutorError:
+    with pytest.raises(ExecutorError) as info:
+        _train(engine, model, [batch])
+    message = str(info.value)
+    assert "\n" not in message
+    assert engine.state is EngineState.FAILED and engine.failure is not None
+    assert engine.failure.message == message and engine.failure.iteration == GOOD_STEPS
+    with pytest.raises(ExecutorError, match="the replay stopped earlier"):  # refuses every later step
+        _loss(model, batch).backward()
+    with pytest.raises(ExecutorError, match="the replay stopped earlier"):
+        engine.step()
+    return info.value
+
+
+def test_disk_full_during_the_os_write_back_tears_the_step_and_keeps_every_chunk_intact(tmp_path, monkeypatch):
+    schedule = plan("gpt", nvme=True)  # OS of even chunks and most PARAM homes on NVME
+    model, batches = gpt_model(), gpt_batches(GOOD_STEPS + 1)
+    engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path)
+    _train(engine, model, batches[:GOOD_STEPS])
+    monkeypatch.setattr(os, "pwrite", _failing_pwrite(errno.ENOSPC))
+    error = _fail_one_iteration(engine, model, batches[GOOD_STEPS])
+    monkeypatch.undo()
+    assert "disk full" in str(error) and str(tmp_path) in str(error)
+    failure = engine.failure
+    # the first write-back after a step failed: that chunk and those before it took the step
+    assert failure.torn and failure.steps == GOOD_STEPS
+    with pytest.raises(ExecutorError, match=r"tore the optimizer step: chunks \[.*\] took step 3"):
+        engine.state_dict()
+    with pytest.raises(ExecutorError, match="tore the optimizer step"):
+        engine.save(tmp_path / "torn.pt")
+    assert not (tmp_path / "torn.pt").exists()
+    # in memory every PARAM chunk holds exactly its old or its new values
+    states = _plain_states(GOOD_STEPS + 1, batches)
+    for chunk in range(len(schedule.layout.chunks)):
+        want = states[GOOD_STEPS + 1] if chunk in failure.updated_chunks else states[GOOD_STEPS]
+        flat = engine.read_chunk(ChunkList.PARAM, chunk)
+        for slot in (s for s in schedule.layout.tensors if s.chunk == chunk):
+            got = flat[slot.offset_elements:slot.offset_elements + slot.numel].view(slot.shape)
+            assert torch.equal(got, want[slot.names[0]]), (chunk, slot.names[0])
+    engine.detach()  # still possible: files removed, params plain again
+    assert not list(tmp_path.rglob("*.bin"))
+
+
+def test_read_only_directory_during_an_activation_swap_keeps_a_consistent_state(tmp_path, monkeypatch):
+    schedule = plan("gpt", swap=True, swap_tier=Tier.NVME)
+    model, batches = gpt_model(), gpt_batches(GOOD_STEPS + 3)
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=nvme)
+    _train(engine, model, batches[:GOOD_STEPS])
+    nvme.chmod(0o500)  # read-only from now on (root ignores it for open files: the write fails as EROFS)
+    monkeypatch.setattr(os, "pwrite", _failing_pwrite(errno.EROFS))
+    try:
+        error = _fail_one_iteration(engine, model, batches[GOOD_STEPS])
+    finally:
+        monkeypatch.undo()
+        nvme.chmod(0o700)
+    assert "activation file" in str(error) and "Read-only file system" in str(error)
+    assert not engine.failure.torn and engine.failure.steps == GOOD_STEPS
+    engine.save(tmp_path / "after.pt")  # the state of the last complete step
+    ckpt = torch.load(tmp_path / "after.pt", weights_only=True)
+    plain = gpt_model()
+    plain.load_state_dict(ckpt["model"])
+    states = _plain_states(GOOD_STEPS, batches)
+    for name, value in states[GOOD_STEPS].items():
+        assert torch.equal(plain.state_dict()[name], value), name
+    # ...and continues in a plain loop exactly like the uninterrupted plain loop
+    opt = torch.optim.AdamW(plain_groups(plain), lr=LR, fused=True)
+    opt.load_state_dict(ckpt["optimizer"])
+    ref = gpt_model()
+    ref_opt = torch.optim.AdamW(plain_groups(ref), lr=LR, fused=True)
+    for model_, opt_, steps in ((ref, ref_opt, batches), (plain, opt, batches[GOOD_STEPS:])):
+        for b in steps:
+            _loss(model_, b).backward()
+            opt_.step()
+            opt_.zero_grad()
+    for (name, got), want in zip(plain.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(got, want), name
+    engine.detach()
+    assert not list(nvme.rglob("*.act"))
