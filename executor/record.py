@@ -18,7 +18,7 @@ that follows it until the next event):
   dispatch mode; ops without a formula count 0, as in `FlopCounterMode`, but nothing is decomposed,
   so the ops that run are the real ones).
 - compute_seconds: timed in separate, un-instrumented iterations (a monotonic clock on the CPU,
-  CUDA events on a GPU; the median per moment), so the tracing overhead is not in the times; 0 on
+  CUDA events on a GPU; the minimum per moment), so the tracing overhead is not in the times; 0 on
   the meta device, where the planner derives times from FLOPs (`time_source = flops`).
 - non_model_bytes: the peak of non-model data during the work (PatrickStar issue #190). On the CPU
   and the meta device it comes from an accounting of live storage: every storage an aten op
@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 import weakref
@@ -88,10 +87,13 @@ from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units, tensors_in
 
 _DTYPES = {torch.float32: DType.FLOAT32, torch.bfloat16: DType.BFLOAT16, torch.float16: DType.FLOAT16}
+# The recorded optimizer moment is timed, so it runs the kernels the executor runs: torch's fused
+# Adam/AdamW (the default on the CPU is a per-tensor Python loop, ~10x slower). The meta device has
+# no fused kernels and no times, so it takes the default.
 _OPTIMIZERS = {
-    OptimizerKind.ADAMW: lambda params: torch.optim.AdamW(params, lr=1e-4),
-    OptimizerKind.ADAM: lambda params: torch.optim.Adam(params, lr=1e-4),
-    OptimizerKind.SGD: lambda params: torch.optim.SGD(params, lr=1e-4),
+    OptimizerKind.ADAMW: lambda params, fused: torch.optim.AdamW(params, lr=1e-4, fused=fused),
+    OptimizerKind.ADAM: lambda params, fused: torch.optim.Adam(params, lr=1e-4, fused=fused),
+    OptimizerKind.SGD: lambda params, fused: torch.optim.SGD(params, lr=1e-4),
 }
 _MIRROR = {
     MomentKind.PRE_BACKWARD: MomentKind.POST_FORWARD,
@@ -352,7 +354,7 @@ class _Clock:
 
 class _Recorder:
     def __init__(self, model: nn.Module, batch: Batch | Callable[[], Batch], *, loss_fn: Callable | None,
-                 optimizer: str, model_name: str, model_config: dict[str, Any], timing_iterations: int = 3) -> None:
+                 optimizer: str, model_name: str, model_config: dict[str, Any], timing_iterations: int = 5) -> None:
         self.model, self.batch_source = model, batch
         if not isinstance(timing_iterations, int) or timing_iterations < 1:
             raise ExecutorError(f"record: timing_iterations must be a positive integer, found {timing_iterations!r}")
@@ -378,7 +380,7 @@ class _Recorder:
         if not trainable:
             raise ExecutorError(f"record: model {model_name!r} has no trainable parameter (all requires_grad=False); "
                                 "nothing to train or place")
-        self.optimizer = _OPTIMIZERS[self.optimizer_kind](trainable)
+        self.optimizer = _OPTIMIZERS[self.optimizer_kind](trainable, fused=None if self.meta else True)
 
     # -- tensors ------------------------------------------------------------------------------
     def _collect_tensors(self) -> None:
@@ -520,8 +522,10 @@ class _Recorder:
         return {id(p): i for i, p in enumerate(self.params)}
 
     def _timed(self, events: list[MomentEvent]) -> tuple[list[float], list[int] | None]:
-        """compute_seconds per moment, the median over `timing_iterations` un-instrumented iterations
-        (a shared machine is noisy), zeros on the meta device; on CUDA also the allocator's peak minus
+        """compute_seconds per moment, the minimum over `timing_iterations` un-instrumented iterations
+        (on a shared machine other work only ever adds time, so the least-disturbed run is the best
+        estimate of the model's own cost; a median still carried load spikes into the plan), zeros
+        on the meta device; on CUDA also the allocator's peak minus
         model data per moment (the largest seen)."""
         if self.meta:
             timed: list[MomentEvent] = []
@@ -529,7 +533,7 @@ class _Recorder:
             self._check_same(events, timed, "second")
             return [0.0] * len(events), None
         runs = [self._timed_once(events) for _ in range(self.timing_iterations)]
-        seconds = [statistics.median(r[0][i] for r in runs) for i in range(len(events))]
+        seconds = [min(r[0][i] for r in runs) for i in range(len(events))]
         if self.device.type != "cuda":
             return seconds, None
         return seconds, [max(r[1][i] for r in runs) for i in range(len(events))]
@@ -655,7 +659,7 @@ def _input_bytes(args: tuple, kwargs: dict) -> int:
 
 def record(model: nn.Module, batch: Batch | Callable[[], Batch], *, loss_fn: Callable[[Any, Batch], torch.Tensor] | None = None,
            optimizer: str = "adamw", device: str | torch.device | None = None, model_name: str,
-           model_config: dict[str, Any] | None = None, timing_iterations: int = 3) -> Trace:
+           model_config: dict[str, Any] | None = None, timing_iterations: int = 5) -> Trace:
     """Record one training iteration of `model` as a `Trace` (see the module docstring).
 
     model: an `nn.Module` in training mode, all parameters on one device: "cpu", "cuda:N" (a real
@@ -667,7 +671,7 @@ def record(model: nn.Module, batch: Batch | Callable[[], Batch], *, loss_fn: Cal
     device: where to record; the model and every batch are moved there first (default: where the
         model's parameters are).
     timing_iterations: un-instrumented iterations timed on a real device; each moment's
-        compute_seconds is their median.
+        compute_seconds is their minimum.
     The model is trained for the recorded iterations (2 + timing_iterations optimizer steps on a real device).
     Raises ExecutorError with one line on bad input; nothing is written (the caller writes the trace).
     """
@@ -705,8 +709,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="parameter (compute) dtype (default float32)")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd (default adamw)")
-    p.add_argument("--timing-iterations", type=int, default=3,
-                   help="timed iterations of a real recording; times are per-moment medians (default 3)")
+    p.add_argument("--timing-iterations", type=int, default=5,
+                   help="timed iterations of a real recording; times are per-moment minima (default 5)")
     p.set_defaults(func=_main)
 
 

@@ -517,6 +517,14 @@ class Engine:
         if _uses_nvme(schedule) and nvme_dir is None:
             raise ExecutorError("the schedule puts chunks on NVME: pass nvme_dir= (a directory on the SSD) to "
                                 "executor.run")
+        recompute = {p.block for p in schedule.activation_plans if p.mode is ActivationMode.RECOMPUTE}
+        offloaded_checkpoints = sorted({a.block for a in schedule.actions if a.op is Op.ACT_OFFLOAD and a.block in recompute})
+        if offloaded_checkpoints:
+            # the planner may park a RECOMPUTE block's input on HOST; ActivationManager keeps it on DEVICE,
+            # so replaying this schedule would move other bytes than it predicts
+            raise ExecutorError(f"the schedule offloads the recompute checkpoints of blocks {offloaded_checkpoints} "
+                                "(ACT_OFFLOAD on a RECOMPUTE block), which this executor does not do yet: re-solve "
+                                "with `python -m planner solve ... --no-checkpoint-offload`")
         optimizer_moment = next((m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER), len(schedule.moments))
         overlapped = any(a.op is Op.OPTIMIZER_STEP and a.moment < optimizer_moment for a in schedule.actions)
         if overlapped and (grad_clip_norm is not None or compute is DType.FLOAT16):

@@ -166,3 +166,24 @@ def test_solved_schedules_train_like_plain_pytorch(name, overlap):
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, grad_clip_norm=clip)
     got = engine_run(engine, model, loss_fn, batches, check_bytes=bytes_checker(schedule))
     assert_same(engine, ref, got, plain_run(ref, loss_fn, batches, clip=clip), rel=0.0)
+
+
+def test_offloaded_recompute_checkpoints_are_refused_at_attach():
+    """The planner may park a RECOMPUTE block's input on HOST; the executor does not do that yet and
+    says so before touching the model, instead of moving other bytes than the schedule predicts."""
+    import dataclasses
+
+    _, problem = recorded("gpt")
+    layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
+    from planner.materialize import uniform_decisions
+
+    decisions = dataclasses.replace(uniform_decisions(problem, layout, activation_mode=ActivationMode.RECOMPUTE),
+                                    checkpoint_tier=Tier.HOST)
+    schedule = materialize(problem, decisions)
+    assert any(a.op is Op.ACT_OFFLOAD for a in schedule.actions)
+    model = gpt_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ExecutorError, match="offloads the recompute checkpoints .* --no-checkpoint-offload"):
+        executor.run(model, schedule, lr=LR)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
