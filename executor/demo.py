@@ -77,7 +77,7 @@ def _demo(args: argparse.Namespace, workdir: Path) -> int:
 
     schedule_path = workdir / "schedule.msgpack"
     command = [sys.executable, "-m", "planner", "solve", str(trace_path), "--hardware", args.hardware,
-               "--device-memory-gb", str(device_gb), "-o", str(schedule_path)]
+               "--device-memory-gb", str(device_gb), "--no-checkpoint-offload", "-o", str(schedule_path)]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -6,7 +6,16 @@ the layer count is binary-searched between 1 and 4x the Table 4 layer count of t
 widths are tried in ascending order until not even one layer fits; the answer is the feasible
 (layers, width) with the most parameters.
 A size is feasible for a policy when its schedule replays in the simulator within every tier's
-capacity (baselines: `planner.baselines`; tide: `planner.solve.solve`).
+capacity (baselines: `planner.baselines`; tide: the placement MIP of `planner.placement`
+materialized by `planner.solve.build_schedule`).
+
+tide's search is two-level, so that a preset takes minutes, not hours: the binary search asks the
+placement model's LP relaxation with memory rows only (`placement.placement_feasible`, GLOP, the
+smallest chunk size: finest granularity, least DEVICE), a necessary condition; the size it ends on
+is then confirmed by a real plan (an integral point of the placement MIP's memory rows, chunk sizes
+smallest first, materialized and replayed by the simulator: a plan that fits, not the fastest
+one; `solve` finds the fastest); when that
+fails the layer count steps down (binary search with the confirming check) until one is confirmed.
 
 The candidate traces come from `planner.families.gpt_trace`: analytic traces of the GPT-2-style
 model with the moments, parameter shapes, FLOPs and activation bytes a meta-device recording
@@ -50,21 +59,23 @@ class MaxSize:
     checked: int  # how many sizes were scheduled to find it
 
 
+TIDE_LP_SECONDS = 60.0  # feasibility LP of one size (512 layers x 16384: ~6 s on the 2-core CI box)
+TIDE_MIP_SECONDS = 120.0  # the confirming feasibility MIP of one chunk size
+
+
+def _trace(layers: int, hidden: int, heads: int, *, batch: int, seq: int):
+    return gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, positions=max(seq, 1024),
+                     name=f"gpt3-{layers}x{hidden}")
+
+
 def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, int, int], bool]:
-    """`fn(layers, hidden, heads)`: does `policy` fit that model on `hardware`?"""
+    """`fn(layers, hidden, heads)`: does `policy` fit that model on `hardware`? (tide: a confirmed plan)"""
 
     def fn(layers: int, hidden: int, heads: int) -> bool:
-        trace = gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=seq, batch=batch, positions=max(seq, 1024),
-                          name=f"gpt3-{layers}x{hidden}")
+        trace = _trace(layers, hidden, heads, batch=batch, seq=seq)
+        if policy == TIDE:
+            return tide_plan_fits(build_problem(trace, hardware, trace_digest=_DIGEST), hardware)
         try:
-            if policy == TIDE:
-                from planner.solve import solve
-
-                schedule = solve(trace, hardware, trace_digest=_DIGEST)
-                if schedule.header.solver_status.value == "INFEASIBLE":
-                    return False
-                simulate(schedule, hardware)  # a schedule the simulator rejects is an error, not a size
-                return True
             baseline(policy, build_problem(trace, hardware, trace_digest=_DIGEST))
             return True
         except InfeasibleError:
@@ -73,11 +84,61 @@ def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int) -> Cal
     return fn
 
 
+def tide_may_fit(problem) -> bool:
+    """Necessary condition for tide: the memory rows of the placement LP (smallest chunk size) have a
+    solution. False is a proof for that chunk size (the LP relaxes the MIP)."""
+    from planner.layout import build_layout, candidate_chunk_sizes
+    from planner.placement import placement_feasible, placement_input
+
+    size = min(candidate_chunk_sizes(problem))
+    data = placement_input(problem, build_layout(problem, chunk_elements=size))
+    return placement_feasible(data, time_limit_seconds=TIDE_LP_SECONDS) is not False
+
+
+def tide_plan_fits(problem, hardware: Hardware) -> bool:
+    """Sufficient condition: a plan of the placement MIP (PARAM may be homed on NVME), materialized,
+    that the simulator replays within every capacity. Chunk sizes smallest first; the first that works."""
+    from planner.errors import PlannerError
+    from planner.layout import build_layout, candidate_chunk_sizes
+    from planner.placement import PlacementInfeasible, PlacementModel, placement_input
+    from planner.solve import build_schedule
+
+    for size in sorted(candidate_chunk_sizes(problem)):
+        layout = build_layout(problem, chunk_elements=size)
+        data = placement_input(problem, layout)
+        try:
+            # any integral plan will do, not the fastest: the memory rows only (no time rows, no
+            # objective), HiGHS stops at its first integral point (1650B: ~50 s instead of no
+            # solution within 60 s for the full MIP)
+            sol = PlacementModel(data, feasibility=True).solve(time_limit_seconds=TIDE_MIP_SECONDS, gap=1.0)
+            schedule = build_schedule(problem, layout, data, sol)
+            simulate(schedule, hardware)  # a schedule the simulator rejects is no size of tide's
+        except (PlacementInfeasible, PlannerError):
+            continue
+        return True
+    return False
+
+
+def tide_fast_fn(hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, int, int], bool]:
+    """`fn(layers, hidden, heads)`: tide_may_fit of that model (the binary search's fast check)."""
+
+    def fn(layers: int, hidden: int, heads: int) -> bool:
+        return tide_may_fit(build_problem(_trace(layers, hidden, heads, batch=batch, seq=seq), hardware,
+                                          trace_digest=_DIGEST))
+
+    return fn
+
+
 def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER,
-             max_layers_factor: int = 4, policy: str = "") -> MaxSize:
-    """Binary search of the layer count per width; the widths in ascending order until none fits."""
+             max_layers_factor: int = 4, policy: str = "",
+             confirm: Callable[[int, int, int], bool] | None = None) -> MaxSize:
+    """Binary search of the layer count per width; the widths in ascending order until none fits.
+
+    With `confirm`, `fits` is only a necessary condition: after the search the widths' answers are
+    confirmed biggest first (`_confirmed_best`), so a preset usually needs one confirming plan."""
     best = MaxSize(policy=policy, layers=0, hidden=0, heads=0, params=0, checked=0)
     checked = 0
+    found: list[tuple[int, int, int]] = []  # with confirm: (layers, hidden, heads) the fast check allows
     for table_layers, hidden, heads in ladder:
         lo, hi = 0, max_layers_factor * table_layers  # lo fits (0: nothing yet), hi + 1 does not
         checked += 1
@@ -96,11 +157,46 @@ def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[in
                 else:
                     hi = mid - 1
         checked += 1
+        if confirm is not None:
+            found.append((lo, hidden, heads))
+            continue
         params = gpt_param_count(layers=lo, hidden=hidden)
         if params > best.params:
             best = MaxSize(policy=policy, layers=lo, hidden=hidden, heads=heads, params=params, checked=0)
+    if confirm is not None:
+        best, more = _confirmed_best(found, confirm, policy)
+        checked += more
     return MaxSize(policy=policy, layers=best.layers, hidden=best.hidden, heads=best.heads, params=best.params,
                    checked=checked)
+
+
+def _confirmed_best(found: Sequence[tuple[int, int, int]], confirm: Callable[[int, int, int], bool],
+                    policy: str) -> tuple[MaxSize, int]:
+    """The largest confirmed size: the widths' fast answers, biggest first; one that is refuted steps
+    its layer count down (binary search with `confirm`) and the next width may still beat it."""
+    best = MaxSize(policy=policy, layers=0, hidden=0, heads=0, params=0, checked=0)
+    checked = 0
+    for layers, hidden, heads in sorted(found, key=lambda x: -gpt_param_count(layers=x[0], hidden=x[1])):
+        if gpt_param_count(layers=layers, hidden=hidden) <= best.params:
+            break  # sorted: nothing left can beat it
+        checked += 1
+        if not confirm(layers, hidden, heads):
+            ok, bad = 0, layers  # confirmed layer count (0: none), smallest refuted one
+            while ok + 1 < bad:
+                mid = (ok + bad) // 2
+                if gpt_param_count(layers=mid, hidden=hidden) <= best.params:
+                    ok = mid  # not better than the best anyway: no need to confirm it
+                    continue
+                checked += 1
+                if confirm(mid, hidden, heads):
+                    ok = mid
+                else:
+                    bad = mid
+            layers = ok
+        if layers and gpt_param_count(layers=layers, hidden=hidden) > best.params:
+            best = MaxSize(policy=policy, layers=layers, hidden=hidden, heads=heads,
+                           params=gpt_param_count(layers=layers, hidden=hidden), checked=0)
+    return best, checked
 
 
 def max_sizes(hardware: Hardware, *, policies: Sequence[str], batch: int = 1, seq: int = 1024,
@@ -109,6 +205,10 @@ def max_sizes(hardware: Hardware, *, policies: Sequence[str], batch: int = 1, se
     for policy in policies:
         if policy != TIDE and policy not in POLICIES:
             raise PlannerError(f"unknown policy {policy!r}; choose from {', '.join([TIDE, *POLICIES])}")
+        if policy == TIDE:
+            out.append(max_size(tide_fast_fn(hardware, batch=batch, seq=seq), ladder=ladder, policy=policy,
+                                confirm=feasible_fn(policy, hardware, batch=batch, seq=seq)))
+            continue
         out.append(max_size(feasible_fn(policy, hardware, batch=batch, seq=seq), ladder=ladder, policy=policy))
     return out
 
@@ -169,4 +269,5 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["GPT3_LADDER", "MaxSize", "TRACE_SOURCE", "feasible_fn", "max_size", "max_sizes", "register"]
+__all__ = ["GPT3_LADDER", "MaxSize", "TRACE_SOURCE", "feasible_fn", "max_size", "max_sizes", "register",
+           "tide_may_fit", "tide_plan_fits"]

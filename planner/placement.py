@@ -27,6 +27,9 @@ Data flow per chunk (what the time rows charge):
 - chunks whose optimizer state lives on DEVICE run GPU Adam and keep params and grads on DEVICE;
 - OS on NVME is read and written once per iteration by the CPU Adam (no grads through the SSDs
   thanks to the overlap, Fuyou §4.3);
+- PARAM homed on NVME (Fuyou's layout, for models whose PARAM copies do not fit on HOST): read
+  from the SSDs for every fetch (staged on HOST until the use) and for its CPU step, written back
+  after it; a chunk fetched on demand (at its use, no room to prefetch) makes the use wait;
 - activations: KEEP holds the block's saved bytes on DEVICE until its backward; RECOMPUTE keeps
   only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
@@ -133,6 +136,7 @@ class PlacementInput:
     optimizer_stage: int  # the stage holding the optimizer step (the last stage)
     stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
     checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
+    param_nvme_home: bool = True  # non-persistent CPU-stepped PARAM may live on NVME instead of HOST (Fuyou)
 
     @property
     def has_nvme(self) -> bool:
@@ -168,6 +172,7 @@ class PlacementSolution:
     channel_bytes: dict[str, float]  # H2D, D2H, NVME_READ, NVME_WRITE per iteration
     solve_seconds: float  # wall clock (printed, never written into a schedule)
     solver: str
+    param_nvme: tuple[float, ...] = ()  # [group] PARAM chunks homed on NVME (materialize's param_home_tiers)
 
     @property
     def gap(self) -> float:
@@ -268,7 +273,9 @@ class PlacementModel:
       keep[g,i]        chunks that stay on DEVICE through the gap (the rest leave after the use)
       incoming[g,i,k]  chunks arriving during the k-th lookahead stage before the next use
       refresh[g,k]     kept chunks re-uploaded in place after the CPU Adam rewrote them (wrap gap)
+      on_demand[g,i]   chunks fetched at the next use itself (no room to prefetch; the use waits)
       persistent[g]    chunks that never leave DEVICE (<= every keep, >= os_device)
+      param_nvme[g]    chunks whose PARAM lives on NVME, not HOST (fetched through HOST at every use)
       os_device[g] + os_host[g] + os_nvme[g] = count_g (trainable)
     Per block: act[b,mode] in {0,1}, one mode. Per stage: stage_time[s].
     During a use stage all of the group's chunks are on DEVICE; between uses the kept ones plus
@@ -276,7 +283,7 @@ class PlacementModel:
     """
 
     def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier3 | None = None,
-                 lp_solver: str = "GLOP", lookahead: int | None = None) -> None:
+                 lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False) -> None:
         self.original = data
         # rows mixing 1e11 bytes and 0.1 s stall the simplex: the model works in MiB and milliseconds
         self.data = _scaled(data)
@@ -289,6 +296,9 @@ class PlacementModel:
         self.solver_name = self.solver.name
         self._add_variables()
         self._add_memory_constraints()
+        if feasibility:  # only the memory rows decide whether a plan exists: no time rows, no objective
+            self.channels = self._channel_exprs()  # for the solution's bytes per channel
+            return
         self._add_time_constraints()
         self._add_objective()
 
@@ -308,6 +318,10 @@ class PlacementModel:
         self.incoming: list[list[list[Any]]] = []  # [g][gap][k] aligned with gap.lookahead
         self.refresh: list[list[Any]] = []  # [g][k] aligned with the wrap gap's lookahead
         self.persistent, self.os_device, self.os_host, self.os_nvme, self.os_stream = [], [], [], [], []
+        self.param_nvme: list[Any] = []  # [g] PARAM chunks whose home is NVME (fetched through HOST every use)
+        self.nvme_incoming: list[list[list[Any]]] = []  # [g][gap][k] the part of incoming[g,gap,k] read from NVME
+        self.on_demand: list[list[Any]] = []  # [g][gap] chunks fetched at the next use itself (no prefetch room)
+        self.nvme_on_demand: list[list[Any]] = []  # [g][gap] the part of on_demand read from NVME
         for g in d.groups:
             gaps = group_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, self.lookahead)
             self.gaps.append(gaps)
@@ -325,14 +339,37 @@ class PlacementModel:
             self.os_nvme.append(on)
             self.os_stream.append(st)
             self.solver.Add(od + oh + on + st == n_os, f"os_all[{g.id}]")
+            # PARAM homed on NVME (Fuyou's layout: frees the HOST copy, costs an SSD read per fetch):
+            # only chunks that leave DEVICE and, when trainable, step on the CPU (materialize reads
+            # them from NVME for the step and writes them back)
+            pn = self._int(0, g.count if (d.has_nvme and d.param_nvme_home) else 0, f"param_nvme[{g.id}]")
+            self.solver.Add(pn + pers + st <= g.count, f"param_nvme_room[{g.id}]")
+            self.param_nvme.append(pn)
             # GPU Adam needs PARAM and GRAD on DEVICE at the optimizer step: such chunks stay
             self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
-            keeps, incs, refresh = [], [], []
+            keeps, incs, refresh, nincs, dems, ndems = [], [], [], [], [], []
             for i, gap in enumerate(gaps):
                 keep = self._int(0, g.count, f"keep[{g.id},{i}]")
                 inc = [self._int(0, g.count, f"incoming[{g.id},{i},{k}]") for k in range(len(gap.lookahead))]
+                # fetched when the work needs them (materialize's FETCH): no DEVICE room before the
+                # use, but the work waits for the copy (a serial row of the use stage)
+                dem = self._int(0, g.count, f"on_demand[{g.id},{i}]")
                 self.solver.Add(keep >= pers, f"keep_persistent[{g.id},{i}]")
-                self.solver.Add(keep + sum(inc) == g.count, f"arrive[{g.id},{i}]")
+                self.solver.Add(keep + sum(inc) + dem == g.count, f"arrive[{g.id},{i}]")
+                ninc: list[Any] = []
+                ndem: Any = 0
+                if pn.upper_bound > 0:
+                    # NVMe-homed chunks are fetched for every use (through HOST): they are part of the
+                    # arrivals (continuous split: which arrivals they are is materialize's choice)
+                    ninc = [self.solver.NumVar(0, g.count, f"nvme_incoming[{g.id},{i},{k}]") for k in range(len(gap.lookahead))]
+                    for k, x in enumerate(ninc):
+                        self.solver.Add(x <= inc[k], f"nvme_incoming_part[{g.id},{i},{k}]")
+                    ndem = self.solver.NumVar(0, g.count, f"nvme_on_demand[{g.id},{i}]")
+                    self.solver.Add(ndem <= dem, f"nvme_on_demand_part[{g.id},{i}]")
+                    self.solver.Add(sum(ninc) + ndem == pn, f"nvme_incoming_all[{g.id},{i}]")
+                nincs.append(ninc)
+                dems.append(dem)
+                ndems.append(ndem)
                 if gap.wraps and g.trainable:
                     # the CPU Adam rewrote the HOST copy: kept chunks without GPU Adam are stale and
                     # are uploaded again in place before the next forward uses them
@@ -344,6 +381,9 @@ class PlacementModel:
                 keeps.append(pers)
             self.keep.append(keeps)
             self.incoming.append(incs)
+            self.nvme_incoming.append(nincs)
+            self.on_demand.append(dems)
+            self.nvme_on_demand.append(ndems)
             self.refresh.append(refresh)
         self.act = [{m: self._bool(f"act[{b.id},{m.value}]") for m in ACT_MODES} for b in d.blocks]
         for b, choice in zip(d.blocks, self.act):
@@ -406,13 +446,14 @@ class PlacementModel:
         self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.groups)),
                         "device_static_sum")
         self.host_static = self.solver.NumVar(0, inf, "host_static")  # HOST copies of PARAM + OS on HOST
-        self.solver.Add(self.host_static == sum((g.count - self.os_device[gi]) * g.param_bytes
+        self.solver.Add(self.host_static == sum((g.count - self.os_device[gi] - self.param_nvme[gi]) * g.param_bytes
                                                 + (self.os_host[gi] + self.os_stream[gi]) * g.os_bytes
                                                 for gi, g in enumerate(d.groups)), "host_static_sum")
         self.use_bytes = [0.0] * n  # PARAM bytes of the groups a stage's work touches
         self.arrived: list[list[Any]] = [[] for _ in range(n)]  # incoming chunks already on DEVICE in s (bytes)
         self.arriving: list[list[Any]] = [[] for _ in range(n)]  # the part of `arrived` arriving during s itself
         kept: list[tuple[int, int, Any]] = []
+        staging: list[tuple[int, int, Any]] = []
         grads: list[tuple[int, int, Any]] = []
         host_grads: list[tuple[int, int, Any]] = []
         for gi, g in enumerate(d.groups):
@@ -426,6 +467,10 @@ class PlacementModel:
                     for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
                         self.arrived[s].append(self.incoming[gi][i][k] * g.param_bytes)
                     self.arriving[s_in].append(self.incoming[gi][i][k] * g.param_bytes)
+                    if self.nvme_incoming[gi][i]:
+                        # the staging copy of an NVMe-homed chunk stays on HOST until the use
+                        for first, last in _runs(gap.stages[pos[s_in]:]):
+                            staging.append((first, last, self.nvme_incoming[gi][i][k] * g.param_bytes))
             if not self.gaps[gi]:
                 kept.append((0, n - 1, self.persistent[gi] * g.param_bytes))
             if not g.trainable:
@@ -474,6 +519,14 @@ class PlacementModel:
                 host_grads.append((first, last, staged))
             else:
                 host_grads.append((d.optimizer_stage, d.optimizer_stage, staged))
+        pn_groups = [(gi, g) for gi, g in enumerate(d.groups) if self.param_nvme[gi].upper_bound > 0]
+        if pn_groups:
+            # a CPU step of an NVMe-homed chunk reads its PARAM to HOST and writes it back (and the
+            # write-back of one step overlaps the next): two chunks of PARAM staged on HOST
+            any_pn = self._bool("any_nvme_param")
+            for gi, g in pn_groups:
+                self.solver.Add(self.param_nvme[gi] <= g.count * any_pn, f"any_nvme_param[{g.id}]")
+            staging.append((0, n - 1, 2 * max(g.param_bytes for _, g in pn_groups) * any_pn))
         self.stream_transient: Any = 0
         if d.stream_optimizer and trainable:
             # a streamed GPU Adam step holds one chunk's OS, PARAM and GRAD on DEVICE at a time
@@ -486,6 +539,7 @@ class PlacementModel:
         self.saved_bytes = self._interval_sums("activation_saved", saved)
         self.host_grad_bytes = self._interval_sums("host_grads", host_grads)
         self.host_act_bytes = self._interval_sums("host_activations", host_acts)
+        self.host_staging_bytes = self._interval_sums("host_param_staging", staging)
 
     def _param_expr(self, s: int) -> Any:
         """PARAM + GRAD bytes on DEVICE in stage s (the budget materialize gets)."""
@@ -510,13 +564,13 @@ class PlacementModel:
         return [full - sum(self.arriving[s]), full - st.non_model_bytes + st.tail_non_model_bytes]
 
     def _host_expr(self, s: int) -> Any:
-        return self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s]
+        return self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s] + self.host_staging_bytes[s]
 
     def _nvme_expr(self) -> Any:
         d = self.data
         expr = 0
         for gi, g in enumerate(d.groups):
-            expr += self.os_nvme[gi] * g.os_bytes
+            expr += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
         for b, choice in zip(d.blocks, self.act):
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
         return expr
@@ -542,6 +596,8 @@ class PlacementModel:
         nvme_read: list[Any] = [0] * n
         nvme_write: list[Any] = [0] * n
         compute: list[Any] = [st.compute_seconds for st in d.stages]
+        on_demand: list[Any] = [0] * n  # seconds the work of s waits for chunks fetched at its start
+        rd = d.nvme_read_bytes_per_s or 1.0
         cpu_released: list[Any] = [0] * n  # CPU Adam time whose grads become final in stage s
         os_read: list[Any] = [0] * n  # NVMe OS bytes to read / write for those steps
         os_write: list[Any] = [0] * n
@@ -549,6 +605,14 @@ class PlacementModel:
             for i, gap in enumerate(self.gaps[gi]):
                 for k, s in enumerate(gap.lookahead):
                     h2d[s] += self.incoming[gi][i][k] * g.param_bytes
+                    if self.nvme_incoming[gi][i]:
+                        nvme_read[s] += self.nvme_incoming[gi][i][k] * g.param_bytes
+                use = (gap.stages[-1] + 1) % n
+                h2d[use] += self.on_demand[gi][i] * g.param_bytes
+                on_demand[use] += self.on_demand[gi][i] * (g.param_bytes / d.h2d_bytes_per_s)
+                if not _is_zero(self.nvme_on_demand[gi][i]):
+                    nvme_read[use] += self.nvme_on_demand[gi][i] * g.param_bytes
+                    on_demand[use] += self.nvme_on_demand[gi][i] * (g.param_bytes / rd)
                     if gap.wraps and self.refresh[gi]:
                         h2d[s] += self.refresh[gi][k] * g.param_bytes
             if not g.trainable:
@@ -563,8 +627,9 @@ class PlacementModel:
             h2d[o] += self.os_stream[gi] * (g.os_bytes + 2 * g.param_bytes)
             d2h[o] += self.os_stream[gi] * (g.os_bytes + g.param_bytes)
             compute[o] += self.os_stream[gi] * (g.elements * d.gpu_adam_seconds_per_element)
-            os_read[release] += self.os_nvme[gi] * g.os_bytes
-            os_write[release] += self.os_nvme[gi] * g.os_bytes
+            # NVMe-homed PARAM: read for the CPU step, written back after it
+            os_read[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
+            os_write[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
             compute[d.optimizer_stage] += self.os_device[gi] * (g.elements * d.gpu_adam_seconds_per_element)
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
@@ -580,6 +645,7 @@ class PlacementModel:
             nvme_read[reload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
         return {"H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
+                "ON_DEMAND": on_demand,
                 "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
 
     def _add_time_constraints(self) -> None:
@@ -591,6 +657,8 @@ class PlacementModel:
         for s in range(n):
             t = self.stage_time[s]
             self.solver.Add(t >= ch["COMPUTE"][s], f"time_compute[{s}]")
+            if not _is_zero(ch["ON_DEMAND"][s]):
+                self.solver.Add(t >= ch["COMPUTE"][s] + ch["ON_DEMAND"][s], f"time_on_demand[{s}]")
             self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
             self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
@@ -712,6 +780,7 @@ class PlacementModel:
             resident=tuple(resident),
             incoming=tuple(incoming),
             persistent=tuple(val(v) for v in self.persistent),
+            param_nvme=tuple(val(v) for v in self.param_nvme),
             os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x)}
                             for a, h, c, x in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream)),
             activation_modes=tuple(modes),
@@ -819,6 +888,18 @@ def _runs(stages: Sequence[int]) -> list[tuple[int, int]]:
 def solve_placement(data: PlacementInput, *, relax: bool = False, time_limit_seconds: float = 60.0) -> PlacementSolution:
     """Build and solve the placement model (raises PlacementInfeasible)."""
     return PlacementModel(data, relax=relax).solve(time_limit_seconds=time_limit_seconds)
+
+
+def placement_feasible(data: PlacementInput, *, relax: bool = True, time_limit_seconds: float = 30.0) -> bool | None:
+    """Does the model have a solution at the capacities of `data`? Memory rows only (the time rows
+    never make it infeasible). With relax (the LP) a False is proof that no integral plan exists;
+    a True is only necessary. None: undecided within the time limit."""
+    model = PlacementModel(data, relax=relax, feasibility=True)
+    result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=1.0)
+    reason = result.termination.reason
+    if reason in (mathopt.TerminationReason.INFEASIBLE, mathopt.TerminationReason.INFEASIBLE_OR_UNBOUNDED):
+        return False
+    return True if result.has_primal_feasible_solution() else None
 
 
 def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, relax: bool = False,
@@ -933,7 +1014,7 @@ def group_summary(data: PlacementInput) -> str:
 
 __all__ = [
     "ACT_MODES", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput", "PlacementModel",
-    "PlacementSolution", "StageData", "Tier3", "group_summary", "minimal_capacity", "placement_input",
+    "PlacementSolution", "StageData", "Tier3", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
     "solve_placement",
 ]
 

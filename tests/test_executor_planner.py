@@ -157,7 +157,8 @@ def test_solved_schedules_train_like_plain_pytorch(name, overlap):
     model_bytes = sum(t.bytes for t in trace.tensors) * 4  # fp32 params, grads, m, v
     device_bytes = max(m.non_model_bytes for m in trace.moments) + int(0.4 * model_bytes)
     schedule = solve(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(trace.to_msgpack()),
-                     device_bytes=device_bytes, optimizer_overlap=overlap, time_limit_s=20)
+                     device_bytes=device_bytes, optimizer_overlap=overlap, time_limit_s=20,
+                     checkpoint_offload=False)
     assert schedule.prediction.bytes_per_channel.get(Channel.H2D, 0) > 0  # it offloads
     build, _, loss_fn, vocab = MODELS[name]
     model, ref = build(), build()

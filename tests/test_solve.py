@@ -167,3 +167,33 @@ def test_exact_refuses_big_layouts(hw, monkeypatch):
     monkeypatch.setattr(planner.exact, "MAX_EXACT_CHUNKS", len(layout.chunks) - 1)
     with pytest.raises(PlannerError, match="--exact"):
         solve_exact(placement_input(problem, layout))
+
+
+def test_params_homed_on_nvme_when_host_cannot_hold_them():
+    """HOST (0.3 GB) cannot hold a copy of every PARAM next to the optimizer's staging: only a plan
+    that homes PARAM on NVME (Fuyou's layout) fits, and the simulator accepts it."""
+    from planner.simulate import simulate
+    from schemas.schedule import ChunkList
+    from test_baselines import box, small_trace
+
+    tr = small_trace()
+    hw = box(device_gb=1.0, host_gb=0.3, ssds=2)
+    schedule = solve(tr, hw, trace_digest=_digest(tr), time_limit_s=30)
+    on_nvme = [c for c in schedule.initial_residency if c.list is ChunkList.PARAM and c.tiers == (Tier.NVME,)]
+    assert on_nvme, "expected PARAM chunks homed on NVME"
+    result = simulate(schedule, hw)
+    assert result.peak_bytes_per_tier[Tier.HOST] <= hw.host_bytes
+    with pytest.raises(InfeasibleError):  # without SSDs there is nowhere else to put them
+        solve(tr, box(device_gb=1.0, host_gb=0.3, ssds=0), trace_digest=_digest(tr), time_limit_s=30)
+
+
+def test_on_demand_fetch_fits_a_block_with_no_room_to_prefetch():
+    """A 16384-wide block (6.4 GB of PARAM, as many GRAD) on a 24 GB RTX 4090: no room to bring the
+    next block up while one works; fetching at the use fits (Fuyou trains this width there)."""
+    from planner.simulate import simulate
+
+    tr = gpt_trace(layers=4, hidden=16384, heads=128, seq=1024, batch=1, positions=1024)
+    hw = resolve_hardware("rtx4090-768g-12ssd")
+    schedule = solve(tr, hw, trace_digest=_digest(tr), time_limit_s=30)
+    result = simulate(schedule, hw)
+    assert result.peak_bytes_per_tier[Tier.DEVICE] <= hw.device_bytes
