@@ -71,6 +71,8 @@ CASES: tuple[GoldenCase, ...] = (
                why="Fuyou's GPT-3 175B on the A100-80GB server with 12 SSDs: NVMe tier, 96 blocks"),
     GoldenCase(name="pstar-gpt-1b.v100-32g-240g", trace="pstar-gpt-1b", hardware="v100-32g-240g",
                why="PatrickStar's 1B GPT on its V100 node (PatrickStar Table 2)"),
+    GoldenCase(name="pstar-gpt-4b.rtx4090-768g-12ssd", trace="pstar-gpt-4b", hardware="rtx4090-768g-12ssd",
+               why="PatrickStar's 4B GPT (PatrickStar Table 2) on the consumer box; its V100 solve takes ~50 s"),
 )
 
 
