@@ -160,10 +160,19 @@ def test_swap_and_recompute_lower_the_peak_of_live_activation_bytes(tmp_path):
     # a RECOMPUTE block holds only its input: strictly lower whatever the copy worker does
     for name in ("recompute", "mixed"):
         assert peaks[name] < peaks["keep"], peaks
-    # a swapped tensor is released when its copy is done: on a loaded 2-core box the worker may lag
-    # behind the whole forward, so the swap peaks are bounded by KEEP's, not always below it
-    for name in ("host", "nvme"):
-        assert peaks[name] <= peaks["keep"], peaks
+    # a swapped tensor is released when its copy is done; how far the copy worker lags behind the
+    # forward depends on the machine's load, so the swap peaks are checked where they are
+    # deterministic: once every offload is done, a swapped block holds nothing on DEVICE
+    for name, mode in (("host", SWAP_HOST), ("nvme", SWAP_NVME)):
+        model = build_model(GPT, seed=0, device="cpu")
+        manager = ActivationManager(model, [mode] * 4, nvme_dir=tmp_path, auto_prefetch=False)
+        loss = _loss(model(**make_batch(GPT, seed=0, device="cpu")))
+        for block in range(4):
+            manager.wait_offloaded(block)
+        held_after_forward = manager.stats().live_bytes
+        loss.backward()
+        manager.close()
+        assert held_after_forward == 0, (name, held_after_forward, peaks)
 
 
 def test_reloads_are_prefetched_before_each_blocks_backward(tmp_path):
