@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 
 from schemas import FormatError
 
@@ -49,8 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    return run_reporting_errors(lambda: args.func(args))
+
+
+def run_reporting_errors(call: Callable[[], int | None]) -> int:
+    """Run a command; errors the user can fix become one line on stderr and an exit code."""
     try:
-        return int(args.func(args) or 0)
+        return int(call() or 0)
     except FormatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

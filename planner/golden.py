@@ -193,18 +193,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: no golden case {unknown[0]!r}; cases: {', '.join(sorted(known))}", file=sys.stderr)
             return 2
         cases = tuple(c for c in CASES if c.name in args.only)
-    try:
-        if args.list:
-            for case in cases:
-                print(f"{case.name}: {case.why}\n    {case.command()}")
-            return 0
-        return check(cases) if args.check else write(cases)
-    except FormatError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except PlannerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    if args.list:
+        for case in cases:
+            print(f"{case.name}: {case.why}\n    {case.command()}")
+        return 0
+    from planner.cli import run_reporting_errors
+
+    return run_reporting_errors(lambda: check(cases) if args.check else write(cases))
 
 
 if __name__ == "__main__":
