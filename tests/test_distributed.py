@@ -177,20 +177,26 @@ def plain_run(init: dict[str, torch.Tensor], steps: range, optimizer_state: dict
     return model, losses
 
 
-@cache
-def _two_rank_run(root: str, fault: str = "none", steps: int = STEPS) -> tuple[Path, Schedule, dict[str, torch.Tensor]]:
-    tmp = Path(root)
+def launch_two_ranks(script: Path, tmp: Path, *, steps: int = STEPS, extra: tuple[str, ...] = ()
+                     ) -> tuple[Path, Schedule, dict[str, torch.Tensor]]:
+    """Plan a world_size=2 schedule and a common initial model in `tmp`, then run `script` under
+    torchrun with 2 gloo ranks (one thread each); (tmp, schedule, initial state dict)."""
     schedule = schedule_for(tmp, 2)
     schedule.write(tmp / "schedule.msgpack")
     init = build_model(model_spec("gpt-small"), seed=0).state_dict()
     torch.save({"format": state.CHECKPOINT_FORMAT, "model": init}, tmp / "init.pt")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
            "--schedule", str(tmp / "schedule.msgpack"), "--init", str(tmp / "init.pt"), "--out", str(tmp),
-           "--steps", str(steps), "--save-at", str(min(SAVE_AT, steps)), "--fault", fault]
+           "--steps", str(steps), "--save-at", str(min(SAVE_AT, steps)), *extra]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return tmp, schedule, init
+
+
+@cache
+def _two_rank_run(root: str, fault: str = "none", steps: int = STEPS) -> tuple[Path, Schedule, dict[str, torch.Tensor]]:
+    return launch_two_ranks(SCRIPT, Path(root), steps=steps, extra=("--fault", fault))
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,6 @@ checkpoint the 2 ranks wrote at step 5 loads into a 1-process engine that contin
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,25 +22,14 @@ from conftest import REPO
 from executor import state
 from executor.models import build_model, make_batch, model_spec
 from schemas.schedule import Channel, Op
-from test_distributed import LR, SAVE_AT, STEPS, WEIGHT_DECAY, max_relative, needs_gloo, plain_run, schedule_for
+from test_distributed import LR, SAVE_AT, launch_two_ranks, STEPS, WEIGHT_DECAY, max_relative, needs_gloo, plain_run, schedule_for
 
 SCRIPT = REPO / "tests" / "dist_scripts" / "train_engine.py"
 
 
 @pytest.fixture(scope="module")
 def two_rank_engine(tmp_path_factory):
-    tmp = Path(tmp_path_factory.mktemp("engine_two_ranks"))
-    schedule = schedule_for(tmp, 2)
-    schedule.write(tmp / "schedule.msgpack")
-    init = build_model(model_spec("gpt-small"), seed=0).state_dict()
-    torch.save({"format": state.CHECKPOINT_FORMAT, "model": init}, tmp / "init.pt")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
-           "--schedule", str(tmp / "schedule.msgpack"), "--init", str(tmp / "init.pt"), "--out", str(tmp),
-           "--steps", str(STEPS), "--save-at", str(SAVE_AT)]
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return tmp, schedule, init
+    return launch_two_ranks(SCRIPT, Path(tmp_path_factory.mktemp("engine_two_ranks")))
 
 
 @needs_gloo
