@@ -326,3 +326,21 @@ def test_a_model_that_checkpoints_itself_records_only_forward_saves(reentrant):
     # at most each checkpointed layer's input is kept (4 x 16 float32), nothing from inside the layers
     assert all(a.bytes == 256 for a in trace.activations)
     assert Trace.from_msgpack(trace.to_msgpack()) == trace
+
+
+def test_compute_seconds_come_from_the_fastest_whole_iteration(monkeypatch):
+    """Moment times are one real iteration's (the fastest in total), never a mix of per-moment minima,
+    which would sum to less than any iteration the executor can measure."""
+    import executor.record as rec
+
+    real = rec._Recorder._timed_once
+    runs = iter([[0.1, 0.5], [0.4, 0.1], [0.3, 0.3]])  # totals 0.6, 0.5, 0.6; per-moment minima 0.1, 0.1
+
+    def fake(self, events):
+        seconds, peaks = real(self, events)
+        pattern = next(runs)
+        return [pattern[i % 2] for i in range(len(seconds))], peaks
+
+    monkeypatch.setattr(rec._Recorder, "_timed_once", fake)
+    trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda o, b: o.sum(), model_name="x", timing_iterations=3)
+    assert [m.compute_seconds for m in trace.moments] == [[0.4, 0.1][i % 2] for i in range(len(trace.moments))]
