@@ -9,7 +9,9 @@
   `torch.distributed._composable.checkpoint` does it -- the forward hooks drive
   `torch.utils.checkpoint._checkpoint_without_reentrant_generator` -- so only the block's input is
   saved (through our hooks: counted like KEEP) and the forward reruns inside the block's backward,
-  with the RNG state of the original forward.
+  with the RNG state of the original forward. Every tensor of the input, positional or keyword,
+  also inside tuples, lists and dicts (`torch.utils._pytree`), is saved that way: a keyword tensor
+  would otherwise be held by the checkpoint's closure, out of the hooks' reach.
 - SWAP_HOST / SWAP_NVME: each tensor the block saves is copied, whole storage at a time, to HOST
   (pinned memory when DEVICE is CUDA) by ONE copy worker thread (plus a side CUDA stream on a GPU,
   created once; a future -- and on CUDA an event -- travels with every in-flight buffer), and the
@@ -20,10 +22,19 @@
   backward begins (the grad of its output arrives) and for the first one when the backward of the
   whole model begins, so reloads overlap the backward of later blocks; an unpack waits for its
   reload (or starts it, if nobody prefetched).
+- RECOMPUTE with an offloaded checkpoint (`checkpoint_tiers={block: HOST | NVME}`; the engine takes
+  them from the schedule's ACT_OFFLOAD actions on RECOMPUTE blocks): the block's input, its
+  checkpoint, is swapped and reloaded like a SWAP block's saved tensors. Its records are the
+  block's own, deduplicated within the block only: a storage some other block saves as well (the
+  previous block's output that block saved itself, a mask every block receives) is copied once for
+  each block it is an input of, never shared with the other block's record. So the block moves
+  exactly what the recorder counts as its `input_bytes` (the storages of its tensor inputs, model
+  data excluded), which is what the planner's ACT_OFFLOAD / ACT_RELOAD carry.
 
 Saved tensors are deduplicated by storage exactly as the recorder (`executor/record.py`) counts
 activations: one record per storage, owned by the first block that saves it, its bytes the whole
-storage; model data (params) is never an activation. The engine passes `alias_pack(tensor) ->
+storage; model data (params) is never an activation (an offloaded checkpoint's records are the
+exception above). The engine passes `alias_pack(tensor) ->
 token | None` / `alias_unpack(token) -> tensor`: a tensor for which alias_pack returns a token is
 stored as that token (a param in its chunk: never copied, never swapped). Without alias_pack, a
 tensor sharing a storage with one of the model's params is kept as is.
@@ -32,8 +43,8 @@ Byte counters (`stats()`): bytes offloaded per destination tier and reloaded per
 block and per channel (an NVME swap moves its bytes over D2H then NVME_WRITE, and back over
 NVME_READ then H2D, as the planner counts them), saved bytes per block, and the live bytes the
 manager holds on DEVICE with their peak. Live bytes: a KEEP/RECOMPUTE record from its pack until
-autograd releases it; a SWAP record from its pack until its offload copy is done, and again from
-its reload until autograd releases it.
+autograd releases it; a swapped record (SWAP, offloaded checkpoint) from its pack until its offload
+copy is done, and again from its reload until autograd releases it.
 
 A failure in the copy worker (a copy, a file write or read) is stored with the buffer's future and
 raised as `ExecutorError` at the block's post_forward (for offloads already finished by then), at
@@ -60,11 +71,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import _DEFAULT_DETERMINISM_MODE, _checkpoint_without_reentrant_generator
 
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
-from schemas.schedule import ActivationMode, ActivationPlan, Channel, Tier
+from schemas.schedule import ActivationMode, ActivationPlan, Channel, Op, Schedule, Tier
 
 __all__ = ["ActivationManager", "ActivationStats", "BlockState"]
 
@@ -131,15 +143,16 @@ class _Record:
     """One storage a block saved, deduplicated; where its bytes are and the copies in flight.
 
     `device` is a 1-D uint8 tensor over the DEVICE bytes (the original storage, or its reload), None
-    while the bytes are only on HOST/NVME. `offload` / `reload` are the futures of the copies
-    (their result: None on the CPU, the CUDA event of the copy on a GPU)."""
+    while the bytes are only on HOST/NVME. `tier` is where it is swapped to (None: it stays on
+    DEVICE). `offload` / `reload` are the futures of the copies (their result: None on the CPU, the
+    CUDA event of the copy on a GPU)."""
 
-    __slots__ = ("manager", "block", "mode", "nbytes", "home", "device", "host", "nvme_offset",
+    __slots__ = ("manager", "block", "mode", "tier", "nbytes", "home", "device", "host", "nvme_offset",
                  "offload", "reload", "live", "__weakref__")
 
-    def __init__(self, manager: ActivationManager, block: int, mode: ActivationMode, storage: Any,
-                 device: torch.device) -> None:
-        self.manager, self.block, self.mode = manager, block, mode
+    def __init__(self, manager: ActivationManager, block: int, mode: ActivationMode, tier: Tier | None,
+                 storage: Any, device: torch.device) -> None:
+        self.manager, self.block, self.mode, self.tier = manager, block, mode, tier
         self.nbytes = storage.nbytes()
         self.home = device  # the DEVICE the tensor was saved on (reloads go back there)
         self.device = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
@@ -168,15 +181,20 @@ class _Saved:
 
 
 class _Block:
-    __slots__ = ("index", "name", "module", "mode", "state", "records", "generator", "hooks_ctx",
-                 "nvme_cursor", "nvme_fd", "nvme_path")
+    __slots__ = ("index", "name", "module", "mode", "swap_tier", "state", "records", "generator", "hooks_ctx",
+                 "own", "nvme_cursor", "nvme_fd", "nvme_path")
 
-    def __init__(self, index: int, name: str, module: nn.Module, mode: ActivationMode) -> None:
+    def __init__(self, index: int, name: str, module: nn.Module, mode: ActivationMode,
+                 checkpoint_tier: Tier | None) -> None:
         self.index, self.name, self.module, self.mode = index, name, module, mode
+        # where what the block saves goes: SWAP modes' tier, or an offloaded checkpoint's; None: stays
+        self.swap_tier = _SWAP_TIER.get(mode, checkpoint_tier)
         self.state = BlockState.IDLE
         self.records: list[weakref.ref[_Record]] = []  # weak: autograd owns the records
         self.generator: Any = None  # RECOMPUTE: the checkpoint generator between pre and post forward
         self.hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
+        # an offloaded checkpoint while it is saved: storage key -> the block's own record
+        self.own: dict[int, weakref.ref[_Record]] | None = None
         self.nvme_cursor = 0  # next free byte in this block's NVMe file
         self.nvme_fd = -1
         self.nvme_path: Path | None = None
@@ -207,9 +225,11 @@ class ActivationManager:
     model: the unmodified model; blocks: fqn of its blocks (default `find_blocks(model)`).
     modes: one ActivationMode per block (a sequence in block order, or a mapping by block fqn --
         missing blocks KEEP).
+    checkpoint_tiers: RECOMPUTE blocks whose checkpoint (input) is offloaded, to HOST or NVME, by
+        block index or fqn (the schedule's ACT_OFFLOAD on a RECOMPUTE block; `from_schedule`).
     alias_pack / alias_unpack: the engine's param aliasing (both or neither).
-    nvme_dir: where SWAP_NVME files go (required when a block swaps to NVME); a private directory
-        is made inside it and removed by close().
+    nvme_dir: where SWAP_NVME files (and checkpoints offloaded to NVME) go (required then); a private
+        directory is made inside it and removed by close().
     auto_prefetch: start reloads by the backward of the previous block (False: only `prefetch()`,
         e.g. at the schedule's ACT_RELOAD moments); prefetch_ahead: how many swapped blocks ahead
         (the depth of Fuyou §4.4's prefetch FIFO: each reloaded block is DEVICE memory held early).
@@ -221,6 +241,7 @@ class ActivationManager:
 
     def __init__(self, model: nn.Module, modes: Sequence[ActivationMode] | Mapping[str, ActivationMode], *,
                  blocks: Sequence[str] | None = None,
+                 checkpoint_tiers: Mapping[int | str, Tier] | None = None,
                  alias_pack: Callable[[torch.Tensor], object | None] | None = None,
                  alias_unpack: Callable[[object], torch.Tensor] | None = None,
                  nvme_dir: str | os.PathLike[str] | None = None, auto_prefetch: bool = True,
@@ -243,19 +264,21 @@ class ActivationManager:
             if len(mode_list) != len(names):
                 raise ExecutorError(f"activation plan: {len(mode_list)} modes for {len(names)} blocks; give one "
                                     "ActivationMode per block, in block order")
+        tiers = _checkpoint_tiers(names, mode_list, checkpoint_tiers or {})
         if (alias_pack is None) != (alias_unpack is None):
             raise ExecutorError("activation plan: pass alias_pack and alias_unpack together (or neither)")
         if prefetch_ahead < 1:
             raise ExecutorError(f"activation plan: prefetch_ahead={prefetch_ahead}; expected at least 1 block")
         self.model = model
-        self.blocks = [_Block(i, n, modules[n], m) for i, (n, m) in enumerate(zip(names, mode_list, strict=True))]
+        self.blocks = [_Block(i, n, modules[n], m, tiers[i])
+                       for i, (n, m) in enumerate(zip(names, mode_list, strict=True))]
         self._alias_pack, self._alias_unpack = alias_pack, alias_unpack
         self.auto_prefetch, self.prefetch_ahead = auto_prefetch, prefetch_ahead
         self._on_failure = on_failure
         self.events: list[tuple[str, int]] | None = [] if record_events else None
 
         self._nvme_dir: Path | None = None
-        if ActivationMode.SWAP_NVME in mode_list:
+        if any(b.swap_tier is Tier.NVME for b in self.blocks):
             if nvme_dir is None:
                 raise ExecutorError("activation plan: a block swaps to NVME but no nvme_dir was given; pass "
                                     "nvme_dir=<a directory on the SSD>")
@@ -274,7 +297,7 @@ class ActivationManager:
         self._handles: list[Any] = []
         self._closed = False
         self._finalizer = weakref.finalize(self, _cleanup, self._worker, self._nvme_dir,
-                                           [b for b in self.blocks if b.mode is ActivationMode.SWAP_NVME])
+                                           [b for b in self.blocks if b.swap_tier is Tier.NVME])
         self.reset_stats()
         if install:
             self.install()
@@ -285,9 +308,20 @@ class ActivationManager:
         blocks = [p.module for p in sorted(plans, key=lambda p: p.block)]
         return cls(model, [p.mode for p in sorted(plans, key=lambda p: p.block)], blocks=blocks, **kwargs)
 
+    @classmethod
+    def from_schedule(cls, model: nn.Module, schedule: Schedule, **kwargs: Any) -> ActivationManager:
+        """From a schedule: its `activation_plans`, and the checkpoints its ACT_OFFLOAD actions move."""
+        return cls.from_plans(model, schedule.activation_plans, checkpoint_tiers=checkpoint_tiers(schedule), **kwargs)
+
     @property
     def modes(self) -> tuple[ActivationMode, ...]:
         return tuple(b.mode for b in self.blocks)
+
+    @property
+    def checkpoint_tiers(self) -> dict[int, Tier]:
+        """RECOMPUTE blocks whose checkpoint is offloaded, and where to."""
+        return {b.index: b.swap_tier for b in self.blocks
+                if b.mode is ActivationMode.RECOMPUTE and b.swap_tier is not None}
 
     # -- install / remove / close ---------------------------------------------------------------
     def install(self) -> None:
@@ -334,10 +368,16 @@ class ActivationManager:
         b.hooks_ctx = torch.autograd.graph.saved_tensors_hooks(functools.partial(self._pack, b), self._unpack)
         b.hooks_ctx.__enter__()
         if b.mode is ActivationMode.RECOMPUTE:
-            # saves the block input through our hooks (counted), then pushes the checkpoint's own hooks
-            b.generator = _checkpoint_without_reentrant_generator(
-                module, True, _recompute_contexts, _DEFAULT_DETERMINISM_MODE, False, True, *args, **kwargs)
-            next(b.generator)
+            # saves the block input through our hooks (counted; swapped when the checkpoint is
+            # offloaded), then pushes the checkpoint's own hooks
+            rerun, tensors = _positional(module, args, kwargs)
+            b.own = {} if b.swap_tier is not None else None
+            try:
+                b.generator = _checkpoint_without_reentrant_generator(
+                    rerun, True, _recompute_contexts, _DEFAULT_DETERMINISM_MODE, False, True, *tensors)
+                next(b.generator)
+            finally:
+                b.own = None
 
     def _post_forward(self, b: _Block, module: nn.Module, args: tuple, output: Any) -> None:
         if b.state is not BlockState.CAPTURING or _in_backward():
@@ -404,6 +444,13 @@ class ActivationManager:
         key = storage._cdata
         if key in self._param_storages:
             return _Alias(None, t)  # model data is never an activation
+        if b.own is not None:  # an offloaded checkpoint: the block's own copy (module docstring)
+            found_own = b.own.get(key)
+            record = found_own() if found_own is not None else None
+            if record is None:
+                record = self._capture(b, storage, t.device)
+                b.own[key] = weakref.ref(record)
+            return _Saved(record, t)
         found = self._by_storage.get(key)
         record = found[1]() if found is not None and found[0]() is storage else None
         if record is None:
@@ -427,16 +474,16 @@ class ActivationManager:
 
     # -- the unit of work: capture, offload, reload ------------------------------------------------
     def _capture(self, b: _Block, storage: Any, device: torch.device) -> _Record:
-        record = _Record(self, b.index, b.mode, storage, device)
+        record = _Record(self, b.index, b.mode, b.swap_tier, storage, device)
         b.records.append(weakref.ref(record))
         self._saved_per_block[b.index] += record.nbytes
         self._hold(record, 1)
-        if b.mode in _SWAP_TIER:
+        if record.tier is not None:
             self._offload(b, record)
         return record
 
     def _offload(self, b: _Block, record: _Record) -> None:
-        tier = _SWAP_TIER[b.mode]
+        tier = record.tier
         cuda = record.device.device.type == "cuda"
         record.host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=cuda)
         if tier is Tier.NVME:
@@ -472,7 +519,7 @@ class ActivationManager:
         with self._lock:
             self._offloading -= record.nbytes
         self._hold(record, -1)
-        if record.mode is ActivationMode.SWAP_NVME:
+        if record.tier is Tier.NVME:
             self._nvme_write(b, record.nvme_offset, host)
             record.host = None  # the file holds it now
 
@@ -480,7 +527,7 @@ class ActivationManager:
         """Start bringing `block`'s swapped activations back to DEVICE (a no-op when they are not
         swapped, already coming back, or nothing was captured)."""
         b = self.blocks[block]
-        if b.mode not in _SWAP_TIER or b.state is not BlockState.SAVED:
+        if b.swap_tier is None or b.state is not BlockState.SAVED:
             return
         b.move(BlockState.RELOADING)
         self._log("prefetch", block)
@@ -497,7 +544,7 @@ class ActivationManager:
     def _reload(self, record: _Record) -> None:
         if record.reload is not None or record.device is not None:
             return
-        tier = _SWAP_TIER[record.mode]
+        tier = record.tier
         dst = torch.empty(record.nbytes, dtype=torch.uint8, device=record.home)
         allocated = None
         if dst.device.type == "cuda":
@@ -518,7 +565,7 @@ class ActivationManager:
         if offload is not None and offload.exception() is not None:  # FIFO: it is done; re-raise its failure
             raise offload.exception()
         host = record.host
-        if record.mode is ActivationMode.SWAP_NVME:
+        if record.tier is Tier.NVME:
             host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=dst.device.type == "cuda")
             self._nvme_read(b, record.nvme_offset, host)
         record.device = dst
@@ -537,7 +584,7 @@ class ActivationManager:
 
     def _device_bytes(self, record: _Record) -> torch.Tensor:
         """The record's bytes on DEVICE, waiting for (or starting) the reload."""
-        if record.mode in _SWAP_TIER:
+        if record.tier is not None:
             if record.reload is None:
                 self._reload(record)  # nobody prefetched it (auto_prefetch off and no prefetch call)
             if record.reload is not None:
@@ -561,8 +608,9 @@ class ActivationManager:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of the worker becomes one clear line
             b = self.blocks[record.block]
+            kind = f"{b.mode.value} checkpoint" if b.mode is ActivationMode.RECOMPUTE else b.mode.value
             error = ExecutorError(f"activations of block {b.index} ({b.name!r}): the {what} of a saved tensor "
-                                  f"({record.nbytes} bytes, {b.mode.value}) failed in the copy worker: "
+                                  f"({record.nbytes} bytes, {kind}) failed in the copy worker: "
                                   f"{type(exc).__name__}: {exc}")
             if self._on_failure is not None:
                 self._on_failure(str(error))
@@ -656,7 +704,7 @@ class ActivationManager:
         for i in range(block - 1, -1, -1):
             if left == 0:
                 return
-            if self.blocks[i].mode in _SWAP_TIER and self.blocks[i].state is not BlockState.IDLE:
+            if self.blocks[i].swap_tier is not None and self.blocks[i].state is not BlockState.IDLE:
                 self.prefetch(i)
                 left -= 1
 
@@ -685,6 +733,51 @@ class ActivationManager:
     @property
     def nvme_dir(self) -> Path | None:
         return self._nvme_dir
+
+
+def checkpoint_tiers(schedule: Schedule) -> dict[int, Tier]:
+    """RECOMPUTE blocks of `schedule` whose checkpoint an ACT_OFFLOAD moves, and to which tier."""
+    recompute = {p.block for p in schedule.activation_plans if p.mode is ActivationMode.RECOMPUTE}
+    return {a.block: a.dst for a in schedule.actions if a.op is Op.ACT_OFFLOAD and a.block in recompute}
+
+
+def _checkpoint_tiers(names: Sequence[str], modes: Sequence[ActivationMode],
+                      given: Mapping[int | str, Tier]) -> list[Tier | None]:
+    out: list[Tier | None] = [None] * len(names)
+    index = {n: i for i, n in enumerate(names)}
+    for key, tier in given.items():
+        i = index.get(key) if isinstance(key, str) else key
+        if not isinstance(i, int) or not 0 <= i < len(names):
+            raise ExecutorError(f"activation plan: checkpoint_tiers names block {key!r}, which is not one of the "
+                                f"{len(names)} blocks; give block indices or names from find_blocks(model)")
+        if modes[i] is not ActivationMode.RECOMPUTE:
+            raise ExecutorError(f"activation plan: checkpoint_tiers offloads the checkpoint of block {i} "
+                                f"({names[i]!r}), which is {modes[i].value}, not RECOMPUTE; only a RECOMPUTE "
+                                "block has a checkpoint")
+        if Tier(tier) not in (Tier.HOST, Tier.NVME):
+            raise ExecutorError(f"activation plan: checkpoint of block {i} ({names[i]!r}) offloaded to "
+                                f"{Tier(tier).value}; expected HOST or NVME")
+        out[i] = Tier(tier)
+    return out
+
+
+def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+    """The block's call as f(*tensors): every tensor of its input, keyword and nested ones too, goes
+    positionally through the checkpoint's save of its inputs (our hooks); the rest stays in f."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    tensors = [leaves[i] for i in where]
+    for i in where:
+        leaves[i] = None  # f must not hold the tensors: the hooks decide where they live
+
+    def rerun(*ts: torch.Tensor) -> Any:
+        filled = list(leaves)
+        for i, t in zip(where, ts, strict=True):
+            filled[i] = t
+        a, kw = pytree.tree_unflatten(filled, spec)
+        return module(*a, **kw)
+
+    return rerun, tensors
 
 
 def _in_backward() -> bool:

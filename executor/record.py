@@ -497,7 +497,7 @@ class _Recorder:
                    for p in self.params if p.requires_grad]
         modules = dict(self.model.named_modules())
         self.block_input_bytes: dict[str, int] = {}
-        handles += [modules[name].register_forward_pre_hook(self._capture_input(name), with_kwargs=True)
+        handles += [modules[name].register_forward_pre_hook(self._capture_input(name, model_keys), with_kwargs=True)
                     for name in self.blocks]
         was_enabled = gc.isenabled()
         gc.disable()
@@ -511,9 +511,9 @@ class _Recorder:
         del batch
         return tape
 
-    def _capture_input(self, name: str) -> Callable:
+    def _capture_input(self, name: str, model_keys: set[int]) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            self.block_input_bytes.setdefault(name, _input_bytes(args, kwargs))
+            self.block_input_bytes.setdefault(name, _input_bytes(args, kwargs, model_keys))
         return hook
 
     def _provisional_ids(self) -> dict[int, int]:
@@ -649,11 +649,13 @@ class _Recorder:
         return str(self.device)
 
 
-def _input_bytes(args: tuple, kwargs: dict) -> int:
+def _input_bytes(args: tuple, kwargs: dict, model_keys: set[int]) -> int:
+    """A block's checkpoint: the storages of its tensor inputs, once each, model data excluded (a param
+    passed in is never copied: executor/activations.py moves exactly these bytes when it is offloaded)."""
     seen: dict[int, int] = {}
     for t in tensors_in([list(args), list(kwargs.values())]):
         found = _storage_key(t)
-        if found is not None:
+        if found is not None and found[0] not in model_keys:
             seen[found[0]] = found[1].nbytes()
     return sum(seen.values())
 

@@ -367,3 +367,121 @@ def test_moment_events_and_an_outer_pack_hook_are_unchanged_by_the_manager(tmp_p
     assert 0 < len(outer) < len(plain_outer)  # the blocks' saves went to the manager, the rest to the outer hook
     assert loss == plain_loss
     _assert_same(grads, plain_grads)
+
+
+# ----------------------------------------------------------------------- offloaded recompute checkpoints
+
+
+@pytest.mark.parametrize("spec,modes,tiers", [
+    (GPT, [RECOMPUTE, RECOMPUTE, RECOMPUTE, KEEP], {0: Tier.HOST, "h.1": Tier.NVME}),
+    (GPT_DROPOUT, [RECOMPUTE, SWAP_HOST, RECOMPUTE, RECOMPUTE], {0: Tier.HOST, 2: Tier.HOST, 3: Tier.NVME}),
+    (HF, [RECOMPUTE, RECOMPUTE], {0: Tier.HOST, 1: Tier.HOST}),
+], ids=["gpt-host-nvme", "gpt-dropout", "hf-shared-mask"])
+def test_offloaded_checkpoints_train_like_plain_pytorch(spec, modes, tiers, tmp_path):
+    ref_losses, ref_grads, ref_params, _ = _train(spec, None)
+    losses, grads, params, manager = _train(spec, modes, tmp_path=tmp_path, checkpoint_tiers=tiers)
+    try:
+        assert losses == ref_losses
+        for g, rg in zip(grads, ref_grads, strict=True):
+            _assert_same(g, rg)
+        _assert_same(params, ref_params)
+        stats = manager.stats()
+        names = [b.name for b in manager.blocks]
+        offloaded = {i if isinstance(i, int) else names.index(i) for i in tiers}
+        assert set(manager.checkpoint_tiers) == offloaded
+        for i, mode in enumerate(modes):
+            swapped = mode is SWAP_HOST or i in offloaded
+            assert stats.offloaded_bytes_per_block[i] == (stats.saved_bytes_per_block[i] if swapped else 0)
+            assert stats.reloaded_bytes_per_block[i] == stats.offloaded_bytes_per_block[i]
+        nvme = sum(stats.saved_bytes_per_block[i] for i in offloaded if manager.checkpoint_tiers[i] is Tier.NVME)
+        assert stats.offloaded_bytes[Tier.NVME] == stats.bytes_per_channel[Channel.NVME_WRITE] == nvme
+        assert stats.live_bytes == 0
+    finally:
+        manager.close()
+
+
+def test_an_offloaded_checkpoint_is_off_device_from_the_forward_to_its_reload(tmp_path):
+    model = build_model(GPT, seed=0)
+    input_bytes = GPT.batch * GPT.seq * GPT.config["n_embd"] * 4  # (B, T, C) fp32
+    with ActivationManager(model, [RECOMPUTE] * 4, checkpoint_tiers={1: Tier.HOST, 2: Tier.NVME}, nvme_dir=tmp_path,
+                           auto_prefetch=False, record_events=True) as manager:
+        loss = model(**make_batch(GPT))
+        for block in range(4):
+            manager.wait_offloaded(block)
+        assert manager.live_bytes == 2 * input_bytes  # blocks 0 and 3 keep their inputs, 1 and 2 hold nothing
+        manager.prefetch(2)  # the schedule's ACT_RELOAD, before the block's backward
+        manager.prefetch(2)  # idempotent
+        loss.backward()  # block 1 is reloaded on demand by its recomputation
+        stats = manager.stats()
+        assert stats.saved_bytes_per_block == (input_bytes,) * 4
+        assert stats.offloaded_bytes_per_block == stats.reloaded_bytes_per_block == (0, input_bytes, input_bytes, 0)
+        assert stats.bytes_per_channel == {Channel.D2H: 2 * input_bytes, Channel.H2D: 2 * input_bytes,
+                                           Channel.NVME_WRITE: input_bytes, Channel.NVME_READ: input_bytes}
+        assert [e for e in manager.events if e[0] == "prefetch"] == [("prefetch", 2)]
+        assert manager.live_bytes == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("spec", [HF, model_spec("hf-llama-tiny")], ids=["hf-gpt2", "hf-llama"])
+def test_offloaded_checkpoint_bytes_are_the_recorders_input_bytes(spec):
+    """HF GPT-2 passes every block the same attention mask and position_ids (a keyword), Llama the
+    rotary (cos, sin) as a keyword tuple: each offloaded checkpoint moves all of its inputs, its own
+    copy -- the recorder's `input_bytes` -- and recomputes from them exactly."""
+    from executor.record import record
+
+    trace = record(build_model(spec, seed=0), make_batch(spec), model_name=spec.family, timing_iterations=1)
+    ref = build_model(spec, seed=0)
+    _loss(ref(**make_batch(spec))).backward()
+    model = build_model(spec, seed=0)
+    with ActivationManager(model, [RECOMPUTE, RECOMPUTE], checkpoint_tiers={0: Tier.HOST, 1: Tier.HOST}) as manager:
+        _loss(model(**make_batch(spec))).backward()
+        stats = manager.stats()
+    expected = tuple(b.input_bytes for b in trace.blocks)
+    assert stats.offloaded_bytes_per_block == stats.reloaded_bytes_per_block == expected
+    hidden = spec.batch * spec.seq * spec.config.get("n_embd", spec.config.get("hidden_size", 0)) * 4
+    assert expected[0] == expected[1] > hidden  # more than the hidden state: the shared inputs too
+    _assert_same([p.grad for p in model.parameters()], [p.grad for p in ref.parameters()])
+
+
+def test_a_failing_checkpoint_offload_raises_executor_error(monkeypatch):
+    def broken(dst, src):
+        raise RuntimeError("simulated DMA failure")
+
+    model = build_model(GPT, seed=0)
+    with ActivationManager(model, [KEEP, RECOMPUTE, KEEP, KEEP], checkpoint_tiers={1: Tier.HOST}) as manager:
+        monkeypatch.setattr(activations, "_copy_bytes", broken)
+        with pytest.raises(ExecutorError, match=r"block 1 \('h.1'\).*RECOMPUTE checkpoint\).*simulated DMA"):
+            model(**make_batch(GPT)).backward()
+        monkeypatch.undo()
+
+
+def test_bad_checkpoint_tiers_are_refused(tmp_path):
+    model = build_model(GPT)
+    with pytest.raises(ExecutorError, match=r"block 1 \('h.1'\), which is KEEP, not RECOMPUTE"):
+        ActivationManager(model, [RECOMPUTE, KEEP, KEEP, KEEP], checkpoint_tiers={1: Tier.HOST})
+    with pytest.raises(ExecutorError, match="names block 'h.7'"):
+        ActivationManager(model, [RECOMPUTE] * 4, checkpoint_tiers={"h.7": Tier.HOST})
+    with pytest.raises(ExecutorError, match="offloaded to DEVICE; expected HOST or NVME"):
+        ActivationManager(model, [RECOMPUTE] * 4, checkpoint_tiers={0: Tier.DEVICE})
+    with pytest.raises(ExecutorError, match="no nvme_dir was given"):
+        ActivationManager(model, [RECOMPUTE] * 4, checkpoint_tiers={0: Tier.NVME})
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (pinned HOST, side stream, events)")
+def test_cuda_offloaded_checkpoints_train_like_plain_pytorch(tmp_path):
+    modes, tiers = [RECOMPUTE, SWAP_HOST, RECOMPUTE, RECOMPUTE], {0: Tier.HOST, 3: Tier.NVME}
+    ref_losses, ref_grads, ref_params, _ = _train(GPT, None, device="cuda")
+    losses, grads, params, manager = _train(GPT, modes, tmp_path=tmp_path, device="cuda", checkpoint_tiers=tiers)
+    try:
+        assert losses == ref_losses
+        for g, rg in zip(grads, ref_grads, strict=True):
+            _assert_same(g, rg)
+        _assert_same(params, ref_params)
+        stats = manager.stats()
+        for b in (0, 3):
+            assert stats.offloaded_bytes_per_block[b] == stats.reloaded_bytes_per_block[b]
+            assert stats.offloaded_bytes_per_block[b] == stats.saved_bytes_per_block[b] > 0
+        assert stats.offloaded_bytes_per_block[2] == 0 and stats.live_bytes == 0
+    finally:
+        manager.close()

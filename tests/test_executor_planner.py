@@ -169,9 +169,10 @@ def test_solved_schedules_train_like_plain_pytorch(name, overlap):
     assert_same(engine, ref, got, plain_run(ref, loss_fn, batches, clip=clip), rel=0.0)
 
 
-def test_offloaded_recompute_checkpoints_are_refused_at_attach():
-    """The planner may park a RECOMPUTE block's input on HOST; the executor does not do that yet and
-    says so before touching the model, instead of moving other bytes than the schedule predicts."""
+def test_offloaded_recompute_checkpoints_of_other_bytes_are_refused_at_attach():
+    """The planner may park a RECOMPUTE block's input on HOST, and the executor replays that
+    (tests/test_activations_engine.py); a checkpoint whose ACT_OFFLOAD carries other bytes than the
+    block's input_bytes cannot be replayed byte for byte, and is refused before touching the model."""
     import dataclasses
 
     _, problem = recorded("gpt")
@@ -182,9 +183,13 @@ def test_offloaded_recompute_checkpoints_are_refused_at_attach():
                                     checkpoint_tier=Tier.HOST)
     schedule = materialize(problem, decisions)
     assert any(a.op is Op.ACT_OFFLOAD for a in schedule.actions)
+    executor.run(gpt_model(), schedule, lr=LR).detach()  # as planned: attaches
+    plans = tuple(dataclasses.replace(p, input_bytes=p.input_bytes + 8) for p in schedule.activation_plans)
+    schedule = dataclasses.replace(schedule, activation_plans=plans)
     model = gpt_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(ExecutorError, match="offloads the recompute checkpoints .* --no-checkpoint-offload"):
+    with pytest.raises(ExecutorError, match="moves 4096 bytes of the recompute checkpoint of block 0, but its "
+                                            "input .* is 4104 bytes .* --no-checkpoint-offload"):
         executor.run(model, schedule, lr=LR)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n]), n
