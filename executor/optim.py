@@ -24,14 +24,20 @@ Equivalence with plain PyTorch (what tests/test_optim.py checks):
 give global grad-norm clipping from chunks on any tier (per-tensor norms, combined like
 `torch.nn.utils.clip_grad_norm_`). `OneStepStaleUpdater` is the opt-in asynchronous mode
 (Angel-PTM Algorithm 2, one step of staleness): it changes convergence, see its docstring.
+`StepWorker` is the one thread the engine runs CPU steps on while backward goes on (Fuyou §4.3,
+synchronous: the engine waits for every step at the OPTIMIZER moment); `step_chunk(hyperparameters=)`
+takes the param groups' settings as they were when the step was decided.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import os
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +47,125 @@ from torch import Tensor, nn
 
 from schemas.schedule import ChunkLayout, TensorSlot
 
-__all__ = ["ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "OneStepStaleUpdater", "clip_coefficient"]
+__all__ = ["ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "OneStepStaleUpdater", "StepWorker",
+           "clip_coefficient"]
+
+
+_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled_weight_decay")
+
+
+class StepWorker:
+    """ONE thread running CPU optimizer steps beside the training thread, in submission order.
+
+    threads: its intra-op threads (with torch's OpenMP backend the count belongs to the calling
+      thread: setting it on the worker leaves the training thread's count as it was).
+    background: run at the lowest CPU priority (Linux thread nice 19): when backward computes on the
+      same cores (emulated DEVICE) the steps take only the cycles it leaves, and `run_queued` lets the
+      training thread do what is left at full speed once backward is over.
+    `submit(fn)` returns a Future; `run_queued()` runs on the CALLING thread every step not started
+    yet (in order), so at the OPTIMIZER moment the training thread works instead of waiting; and the
+    thread that created the worker (the training thread), when it must wait for one step still
+    queued, runs that step itself (`run_here`; store.Ready.wait calls it) instead of waiting for the
+    worker to get through the steps before it.
+    """
+
+    def __init__(self, *, threads: int, background: bool = False, name: str = "tide-optim") -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"optimizer threads must be a positive int, found {threads!r}")
+        self.threads, self.background = threads, background
+        self._queue = _StepQueue(owner=threading.get_ident())
+        # the thread holds the queue, not the worker: a worker nobody shut down still ends its thread
+        # when it is collected (as ThreadPoolExecutor does)
+        self._thread = threading.Thread(target=_step_loop, args=(self._queue, threads, background), name=name,
+                                        daemon=True)
+        self._thread.start()
+        weakref.finalize(self, self._queue.close)
+
+    def submit(self, fn: Callable[[], Any]) -> Future:
+        future = _StepFuture(self._queue)
+        with self._queue.wake:
+            if self._queue.closed:
+                raise RuntimeError("StepWorker.submit after shutdown")
+            self._queue.jobs.append((future, fn))
+            self._queue.wake.notify()
+        return future
+
+    def run_queued(self) -> None:
+        while (job := self._queue.take()) is not None:
+            _run_job(*job)
+
+    def shutdown(self) -> None:
+        self._queue.close()
+        self._thread.join()
+
+
+class _StepQueue:
+    """The steps not started yet, shared by the worker thread and the owner (training) thread."""
+
+    def __init__(self, *, owner: int) -> None:
+        self.jobs: collections.deque[tuple[Future, Callable[[], Any]]] = collections.deque()
+        self.wake = threading.Condition()
+        self.closed = False
+        self.owner = owner
+
+    def take(self) -> tuple[Future, Callable[[], Any]] | None:
+        with self.wake:
+            return self.jobs.popleft() if self.jobs else None
+
+    def run_here(self, future: Future) -> None:
+        """On the owner thread: run this step now if it is still queued (else the caller waits for it)."""
+        if threading.get_ident() != self.owner:
+            return
+        with self.wake:
+            job = next((j for j in self.jobs if j[0] is future), None)
+            if job is None:
+                return
+            self.jobs.remove(job)
+        _run_job(*job)
+
+    def close(self) -> None:
+        with self.wake:
+            self.closed = True
+            self.wake.notify()
+
+
+def _step_loop(queue: _StepQueue, threads: int, background: bool) -> None:
+    torch.set_num_threads(threads)
+    if background and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (Linux)
+        except OSError:  # not allowed here: the worker just competes at normal priority
+            pass
+    while True:
+        with queue.wake:
+            while not queue.jobs and not queue.closed:
+                queue.wake.wait()
+            if not queue.jobs:
+                return
+            job = queue.jobs.popleft()
+        _run_job(*job)
+
+
+class _StepFuture(Future):
+    """A step's future: whoever waits for it on the owner thread may run it if still queued."""
+
+    def __init__(self, queue: _StepQueue) -> None:
+        super().__init__()
+        self._queue = queue
+
+    def run_here(self) -> None:
+        self._queue.run_here(self)
+
+
+def _run_job(future: Future, fn: Callable[[], Any]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn()
+    except BaseException as exc:  # noqa: BLE001 - handed to whoever waits for the step
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +264,10 @@ class ChunkAdamW(torch.optim.Optimizer):
         """Where one of this optimizer's params lives in the chunks."""
         return self._entry_of[param]
 
+    def hyperparameters(self) -> tuple[dict[str, Any], ...]:
+        """A snapshot of every param group's step settings (lr, betas, eps, weight decay...)."""
+        return tuple({k: group[k] for k in _HYPERPARAMETERS} for group in self.param_groups)
+
     def step_count(self, param: nn.Parameter) -> int:
         state = self.state.get(param)
         return int(state["step"].item()) if state and "step" in state else 0
@@ -158,6 +286,7 @@ class ChunkAdamW(torch.optim.Optimizer):
         grad_scale: float = 1.0,
         found_inf: Tensor | None = None,
         skip_tensors: Collection[int] = (),
+        hyperparameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """One Adam(W) step of every trainable tensor in `chunk`, in place.
 
@@ -168,6 +297,9 @@ class ChunkAdamW(torch.optim.Optimizer):
         found_inf: optional 0-dim float tensor; when it is 1 the kernels leave everything unchanged
           and the step counts stay as they were (GradScaler semantics).
         skip_tensors: trace tensor ids whose grad is None this iteration (torch skips those).
+        hyperparameters: per param group, what `hyperparameters()` returned when the step was decided
+          (a step run later on a worker thread must not see an LR scheduler's newer values); None:
+          the param groups as they are now.
         """
         groups = self._by_chunk.get(chunk)
         if not groups:
@@ -198,7 +330,7 @@ class ChunkAdamW(torch.optim.Optimizer):
             found_inf = found_inf.to(device=device, dtype=torch.float32)
         skip = skip_tensors if isinstance(skip_tensors, (set, frozenset)) else frozenset(skip_tensors)
         for index, entries in groups:
-            group = self.param_groups[index]
+            group = self.param_groups[index] if hyperparameters is None else hyperparameters[index]
             live = [e for e in entries if e.param.requires_grad and e.tensor not in skip]
             if not live:
                 continue
@@ -408,9 +540,13 @@ class OneStepStaleUpdater:
     where they are until the chunk's next `publish` returns.
     """
 
-    def __init__(self, optimizer: ChunkAdamW, *, workers: int = 1) -> None:
+    def __init__(self, optimizer: ChunkAdamW, *, workers: int = 1, threads: int | None = None) -> None:
         self.optimizer = optimizer
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tide-stale-adam")
+        if threads is None:
+            self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tide-stale-adam")
+        else:  # intra-op threads per worker (the training thread keeps its own count)
+            self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tide-stale-adam",
+                                            initializer=torch.set_num_threads, initargs=(threads,))
         self._grads: dict[int, list[Tensor]] = {}  # two buffered-grad slots per chunk
         self._flip: dict[int, int] = {}  # the slot the next submit uses
         self._masters: dict[int, Tensor] = {}  # masters: given (mixed precision) or own (fp32)
@@ -436,7 +572,13 @@ class OneStepStaleUpdater:
             self._masters[chunk] = master
         self._pending[chunk] = functools.partial(
             self.optimizer.step_chunk, chunk, param=None, grad=buffered, master=master, exp_avg=exp_avg,
-            exp_avg_sq=exp_avg_sq, grad_scale=grad_scale, skip_tensors=frozenset(skip_tensors))
+            exp_avg_sq=exp_avg_sq, grad_scale=grad_scale, skip_tensors=frozenset(skip_tensors),
+            hyperparameters=self.optimizer.hyperparameters())  # the job runs later: today's LR, not the scheduler's next
+
+    @property
+    def outstanding(self) -> list[int]:
+        """Chunks with an update submitted or running that no publish has copied into PARAM yet."""
+        return sorted(set(self._running) | set(self._pending))
 
     def publish(self, chunk: int, param: Tensor) -> None:
         running = self._running.pop(chunk, None)

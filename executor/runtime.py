@@ -28,15 +28,20 @@ of the moment backward needs them, so they never pin (or read a reused buffer of
 
 Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
 (KEEP, RECOMPUTE via non-reentrant checkpointing driven by block hooks, SWAP_HOST and SWAP_NVME via
-saved-tensor hooks; `nvme_dir=` is required when a block swaps to NVME). The engine hands it its param
-aliasing (a saved tensor living in a DEVICE PARAM chunk is stored as a `_ChunkRef`, never copied or
-swapped) and turns off its own reload heuristics (`auto_prefetch=False`): the offload copy starts when
-the tensor is saved, so ACT_OFFLOAD does nothing (a failed copy is raised at the block's
-post_forward), and ACT_RELOAD (the offload's deadline) waits for the block's offload copies and
-starts its prefetch; an unpack waits for its reload. The activation bytes held on DEVICE count
-against the DEVICE budget together with the chunks: every chunk allocation and every moment checks
-chunk bytes + activation bytes <= the budget and raises `ExecutorError` ("DEVICE budget exceeded")
-otherwise (bytes whose offload copy is in flight count as gone, as the schedule counts them).
+saved-tensor hooks; `nvme_dir=` is required when a block swaps to NVME). A RECOMPUTE block with an
+ACT_OFFLOAD in the schedule has its checkpoint (its input, `ActivationPlan.input_bytes`: the block's
+own copy of each input storage, params excluded) swapped to the action's tier the same way; an
+ACT_OFFLOAD / ACT_RELOAD of a checkpoint carrying other bytes than `input_bytes` is refused at
+attach. The engine hands it its param aliasing (a saved tensor living in a DEVICE PARAM chunk is
+stored as a `_ChunkRef`, never copied or swapped) and turns off its own reload heuristics
+(`auto_prefetch=False`): the offload copy starts when the tensor is saved, so ACT_OFFLOAD does
+nothing (a failed copy is raised at the block's post_forward), and ACT_RELOAD (the offload's
+deadline) waits for the block's offload copies and starts its prefetch, so a checkpoint is back
+before the block's backward reruns its forward; an unpack waits for its reload. The activation
+bytes held on DEVICE count against the DEVICE budget together with the chunks: every chunk
+allocation and every moment checks chunk bytes + activation bytes <= the budget and raises
+`ExecutorError` ("DEVICE budget exceeded") otherwise (bytes whose offload copy is in flight count as
+gone, as the schedule counts them).
 
 NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
 O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
@@ -54,8 +59,9 @@ share of the global batch). Clipping: the owned grads' squared norms, summed ove
 `save()` / `load()` (called on every rank) write and read ONE plain checkpoint
 (`save_sharded` / `load_sharded`) that loads into any world size; `state_dict()` is refused (a rank
 holds only its chunks); `detach()` all-gathers the PARAM chunks so every rank gets plain params back.
-Not yet with several ranks: gradient accumulation and fp16 loss scaling (refused at attach). Stats:
-INTER_GPU bytes are this rank's.
+fp16 loss scaling: a rank checks its owned (reduced) grads for inf/nan and the flag is all-reduced
+(max), so every rank skips or steps together and the loss scales stay equal. Gradient accumulation:
+see below. Stats: INTER_GPU bytes are this rank's.
 
 Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
 raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
@@ -69,18 +75,69 @@ step TORN (some chunks updated, the others not; each chunk itself is intact, old
 to. Making every step transactional would need a second copy of the model's OS, which is what
 offloading exists to avoid.
 
+CPU optimizer steps overlapped with backward (Fuyou §4.3): an OPTIMIZER_STEP on HOST that the
+schedule places at a backward moment (`planner solve --no-optimizer-overlap` places none there) runs
+on the engine's optimizer worker -- ONE thread, created at attach like the store's copy worker --
+while backward goes on. Its completion is a `Ready` carried by the chunk's HOST payloads
+(`ChunkStore.in_place`): PARAM/MASTER/M/V are ARRIVING with it and GRAD lists it as a user, so every
+later action on them is ordered after it: a copy (the H2D of the updated PARAM, a WRITE_BACK to NVME)
+waits for it off the training thread (emulated DEVICE: queued on the copy thread once the step ended,
+so the copies behind it are not held up; on a GPU an H2D copy is still issued after a host-side wait
+for the step, so a schedule that re-fetches a stepped PARAM during backward waits there); an EVICT
+of the grads does not wait (the buffer is reused after the step); an EVICT of PARAM/OS from HOST
+waits (it follows their NVME write, whose failure must leave the HOST copy: the delayed write-back
+of the previous group therefore waits at the next group's step, and a step still queued then is run
+by the training thread itself); state_dict(), save() and detach() wait. The OPTIMIZER moment waits
+for every step: engine.step() returns with all done. The training thread's waits for steps count as
+stalls in `stats()`. Everything a step uses (the skipped tensors, the grad scale, every param
+group's lr/betas/eps/weight decay) is taken when it is submitted, so the result is bit-identical to
+the inline step whatever the timing. A step that fails
+raises one `ExecutorError` on the training thread (at the next moment, at the next use of its chunk,
+or in engine.step()) and the engine enters FAILED. DEVICE steps (kernels on the compute stream) and
+the HOST steps of the OPTIMIZER moment run inline; with world_size > 1 every step runs inline.
+Threads: with torch's OpenMP backend the intra-op thread count belongs to the calling thread, so the
+worker sets its own (`optimizer_threads=`; default: `torch.get_num_threads()` when DEVICE is a GPU,
+whose training thread mostly waits, and half of it on an emulated DEVICE, where backward computes on
+the same cores) and the training thread keeps its count. `torch.set_num_threads` also records the
+count as the default for threads torch initializes later (its autograd device threads); none exist
+on a CPU-only run, and on a GPU they launch kernels. On an emulated DEVICE the worker also runs at
+the lowest CPU priority (Linux thread nice 19), so steps take only the cycles backward leaves instead
+of stretching its parallel regions; and at the OPTIMIZER moment the training thread runs the steps
+not started yet itself, with all its threads (`executor.optim.StepWorker.run_queued`), rather than
+waiting. The fused CPU kernels are element-wise, so which thread runs a step (and with how many
+intra-op threads) does not change a bit of its result.
+
+Asynchronous mode (`stale_optimizer=True`, Angel-PTM Algorithm 2; it CHANGES CONVERGENCE): the HOST
+step of a chunk in iteration t is queued with a copy of its grads and runs in the background during
+iteration t+1; the chunk's step of iteration t+1 publishes it into PARAM. The forward of iteration
+t+1 thus sees updates 1..t-1 only: exactly one step of staleness, deterministic
+(`executor.optim.OneStepStaleUpdater`; tests/test_executor_overlap.py measures the drift from the
+synchronous engine). The OS of HOST-stepped chunks must stay on HOST (checked at attach); DEVICE steps
+stay synchronous; not with world_size > 1. state_dict(), save(), load() and detach() first apply the
+outstanding update, so a checkpoint is the synchronous state after the last step (and training on
+from it is one update less stale once).
+
 Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
 every micro-step replays ALL moments of the schedule, including the OPTIMIZER moment, and only the
 last of N runs the OPTIMIZER_STEP actions. Grads accumulate in the GRAD chunks: on the first N-1
 micro-steps an EVICT that would drop the last copy of a GRAD chunk keeps it (a DEVICE copy is first
 written back to HOST) and the next ALLOCATE brings the accumulated chunk back instead of zeros.
 Those extra copies are counted on their channels, so with N > 1 the bytes per micro-step exceed the
-prediction by exactly that traffic (with N = 1 they equal it).
+prediction by exactly that traffic (with N = 1 they equal it). Several ranks (DDP `no_sync`): on the
+first N-1 micro-steps the REDUCE_SCATTERs are skipped and every rank keeps the full grads of every
+group (the GRAD EVICTs above keep non-owned chunks too); the last micro-step reduce-scatters the
+accumulated sums. The reduce-scatter averages over the ranks and the loop divides each micro-step's
+loss by N (as with one rank), so the step sees the mean over ranks x micro-steps: the grads of one
+process running the whole global batch as ws x N parts, each loss divided by ws x N. Per micro-step
+the bytes differ from the prediction by exactly the accumulation traffic: the kept GRAD copies on
+D2H/H2D, and on INTER_GPU the skipped reduce-scatters (the first N-1 micro-steps move the
+prediction minus the schedule's REDUCE_SCATTER bytes, the last one the prediction).
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -92,11 +149,11 @@ import torch
 from torch import nn
 
 from executor import state as state_io
-from executor.activations import ActivationManager
+from executor.activations import ActivationManager, checkpoint_tiers
 from executor.distributed import StoreCollectives, load_sharded, save_sharded
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
-from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
+from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler, OneStepStaleUpdater, StepWorker
 from executor.stats import EngineStats
 from executor.store import COPY_CHANNELS, TORCH_DTYPES, ChunkStore
 from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, TensorSlot, Tier
@@ -217,7 +274,8 @@ class Engine:
                  optimizer: str = "adamw", lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01, grad_clip_norm: float | None = None,
                  precision: str | None = None, grad_accumulation_steps: int = 1, nvme_dir: str | Path | None = None,
-                 device: str | torch.device = "auto") -> None:
+                 device: str | torch.device = "auto", stale_optimizer: bool = False,
+                 optimizer_threads: int | None = None) -> None:
         self.schedule = schedule
         self.model = model
         layout = schedule.layout
@@ -258,6 +316,7 @@ class Engine:
         cls = ChunkAdamW if optimizer == "adamw" else ChunkAdam
         self.optimizer = cls(params, layout, model=model, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.optimizer.set_step_driver(self._step_now)
+        self._setup_cpu_steps(schedule, stale=stale_optimizer, threads=optimizer_threads)
 
         # ---- the layout, per chunk and per moment
         by_name = dict(model.named_parameters(remove_duplicate=False))
@@ -362,8 +421,8 @@ class Engine:
             self._refuse_handle.remove()
             raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
                                 f"the model. {_RERECORD}")
-        self.activations = ActivationManager.from_plans(
-            model, schedule.activation_plans,
+        self.activations = ActivationManager.from_schedule(
+            model, schedule,
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), _ChunkRef) else None),
             alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
@@ -397,12 +456,14 @@ class Engine:
         return dict(out)
 
     def stall_seconds(self) -> float:
-        """Seconds the training thread waited since attach: for chunk copies and for activation reloads."""
-        return self.store.stall_seconds + self.activations.stats().stall_seconds
+        """Seconds the training thread waited since attach: for chunk copies, activation reloads and
+        CPU optimizer steps (a step's wait inside a copy's is counted once, in the store)."""
+        return self.store.stall_seconds + self.activations.stats().stall_seconds + self._step_stall_seconds
 
     def state_dict(self) -> dict[str, Any]:
         """{"model": plain model state dict, "optimizer": plain AdamW state dict[, "master", "loss_scaler"]}."""
         self._require_consistent("state_dict()")
+        self._drain_stale()
         if self.comm is not None:
             raise ExecutorError("engine.state_dict() with world_size > 1: a rank holds only its own chunks; call "
                                 "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
@@ -417,11 +478,14 @@ class Engine:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self._require_idle("load_state_dict()")
+        self._drain_stale()
         state_io.restore({**state_dict}, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
+        self._restart_stale()
 
     def save(self, path: str | Path) -> None:
         """Checkpoint atomically (executor.state.save): model, optimizer, masters, loss scaler."""
         self._require_consistent("save()")
+        self._drain_stale()
         if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
             save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
                          loss_scaler=self.scaler)
@@ -430,11 +494,13 @@ class Engine:
 
     def load(self, path: str | Path) -> None:
         self._require_idle("load()")
+        self._drain_stale()
         if self.comm is not None:  # every rank keeps what it owns
             load_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
                          loss_scaler=self.scaler)
             return
         state_io.restore(state_io.load(path), self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
+        self._restart_stale()
 
     def detach(self) -> None:
         """Remove the hooks and give every param a plain tensor with its current value again."""
@@ -446,6 +512,9 @@ class Engine:
         for h in self._grad_handles:
             h.remove()
         self._pop_saved_hooks()
+        if self.state is not EngineState.FAILED:
+            self._drain_stale()
+        self._close_cpu_steps()
         self.store.settle()
         # several ranks: every rank calls detach(); the owners' PARAM chunks are gathered everywhere
         full = self._gather_params_everywhere() if self.comm is not None else None
@@ -504,12 +573,6 @@ class Engine:
     @staticmethod
     def _check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
                                   nvme_dir: str | Path | None, grad_accumulation_steps: int) -> None:
-        if schedule.header.world_size > 1 and grad_accumulation_steps > 1:
-            raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps} with world_size="
-                                f"{schedule.header.world_size}: not supported yet; accumulate with world_size 1, or "
-                                "raise the per-rank batch")
-        if schedule.header.world_size > 1 and compute is DType.FLOAT16:
-            raise ExecutorError("fp16 loss scaling with world_size > 1 is not supported yet: use bf16 or fp32")
         nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
         if nvme_blocks and nvme_dir is None:
             raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "
@@ -517,14 +580,23 @@ class Engine:
         if _uses_nvme(schedule) and nvme_dir is None:
             raise ExecutorError("the schedule puts chunks on NVME: pass nvme_dir= (a directory on the SSD) to "
                                 "executor.run")
-        recompute = {p.block for p in schedule.activation_plans if p.mode is ActivationMode.RECOMPUTE}
-        offloaded_checkpoints = sorted({a.block for a in schedule.actions if a.op is Op.ACT_OFFLOAD and a.block in recompute})
-        if offloaded_checkpoints:
-            # the planner may park a RECOMPUTE block's input on HOST; ActivationManager keeps it on DEVICE,
-            # so replaying this schedule would move other bytes than it predicts
-            raise ExecutorError(f"the schedule offloads the recompute checkpoints of blocks {offloaded_checkpoints} "
-                                "(ACT_OFFLOAD on a RECOMPUTE block), which this executor does not do yet: re-solve "
-                                "with `python -m planner solve ... --no-checkpoint-offload`")
+        # offloaded recompute checkpoints: the manager moves each block's whole input (its `input_bytes`,
+        # executor/activations.py), so an ACT_OFFLOAD / ACT_RELOAD carrying other bytes cannot be replayed
+        plans = {p.block: p for p in schedule.activation_plans}
+        checkpoints = checkpoint_tiers(schedule)
+        if any(tier is Tier.NVME for tier in checkpoints.values()) and nvme_dir is None:
+            raise ExecutorError(f"the schedule offloads the recompute checkpoints of blocks "
+                                f"{sorted(b for b, t in checkpoints.items() if t is Tier.NVME)} to NVME: pass nvme_dir= "
+                                "(a directory on the SSD) to executor.run")
+        odd = sorted({(a.block, a.bytes) for a in schedule.actions
+                      if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD) and a.block in checkpoints
+                      and a.bytes != plans[a.block].input_bytes})
+        if odd:
+            block, nbytes = odd[0]
+            raise ExecutorError(f"the schedule moves {nbytes} bytes of the recompute checkpoint of block {block}, but "
+                                f"its input (what the executor moves) is {plans[block].input_bytes} bytes "
+                                f"(activation_plans[{block}].input_bytes; {len(odd)} such actions): re-solve with "
+                                "`python -m planner solve ... --no-checkpoint-offload`")
         optimizer_moment = next((m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER), len(schedule.moments))
         overlapped = any(a.op is Op.OPTIMIZER_STEP and a.moment < optimizer_moment for a in schedule.actions)
         if overlapped and (grad_clip_norm is not None or compute is DType.FLOAT16):
@@ -602,6 +674,8 @@ class Engine:
 
     def _apply(self, m: int) -> None:
         store = self.store
+        if self._steps_in_flight:
+            self._poll_steps()  # a CPU step that failed on the worker stops the replay here
         final = self.micro_step == self.accumulation_steps - 1
         comm = self.comm
         for index, a in self._actions[m]:
@@ -611,6 +685,8 @@ class Engine:
                 if not comm.runs_here(a):
                     continue
                 if op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
+                    if op is Op.REDUCE_SCATTER and not final:
+                        continue  # accumulating (DDP no_sync): the group's full grads stay on this rank
                     if op is Op.REDUCE_SCATTER:  # every grad slot of the group set before it is summed
                         for c in comm.collectives.group_chunks(a.chunk):
                             if store.device_tensor(ChunkList.GRAD, c) is not None:
@@ -650,13 +726,20 @@ class Engine:
                     else:
                         store.allocate(a.list, a.chunk, a.dst, why=why)
             elif op is Op.ACT_OFFLOAD:
-                pass  # the manager started each copy when the tensor was saved; failures raise at post_forward
+                # the manager started each copy when the tensor was saved (a SWAP block's saved tensors, a
+                # RECOMPUTE block's offloaded checkpoint); failures raise at post_forward
+                pass
             elif op is Op.ACT_RELOAD:
                 self.activations.wait_offloaded(a.block)  # the offload's deadline: before its reload
                 self.activations.prefetch(a.block)
             elif op is Op.OPTIMIZER_STEP:
                 if final and not self._found_inf:
-                    self._optimizer_step(a.chunk, a.dst, why=why)
+                    if self._stale is not None and a.dst is Tier.HOST:
+                        self._stale_step(a.chunk, why=why)
+                    elif self._step_worker is not None and a.dst is Tier.HOST and m < self._first_optimizer_moment:
+                        self._submit_step(a.chunk, why=why)
+                    else:  # DEVICE steps (kernels on the compute stream) and HOST steps of the OPTIMIZER moment
+                        self._optimizer_step(a.chunk, a.dst, why=why)
             else:
                 raise ExecutorError(f"{why}: {op.value} is not supported by this executor; re-solve without it")
         for chunk in self._needs[m]:
@@ -686,6 +769,156 @@ class Engine:
             store.updated(lst, chunk, tier)
         self._stats.optimizer_seconds[tier] += time.perf_counter() - start
 
+    # ---- CPU optimizer steps off the training thread (module docstring, "CPU optimizer steps")
+    def _setup_cpu_steps(self, schedule: Schedule, *, stale: bool, threads: int | None) -> None:
+        """Checked before anything is touched: the optimizer worker for overlapped HOST steps, or the
+        one-step-stale updater (`stale_optimizer=True`)."""
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ExecutorError(f"optimizer_threads={threads!r}: expected a positive int or None (the default)")
+        if threads is None:
+            # a GPU leaves the cores to the CPU optimizer; an emulated DEVICE computes backward on
+            # them, so the worker takes half and the training thread keeps its own count
+            threads = torch.get_num_threads() if self.device.type == "cuda" else max(1, torch.get_num_threads() // 2)
+        self.optimizer_threads = threads
+        self._step_worker = None
+        self._steps_in_flight: list[Any] = []
+        self._failed_steps: list[int] = []  # chunks whose CPU step failed (appended on the worker)
+        self._step_stall_seconds = 0.0
+        self._stats_lock = threading.Lock()
+        self._stale: OneStepStaleUpdater | None = None
+        host_steps = [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP and a.dst is Tier.HOST]
+        optimizer_moment = next(m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER)
+        if stale:
+            if schedule.header.world_size > 1:
+                raise ExecutorError("stale_optimizer=True with world_size > 1: not supported; train synchronously")
+            host_chunks = {a.chunk for a in host_steps}
+            os_lists = {ChunkList.M, ChunkList.V, ChunkList.MASTER}
+            resident = {(r.list, r.chunk): r.tiers for r in schedule.initial_residency}
+            moved = sorted({a.chunk for a in schedule.actions if a.list in os_lists and a.chunk in host_chunks}
+                           | {c for c in host_chunks for lst in os_lists & set(schedule.layout.lists)
+                              if Tier.HOST not in resident.get((lst, c), ())})
+            if moved:
+                raise ExecutorError(
+                    f"stale_optimizer=True: the optimizer state of chunks {moved} does not stay on HOST (a stale "
+                    "update runs during the next iteration and needs it there); solve with the OS on HOST, or train "
+                    "synchronously (stale_optimizer=False)")
+            self._stale = OneStepStaleUpdater(self.optimizer, threads=threads)
+            return
+        if schedule.header.world_size == 1 and any(a.moment < optimizer_moment for a in host_steps):
+            # created once, like the store's copy worker; on an emulated DEVICE backward computes on
+            # the same cores, so the steps take what it leaves (the training thread does the rest)
+            self._step_worker = StepWorker(threads=threads, background=self.device.type != "cuda")
+
+    def _submit_step(self, chunk: int, *, why: str) -> None:
+        """A HOST step placed during backward: runs on the optimizer worker while backward goes on.
+
+        Same arguments as the inline step, decided now on the training thread (skipped tensors,
+        grad scale, the param groups' settings); the store orders every later use of the chunk's
+        payloads after it (ChunkStore.in_place)."""
+        store = self.store
+        self._fill_gaps(chunk)
+        lists = [ChunkList.PARAM, ChunkList.M, ChunkList.V] + ([ChunkList.MASTER] if self._has_master else [])
+        skip = frozenset(t for t in self._trainable_by_chunk.get(chunk, ()) if t not in self._grad_seen)
+        grad_scale, hyper = self._grad_scale, self.optimizer.hyperparameters()
+        optimizer, stats = self.optimizer, self._stats
+
+        def run(t: dict[ChunkList, torch.Tensor]) -> None:
+            start = time.perf_counter()
+            optimizer.step_chunk(chunk, param=t[ChunkList.PARAM], grad=t[ChunkList.GRAD],
+                                 master=t.get(ChunkList.MASTER), exp_avg=t[ChunkList.M], exp_avg_sq=t[ChunkList.V],
+                                 grad_scale=grad_scale, skip_tensors=skip, hyperparameters=hyper)
+            with self._stats_lock:
+                stats.optimizer_seconds[Tier.HOST] += time.perf_counter() - start
+
+        def submit(job: Any) -> Any:
+            def guarded() -> None:
+                try:
+                    job()
+                except Exception as exc:  # noqa: BLE001 - re-raised on the training thread as one line
+                    self._failed_steps.append(chunk)
+                    raise ExecutorError(f"{why}: the CPU optimizer step of chunk {chunk} failed: {exc}") from exc
+            return self._step_worker.submit(guarded)
+
+        ready = store.in_place(chunk, Tier.HOST, writes=lists, reads=[ChunkList.GRAD], submit=submit, run=run)
+        self._steps_in_flight.append(ready)
+        self._stepped.add(chunk)  # before `updated`, which may raise a failed copy of another tier
+        for lst in lists:
+            store.updated(lst, chunk, Tier.HOST)
+
+    def _poll_steps(self) -> None:
+        """Re-raise a CPU step that failed; forget the ones done."""
+        still = []
+        for ready in self._steps_in_flight:
+            if ready.done():
+                ready.wait()  # raises the step's ExecutorError
+            else:
+                still.append(ready)
+        self._steps_in_flight = still
+
+    def _settle_steps(self) -> None:
+        """After a failure: every CPU step in flight ends (failed or not); the chunks whose step failed
+        are not counted as stepped (`EngineFailure.updated_chunks` says what really changed)."""
+        in_flight, self._steps_in_flight = self._steps_in_flight, []
+        for ready in in_flight:
+            try:
+                ready.wait()
+            except Exception:  # noqa: BLE001 - the failure being reported, or one more of the same kind
+                pass
+        self._stepped.difference_update(self._failed_steps)
+
+    def _wait_steps(self) -> None:
+        """Every CPU step in flight ends; the time waited is a stall."""
+        in_flight, self._steps_in_flight = self._steps_in_flight, []
+        for ready in in_flight:
+            self._step_stall_seconds += ready.wait()
+
+    def _stale_step(self, chunk: int, *, why: str) -> None:
+        """stale_optimizer=True: queue this iteration's update of the chunk, and publish (copy into
+        PARAM) the previous iteration's, which ran in the background since (Angel-PTM Algorithm 2)."""
+        store = self.store
+        self._fill_gaps(chunk)
+        lists = [ChunkList.PARAM, ChunkList.GRAD, ChunkList.M, ChunkList.V] + (
+            [ChunkList.MASTER] if self._has_master else [])
+        t = {lst: store.tensor(lst, chunk, Tier.HOST, why=why) for lst in lists}
+        skip = [s for s in self._trainable_by_chunk.get(chunk, ()) if s not in self._grad_seen]
+        self._stale.submit(chunk, param=t[ChunkList.PARAM], grad=t[ChunkList.GRAD], master=t.get(ChunkList.MASTER),
+                           exp_avg=t[ChunkList.M], exp_avg_sq=t[ChunkList.V], grad_scale=self._grad_scale,
+                           skip_tensors=skip)
+        store.drop_readers(ChunkList.PARAM, chunk, Tier.HOST)  # a copy still reading the old values
+        start = time.perf_counter()
+        try:
+            self._stale.publish(chunk, t[ChunkList.PARAM])
+        except Exception as exc:  # noqa: BLE001 - the previous update failed on the worker
+            raise ExecutorError(f"{why}: the stale optimizer update of chunk {chunk} failed: {exc}") from exc
+        self._step_stall_seconds += time.perf_counter() - start
+        self._stepped.add(chunk)
+        store.updated(ChunkList.PARAM, chunk, Tier.HOST)
+
+    def _drain_stale(self) -> None:
+        """stale_optimizer=True, before state leaves or is replaced: apply every outstanding update now
+        and publish it into every valid PARAM copy (the synchronous state after the last step)."""
+        if self._stale is None or not self._stale.outstanding:
+            return
+        chunks = self._stale.outstanding
+        params = {c: self.read_chunk(ChunkList.PARAM, c) for c in chunks}
+        self._stale.drain(params)
+        for c in chunks:
+            self.write_chunk(ChunkList.PARAM, c, params[c])
+
+    def _restart_stale(self) -> None:
+        """After a load: a fresh updater (its fp32 masters are taken again from the loaded PARAM chunks)."""
+        if self._stale is not None:
+            self._stale.close()
+            self._stale = OneStepStaleUpdater(self.optimizer, threads=self.optimizer_threads)
+
+    def _close_cpu_steps(self) -> None:
+        if self._stale is not None:
+            self._stale.close()
+        if self._step_worker is not None:
+            self.store.settle()  # the steps in flight end (their payloads wait for them)
+            self._step_worker.shutdown()
+            self._step_worker = None
+
     def _step_now(self) -> None:
         """The OPTIMIZER moment(s), driven by optimizer.step()."""
         if self.state is EngineState.FAILED:
@@ -697,8 +930,16 @@ class Engine:
         self._grad_scale, self._found_inf, self._clip_coefficient = 1.0, False, None
         if final:
             self._prepare_step()
+        if self._step_worker is not None and self.state is EngineState.REPLAYING:
+            self._step_worker.run_queued()  # backward is over: the steps not started yet run here, at full speed
         for _ in self._optimizer_moments:
             self._on_event(MomentEvent(MomentKind.OPTIMIZER_STEP, Phase.OPTIMIZER, "", -1))
+        if self._steps_in_flight:  # engine.step() returns with every CPU step of the iteration done
+            try:
+                self._wait_steps()
+            except ExecutorError as exc:
+                self._mark_failed(str(exc))
+                raise
         if self.comm is not None:
             self.comm.end_iteration()
         if final:
@@ -727,8 +968,10 @@ class Engine:
         inv_scale = self.scaler.inv_scale if self.scaler is not None else 1.0
         flats: dict[int, torch.Tensor] = {}
         for chunk in self._trainable_by_chunk:
-            if self.comm is not None and not self.comm.collectives.owns(chunk):
-                continue  # its owner holds the reduced grads
+            if self.comm is not None:
+                if not self.comm.collectives.owns(chunk):
+                    continue  # its owner holds the reduced grads
+                self.comm.wait(ChunkList.GRAD, chunk)  # a reduce-scatter still filling it
             self._fill_gaps(chunk)
             tiers = self.store.valid_tiers(ChunkList.GRAD, chunk)
             if not tiers:
@@ -737,6 +980,11 @@ class Engine:
             if self.scaler is not None:
                 self.scaler.check(flats[chunk])
         self._found_inf = self.scaler.found_inf() if self.scaler is not None else False
+        if self.scaler is not None and self.comm is not None:
+            # a rank sees only its owned reduced grads: the ranks agree on "any inf anywhere", so
+            # every rank skips (or steps) together and their loss scales stay equal
+            flag = torch.tensor(1.0 if self._found_inf else 0.0, dtype=torch.float32)
+            self._found_inf = bool(self.comm.collectives.all_reduce_scalar(flag, op="max").item())
         coefficient = 1.0
         if self.grad_clip_norm is not None and not self._found_inf:
             # per-tensor norms in model.parameters() order, combined as clip_grad_norm_ does, so the
@@ -852,6 +1100,7 @@ class Engine:
     def _mark_failed(self, message: str) -> None:
         if self.state is EngineState.FAILED:
             return
+        self._settle_steps()  # the CPU steps in flight end; a failed one's chunk took no step
         final = self.micro_step == self.accumulation_steps - 1
         updated = frozenset(self._stepped)
         pending = (self._step_chunks - updated) if updated or final else frozenset()
@@ -952,7 +1201,10 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
     grad_clip_norm (global, across tiers; None: off), precision ("fp32" | "bf16" | "fp16", None: the
     schedule's), grad_accumulation_steps, nvme_dir (a directory for the NVME tier: chunks and SWAP_NVME activations; required when
     the schedule uses NVME), device ("auto" |
-    "cpu" | "cuda[:i]"; "cpu" emulates DEVICE with a CPU pool of the schedule's budget).
+    "cpu" | "cuda[:i]"; "cpu" emulates DEVICE with a CPU pool of the schedule's budget),
+    optimizer_threads (intra-op threads of the CPU optimizer worker; None: see the module docstring),
+    stale_optimizer (False; True: the one-step-stale asynchronous mode, which CHANGES CONVERGENCE --
+    module docstring, "Asynchronous mode").
     """
     if not isinstance(schedule, Schedule):
         schedule = Schedule.read(schedule)

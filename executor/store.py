@@ -10,12 +10,17 @@ in-flight buffer, HOST payloads pinned). On a CPU-only machine DEVICE is emulate
 capacity is the schedule's DEVICE budget (a hard limit) and copies DEVICE<->HOST are real copies on
 ONE worker thread, a future travelling with every in-flight buffer, so ordering, overlap, budgets
 and byte counts run in CI exactly as on a GPU.
+
+A CPU optimizer step overlapped with backward writes HOST payloads in place on the engine's
+optimizer worker (`in_place`): its completion is a `Ready` like a copy's, carried by the payloads it
+writes (ARRIVING) and reads (users), so every later copy, wait or EVICT of them is ordered after it.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -48,7 +53,7 @@ class CopyState(enum.Enum):
     """State of one chunk payload on one tier."""
 
     ABSENT = "absent"  # no payload (start, or after EVICT)
-    ARRIVING = "arriving"  # payload allocated, a copy into it is in flight (`ready` says when it lands)
+    ARRIVING = "arriving"  # payload allocated, a copy (or a CPU optimizer step) writing it is in flight (`ready`)
     VALID = "valid"  # payload holds the chunk's current data
     STALE = "stale"  # payload kept, but an OPTIMIZER_STEP on another tier made newer data there
 
@@ -90,6 +95,9 @@ class Ready:
             return 0.0
         start = time.perf_counter()
         if self._future is not None:
+            run_here = getattr(self._future, "run_here", None)
+            if run_here is not None:  # a CPU optimizer step still queued: the training thread runs it
+                run_here()
             self._future.result()
         elif self._event is not None:
             self._event.synchronize()
@@ -102,8 +110,13 @@ class Payload:
 
     state: CopyState = CopyState.ABSENT
     tensor: torch.Tensor | None = None
-    ready: Ready | None = None  # the copy writing `tensor`, while ARRIVING
+    ready: Ready | None = None  # the copy (or in-place step) writing `tensor`, while ARRIVING
     readers: list[Ready] = field(default_factory=list)  # copies reading `tensor` still in flight
+    users: list[Ready] = field(default_factory=list)  # in-place steps reading `tensor` (GRAD) still in flight
+    # while ARRIVING from an in-place step: True, and the copy that was still writing `tensor` before it
+    # (a failed step leaves the data it found; a failed copy leaves nothing usable)
+    stepping: bool = False
+    copy_before_step: Ready | None = None
 
 
 class Pool:
@@ -124,9 +137,14 @@ class Pool:
         self.other_bytes: Callable[[], int] = lambda: 0
         self._cache: dict[tuple[torch.dtype, int], list[torch.Tensor]] = defaultdict(list)
         self._cached_bytes = 0
+        # freed buffers something in flight still reads (a CPU optimizer step reading its GRAD): they
+        # join the cache only once that has ended, so no allocation hands them out before
+        self._retiring: list[tuple[list[Ready], torch.Tensor]] = []
 
     def allocate(self, dtype: torch.dtype, numel: int, *, what: str) -> torch.Tensor:
         nbytes = numel * _itemsize(dtype)
+        if self._retiring:
+            self._harvest()
         other = self.other_bytes() if self.capacity_bytes is not None else 0
         if self.capacity_bytes is not None and self.in_use_bytes + other + nbytes > self.capacity_bytes:
             raise ExecutorError(
@@ -150,13 +168,28 @@ class Pool:
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
         return tensor
 
-    def free(self, tensor: torch.Tensor) -> None:
+    def free(self, tensor: torch.Tensor, *, after: list[Ready] | None = None) -> None:
+        """The buffer leaves the tier now (bytes in use drop); with `after`, it is reused only once
+        those in-flight operations on it have ended."""
         nbytes = tensor.numel() * tensor.element_size()
         self.in_use_bytes -= nbytes
+        if after:
+            self._retiring.append((after, tensor))
+            return
         self._cache[(tensor.dtype, tensor.numel())].append(tensor)
         self._cached_bytes += nbytes
         if self.capacity_bytes is not None:
             self._trim(self.capacity_bytes - self.in_use_bytes)
+
+    def _harvest(self) -> None:
+        still = []
+        for after, tensor in self._retiring:
+            if all(r.done() for r in after):
+                self._cache[(tensor.dtype, tensor.numel())].append(tensor)
+                self._cached_bytes += tensor.numel() * tensor.element_size()
+            else:
+                still.append((after, tensor))
+        self._retiring = still
 
     def _trim(self, keep_bytes: int) -> None:
         for key in list(self._cache):
@@ -173,20 +206,51 @@ class CpuCopyEngine:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-copy")
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, *, after: list[Ready]) -> Ready:
-        # `after`: what still writes src (an earlier copy on this FIFO worker, or an NVME read on the
-        # NVME store's threads): waited for on the worker, so the training thread goes on
+        # `after`: what still writes src (an earlier copy on this FIFO worker, an NVME read on the
+        # NVME store's threads, a CPU optimizer step on its worker): waited for off the training thread
         if not after:
             return Ready(future=self._worker.submit(dst.copy_, src))
 
         def copy_after() -> None:
             for ready in after:
-                ready.wait()
+                ready.wait()  # re-raises a failed one: this copy fails too
             dst.copy_(src)
 
-        return Ready(future=self._worker.submit(copy_after))
+        waiting = [r for r in after if not r.done() and r._future is not None]
+        if not waiting:
+            return Ready(future=self._worker.submit(copy_after))
+        # src is written on ANOTHER thread (a step, an NVME read): queue the copy only when that ends,
+        # so it does not hold up the copies queued behind it on this FIFO worker (head-of-line blocking)
+        outer: Future = Future()
+        left = [len(waiting)]
+        lock = threading.Lock()
+
+        def on_done(_: Future) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                try:
+                    inner = self._worker.submit(copy_after)
+                except RuntimeError as exc:  # the worker is shut down: the engine is closing
+                    outer.set_exception(exc)
+                    return
+                inner.add_done_callback(lambda f: _forward(f, outer))
+
+        for r in waiting:
+            r._future.add_done_callback(on_done)
+        return Ready(future=outer)
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+
+
+def _forward(inner: Future, outer: Future) -> None:
+    exc = inner.exception()
+    if exc is not None:
+        outer.set_exception(exc)
+    else:
+        outer.set_result(inner.result())
 
 
 class CudaCopyEngine:
@@ -287,6 +351,51 @@ class ChunkStore:
         if self.nvme is not None:
             self.nvme.wait()
 
+    def in_place(self, chunk: int, tier: Tier, *, writes: list[ChunkList], reads: list[ChunkList],
+                 submit: Callable[[Callable[[], None]], Future],
+                 run: Callable[[dict[ChunkList, torch.Tensor]], None]) -> Ready:
+        """Start an in-place operation (a CPU optimizer step) on `chunk`'s payloads on `tier`, off the
+        training thread: `run(tensors)` is handed to `submit` (the optimizer worker) and first waits,
+        there, for the copies still writing its inputs or reading the old values of what it writes.
+
+        Its completion travels with the payloads: each written one is ARRIVING with it (a copy from
+        it, `wait`, `tensor`, an EVICT wait for it, like for an incoming copy); each read one lists
+        it among its users (an EVICT returns the buffer to the pool only after it, without waiting).
+        """
+        tensors: dict[ChunkList, torch.Tensor] = {}
+        before: list[Ready] = []
+        for lst in (*writes, *reads):
+            p = self._payloads.get((lst, chunk, tier))
+            if p is None or p.state not in (CopyState.VALID, CopyState.ARRIVING):
+                state = CopyState.ABSENT if p is None else p.state
+                raise ExecutorError(f"schedule violation: the optimizer step of chunk {chunk} on {tier.value} needs "
+                                    f"{lst.value} chunk {chunk} there, where it is {state.value}")
+            tensors[lst] = p.tensor
+            if p.state is CopyState.ARRIVING:
+                before.append(p.ready)
+            if lst in writes:  # a write-back still reading the old values lands first
+                before.extend(p.readers)
+                before.extend(p.users)
+
+        def job() -> None:
+            for ready in before:
+                ready.wait()
+            run(tensors)
+
+        ready = Ready(future=submit(job))
+        for lst in writes:
+            p = self._payloads[(lst, chunk, tier)]
+            p.readers.clear()  # the step waits for them: waiting for the step is waiting for them
+            p.users.clear()
+            if p.state is CopyState.VALID:
+                self._move(p, lst, chunk, tier, CopyState.ARRIVING)
+            elif not p.stepping:
+                p.copy_before_step = p.ready
+            p.ready, p.stepping = ready, True
+        for lst in reads:
+            self._payloads[(lst, chunk, tier)].users.append(ready)
+        return ready
+
     # -- actions ----------------------------------------------------------------------------
     def place(self, lst: ChunkList, chunk: int, tier: Tier, data: torch.Tensor | None) -> None:
         """Attach time: a VALID payload on `tier` filled from `data` (zeros where None)."""
@@ -367,14 +476,22 @@ class ChunkStore:
         if p is None or p.state is CopyState.ABSENT:
             raise ExecutorError(f"schedule violation: {why} evicts {lst.value} chunk {chunk} from {tier.value}, "
                                 f"which does not hold it")
-        if p.state is CopyState.ARRIVING:
+        retire_after: list[Ready] = []
+        if p.users and tier is not Tier.DEVICE:
+            # read by a step still in flight (grads going to a CPU optimizer step): nothing after the
+            # step needs the data, so the training thread goes on and the buffer is reused after it
+            if p.state is CopyState.ARRIVING:
+                retire_after.append(p.ready)
+            retire_after.extend(p.users)
+            p.users.clear()
+        elif p.state is CopyState.ARRIVING:
             self.stall_seconds += p.ready.wait()
-            p.ready = None
+        p.ready = None
         self._drain_readers(p)
         if tier is Tier.DEVICE:
             self.on_device_change(lst, chunk, None)
         if p.tensor is not None:  # an NVME copy is a file slot: nothing to free
-            self.pools[tier].free(p.tensor)
+            self.pools[tier].free(p.tensor, after=retire_after)
         p.tensor = None
         self._move(p, lst, chunk, tier, CopyState.ABSENT)
 
@@ -405,16 +522,23 @@ class ChunkStore:
                 try:
                     p.ready.wait()
                 except Exception:  # noqa: BLE001 - reported when it failed; here only its payload goes
-                    self._drop(lst, chunk, tier)
+                    if p.stepping and _succeeded(p.copy_before_step):
+                        # a failed optimizer step: the payload holds what the step left (the engine's
+                        # failure names the chunk as stepped, so no checkpoint is taken from it)
+                        self._move(p, lst, chunk, tier, CopyState.VALID)
+                        p.ready = None
+                    else:
+                        self._drop(lst, chunk, tier)
                 else:
                     self._move(p, lst, chunk, tier, CopyState.VALID)
                     p.ready = None
-            for ready in p.readers:
+            for ready in (*p.readers, *p.users):
                 try:
                     ready.wait()
                 except Exception:  # noqa: BLE001 - a failed read of this payload left it unchanged
                     pass
             p.readers.clear()
+            p.users.clear()
         if self.nvme is not None:
             self.nvme.wait()
         return sorted((key for key in had_data if not self.valid_tiers(*key)), key=lambda k: (k[0].value, k[1]))
@@ -458,17 +582,31 @@ class ChunkStore:
             self.pools[tier].free(p.tensor)
         p.tensor = None
         p.state = CopyState.ABSENT  # from ARRIVING (allowed) or VALID whose wait failed
+        p.stepping, p.copy_before_step = False, None
 
     def _drain_readers(self, p: Payload) -> None:
-        for ready in p.readers:
+        for ready in (*p.readers, *p.users):
             self.stall_seconds += ready.wait()
         p.readers.clear()
+        p.users.clear()
 
     def _move(self, p: Payload, lst: ChunkList, chunk: int, tier: Tier, to: CopyState) -> None:
         if to not in _TRANSITIONS[p.state]:
             raise ExecutorError(f"internal error: {lst.value} chunk {chunk} on {tier.value} cannot go from "
                                 f"{p.state.value} to {to.value}")
         p.state = to
+        if to is not CopyState.ARRIVING:
+            p.stepping, p.copy_before_step = False, None
+
+
+def _succeeded(ready: Ready | None) -> bool:
+    if ready is None:
+        return True
+    try:
+        ready.wait()
+    except Exception:  # noqa: BLE001 - the question asked
+        return False
+    return True
 
 
 @functools.cache
