@@ -16,6 +16,16 @@ naming the tier, the moment and the bytes) where the real system runs out of mem
 finds no chunk to evict, the simulator's capacity check fails, or a system-specific rule quoted in
 the policy's docstring fails.
 
+Several ranks (`hardware.cluster.world_size` = p > 1; the trace is one rank's work, data parallel):
+every system but Fuyou (single-GPU only: an INFEASIBLE row that says so) runs with p ranks as it
+does for real. Sharded systems (ZeRO-2/3, PatrickStar, Gemini) move comm groups of p chunks, one per
+rank (PatrickStar §7): the owners copy their chunks and the group is all-gathered before use, the
+grads reduce-scattered before each owner moves its chunk to the optimizer's tier, and each rank
+steps only its own chunks; PyTorch DDP keeps everything on every rank and all-reduces the grads.
+Collectives go over INTER_GPU with the bytes each rank sends; DEVICE memory is per rank and HOST
+per node, as `planner.simulate` counts them. With several ranks the chunks are packed in order
+across blocks (the systems' own layouts), not padded per block as tide's layout does.
+
 Simplifications common to all baselines (the systems differ more in details than modelled here):
 - one chunk size for every policy: the one wasting the fewest elements (Gemini's criterion) among
   64 Mi elements (PatrickStar's default) and the layout's candidates that hold every block tensor;
@@ -45,6 +55,7 @@ from schemas.schedule import (
     ActivationPlan,
     Budgets,
     Channel,
+    Chunk,
     ChunkLayout,
     ChunkList,
     ChunkPlan,
@@ -54,6 +65,7 @@ from schemas.schedule import (
     Schedule,
     ScheduleHeader,
     SolverStatus,
+    TensorSlot,
     Tier,
 )
 from schemas.trace import Phase
@@ -62,6 +74,13 @@ GB = 1e9
 DEFAULT_CHUNK_ELEMENTS = 64 * 1024 * 1024  # PatrickStar's default chunk size (elements)
 PREFETCH_HORIZON_MOMENTS = 16  # how far ahead a prefetching policy looks for chunks to bring in
 DEFER_HOST_FRACTION = 0.25  # HOST share that delayed OS write-backs may hold (Fuyou §4.3)
+
+
+class DataParallel(StrEnum):
+    """How a system splits model data over the ranks of data-parallel training (world_size > 1)."""
+
+    SHARDED = "SHARDED"  # ZeRO / chunk comm groups: each rank owns 1/p of the chunks and their OS (PatrickStar §7)
+    REPLICATED = "REPLICATED"  # DDP: every rank holds everything, grads all-reduced
 
 
 class Eviction(StrEnum):
@@ -89,6 +108,7 @@ class PolicyPlan:
     eviction: Eviction
     os_pipeline: bool  # read the next chunk's OS from NVMe before writing this one back (Fuyou §4.3)
     notes: tuple[str, ...]
+    data_parallel: DataParallel = DataParallel.SHARDED  # with world_size > 1
 
 
 # ----------------------------------------------------------------------------- policies
@@ -103,9 +123,70 @@ def _chunk_elements(problem: Problem) -> int:
     return min(sizes, key=lambda s: (wasted_elements(build_layout(problem, chunk_elements=s)), s))
 
 
+def policy_layout(problem: Problem) -> ChunkLayout:
+    """The policy's chunk layout: tide's (planner.layout) with one rank; with several ranks the
+    layout of the systems being imitated, which pack tensors into chunks in order across block
+    boundaries (PatrickStar's chunk list, Gemini's, DeepSpeed's flat partitions) and pad only the
+    last comm group, instead of padding every block to whole groups."""
+    if problem.world_size == 1:
+        return build_layout(problem, chunk_elements=_chunk_elements(problem))
+    return _packed_layout(problem)
+
+
+def _packed_layout(problem: Problem) -> ChunkLayout:
+    """Tensors in first-access order appended to the current chunk, a new chunk when the next one
+    does not fit (PatrickStar §6.1), chunks of one size >= the largest tensor (that tensor's size,
+    64 Mi elements or a power of two), the one needing the least memory: the chunks' capacity (the
+    waste, Gemini's criterion) plus one gathered comm group; the chunk count padded to whole comm
+    groups of world_size, `owner_rank = id % world_size`."""
+    tensors = problem.trace.tensors
+    largest = max((t.numel for t in tensors), default=1)
+    ws = problem.world_size
+
+    def pack(size: int) -> list[list[tuple[int, int]]]:
+        chunks: list[list[tuple[int, int]]] = [[]]
+        used = 0
+        for tid in problem.tensor_order:
+            numel = tensors[tid].numel
+            if used + numel > size and chunks[-1]:
+                chunks.append([])
+                used = 0
+            chunks[-1].append((tid, used))
+            used += numel
+        chunks += [[] for _ in range(-len(chunks) % ws)]
+        return chunks
+
+    total = sum(t.numel for t in tensors)
+    powers = {1 << k for k in range(max(0, largest - 1).bit_length(), max(1, total).bit_length() + 1)}
+    sizes = sorted({s for s in (*powers, DEFAULT_CHUNK_ELEMENTS, largest) if s >= largest})
+    # the least memory: every chunk (padding included) plus one comm group gathered on a rank
+    size = min(sizes, key=lambda s: (len(pack(s)) * s + ws * s, s))
+    chunks = pack(size)
+    block_of = problem.tensor_block
+    out_chunks = tuple(
+        Chunk(id=i, elements=size, used_elements=sum(tensors[t].numel for t, _ in slots),
+              block=block_of[slots[0][0]] if slots else -1, comm_group=i // ws, owner_rank=i % ws)
+        for i, slots in enumerate(chunks))
+    slots = tuple(TensorSlot(tensor=t, names=tensors[t].names, shape=tensors[t].shape, chunk=i, offset_elements=off,
+                             numel=tensors[t].numel, trainable=tensors[t].trainable)
+                  for i, cs in enumerate(chunks) for t, off in cs)
+    return ChunkLayout(chunk_elements=size, lists=problem.lists, list_dtypes={x: problem.list_dtype(x) for x in problem.lists},
+                       chunks=out_chunks, tensors=slots)
+
+
+def _largest_moment_groups(problem: Problem, layout: ChunkLayout) -> int:
+    """Elements of the comm groups one moment needs gathered, the most over the moments."""
+    chunk_of = {t.tensor: t.chunk for t in layout.tensors}
+    group_elements: dict[int, int] = {}
+    for c in layout.chunks:
+        group_elements[c.comm_group] = group_elements.get(c.comm_group, 0) + c.elements
+    return max((sum(group_elements[g] for g in {layout.chunks[chunk_of[t]].comm_group for t in m.tensors if t in chunk_of})
+                for m in problem.moments), default=0)
+
+
 def _plan(problem: Problem, policy: str, *, os_tier: Tier | Callable[[int], Tier], optimizer_tier: Tier | Callable[[int], Tier],
           **kw: object) -> PolicyPlan:
-    layout = kw.pop("layout", None) or build_layout(problem, chunk_elements=_chunk_elements(problem))
+    layout = kw.pop("layout", None) or policy_layout(problem)
     os_of = os_tier if callable(os_tier) else (lambda c, t=os_tier: t)
     opt_of = optimizer_tier if callable(optimizer_tier) else (lambda c, t=optimizer_tier: t)
     plans = tuple(ChunkPlan(chunk=c.id, os_tier=os_of(c.id), optimizer_tier=opt_of(c.id)) for c in layout.chunks)
@@ -125,16 +206,27 @@ def pytorch(problem: Problem) -> Schedule:
     36 GB" for 2B) plus the non-model peak fits on the device. Activations are kept; when that does
     not fit, the replay tries `torch.utils.checkpoint` on every block (what a PyTorch user does next,
     and how PatrickStar ran its PyTorch baseline, §9.1).
+
+    Several ranks: DistributedDataParallel. Every rank holds all model data (each chunk its own
+    group, owned by rank 0, so the busiest rank holds all the OS) and runs the whole AdamW; the
+    grads of each chunk are all-reduced as soon as its backward is done (DDP's bucketed all-reduce
+    overlapping backward), a ring all-reduce moving 2 (p-1)/p of the grad bytes per rank
+    (reduce-scatter + all-gather actions of (p-1)/p each).
     """
     n = len(problem.blocks)
+    ddp = problem.world_size > 1
+    kw: dict[str, object] = dict(os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE, param_home=Tier.DEVICE, persistent="all")
+    if ddp:  # no comm groups: every rank has every chunk
+        kw.update(layout=build_layout(dataclasses.replace(problem, world_size=1),
+                                      chunk_elements=_chunk_elements(dataclasses.replace(problem, world_size=1))),
+                  data_parallel=DataParallel.REPLICATED)
+    what = f"DDP over {problem.world_size} ranks: " if ddp else ""
     try:
-        return replay_policy(problem, _plan(problem, "pytorch", os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE, param_home=Tier.DEVICE,
-                          persistent="all", activation_modes=(ActivationMode.KEEP,) * n,
-                          notes=("everything on DEVICE, GPU AdamW, activations kept",)))
+        return replay_policy(problem, _plan(problem, "pytorch", activation_modes=(ActivationMode.KEEP,) * n,
+                          notes=(f"{what}everything on DEVICE, GPU AdamW, activations kept",), **kw))
     except InfeasibleError:
-        return replay_policy(problem, _plan(problem, "pytorch", os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE, param_home=Tier.DEVICE,
-                          persistent="all", activation_modes=(ActivationMode.RECOMPUTE,) * n,
-                          notes=("everything on DEVICE, GPU AdamW, activation checkpointing per block",)))
+        return replay_policy(problem, _plan(problem, "pytorch", activation_modes=(ActivationMode.RECOMPUTE,) * n,
+                          notes=(f"{what}everything on DEVICE, GPU AdamW, activation checkpointing per block",), **kw))
 
 
 def zero_offload(problem: Problem) -> Schedule:
@@ -146,6 +238,13 @@ def zero_offload(problem: Problem) -> Schedule:
     fp16 params are copied back H2D. Activation checkpoint per transformer block, checkpoints offloaded
     to CPU memory (Fuyou §5.1). OOM where the fp16 params plus the activations do not fit the GPU
     (PatrickStar §8.4) or the OS and grads do not fit CPU memory.
+
+    Several ranks (ZeRO stage 2, DeepSpeed `stage_1_and_2.py`): fp16 params replicated on every GPU;
+    grads reduce-scattered (one comm group per bucket of chunks) as soon as they are final, each rank
+    offloading its partition; OS partitioned, each rank's partition in the shared CPU memory and
+    updated by its CPU Adam; the updated fp16 partitions copied up and all-gathered: 4 (p-1)/p x M
+    fp16 bytes between GPUs per iteration. PatrickStar §7 and §9.2 credit ZeRO-Offload's broadcasts
+    with 10 (p-1)/p x M; DeepSpeed's current all-gather is modelled.
     """
     n = len(problem.blocks)
     return replay_policy(problem, _plan(problem, "zero-offload", os_tier=Tier.HOST, optimizer_tier=Tier.HOST, param_home=Tier.HOST,
@@ -175,20 +274,32 @@ def zero_infinity(problem: Problem) -> Schedule:
     checkpoints; this is why ZeRO-Infinity's maximum model size follows CPU memory, not GPU memory
     (Fuyou §5.2, Fig. 1a). Simplification: the prefetch bucket (stage3_prefetch_bucket_size) is
     modelled as fetch on demand, which is what Fuyou measured.
+
+    Several ranks (ZeRO stage 3): params, grads and OS partitioned; each rank fetches its partition
+    of a submodule's params and all-gathers them before use, in forward and again in backward,
+    and reduce-scatters the grads: 6 (p-1)/p x M fp16 bytes between GPUs (the all-gather scheme of
+    PatrickStar §7). The CPU memory rule is per node: the partitions of its ranks add up to the
+    whole model, and every rank keeps its own activation checkpoints there.
     """
     n = len(problem.blocks)
     home = Tier.NVME if problem.hardware.nvme.count > 0 else Tier.HOST
     params = problem.trace.param_count
-    need = ZERO_INFINITY_HOST_BYTES_PER_PARAM * params + sum(b.input_bytes for b in problem.blocks)
+    ranks = problem.ranks_per_node
+    need = ZERO_INFINITY_HOST_BYTES_PER_PARAM * params + ranks * sum(b.input_bytes for b in problem.blocks)
     if need > problem.host_bytes:
+        per = f" x {ranks} ranks sharing the node" if ranks > 1 else ""
         raise InfeasibleError(f"zero-infinity: HOST runs out: DeepSpeed keeps fp32 grads and fp16 swap buffers in CPU "
                               f"memory ({ZERO_INFINITY_HOST_BYTES_PER_PARAM} B/param x {params / 1e9:.2f} B params) plus "
-                              f"activation checkpoints = {need / GB:.1f} GB > {problem.host_bytes / GB:.1f} GB usable; "
+                              f"activation checkpoints{per} = {need / GB:.1f} GB > {problem.host_bytes / GB:.1f} GB usable; "
                               f"it needs at least {need / GB:.1f} GB of host memory")
     itemsize = problem.list_itemsize(ChunkList.PARAM)
-    return replay_policy(problem, _plan(problem, "zero-infinity", os_tier=home, optimizer_tier=Tier.HOST, param_home=home,
-                      activation_modes=(ActivationMode.RECOMPUTE,) * n, activation_tier=Tier.HOST,
-                      max_live_param_bytes=ZERO_MAX_LIVE_PARAMETERS * itemsize,
+    layout = policy_layout(problem)
+    # DeepSpeed fetches per submodule; the replay's unit is a gathered comm group, and with many
+    # ranks the groups one moment needs may hold more than the cap: the cap is then what they hold
+    live = max(ZERO_MAX_LIVE_PARAMETERS, _largest_moment_groups(problem, layout) if problem.world_size > 1 else 0)
+    return replay_policy(problem, _plan(problem, "zero-infinity", layout=layout, os_tier=home, optimizer_tier=Tier.HOST,
+                      param_home=home, activation_modes=(ActivationMode.RECOMPUTE,) * n, activation_tier=Tier.HOST,
+                      max_live_param_bytes=live * itemsize,
                       notes=(f"fp16 params and OS on {home.value}, fetched on demand, CPU Adam after backward",
                              "activation checkpoints per block on HOST")))
 
@@ -207,21 +318,30 @@ def patrickstar(problem: Problem) -> Schedule:
     there and on the CPU for the others; activation checkpointing, no activation offload; no NVMe.
     OOM when model data do not fit CPU + GPU, or a moment's chunks plus non-model data do not fit
     the GPU (§9.2.1). Simplification: the embedding runs on the GPU like everything else.
+
+    Several ranks (§7, Algorithms 3-4): chunks form comm groups of p, one per rank; a group is
+    all-gathered at its first use in forward, released after it, all-gathered again in backward,
+    its grads reduce-scattered when its backward is done: 6 (p-1)/p x M fp16 bytes between GPUs.
+    Each rank puts the OS of its own chunks in its own GPU margin (chunks of a group are equal, so
+    every rank decides the same for its chunk of a group); the margin subtracts the fp16 chunks
+    of the whole model, as with one GPU (a rank registers every chunk, local or remote).
     """
     n = len(problem.blocks)
     modes = (ActivationMode.RECOMPUTE,) * n
     limit = min(problem.device_bytes, int(problem.hardware.device.memory_gb * GB * PATRICKSTAR_GPU_RATIO))
-    layout = build_layout(problem, chunk_elements=_chunk_elements(problem))
+    layout = policy_layout(problem)
     peak_nm = max(_non_model_curve(problem, modes, None))
     param_bytes = sum(c.elements for c in layout.chunks) * problem.list_itemsize(ChunkList.PARAM)
     margin = max(0, limit - peak_nm - param_bytes)
     os_room = int(margin * PATRICKSTAR_MARGIN_USE_RATIO)
     per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
     on_gpu: set[int] = set()
-    for c in layout.chunks:  # chunk order: PatrickStar fills the margin as it places OS chunks
-        cost = c.elements * per_element
+    ws = problem.world_size
+    for g in range(0, len(layout.chunks), ws):  # chunk order: each rank fills its margin with its own chunks' OS
+        group = layout.chunks[g:g + ws]
+        cost = max(c.elements for c in group) * per_element  # on each rank: its chunk of the group
         if cost <= os_room:
-            on_gpu.add(c.id)
+            on_gpu.update(c.id for c in group)
             os_room -= cost
     return replay_policy(problem, _plan(problem, "patrickstar", layout=layout,
                       os_tier=lambda c: Tier.DEVICE if c in on_gpu else Tier.HOST,
@@ -245,6 +365,10 @@ def gemini(problem: Problem) -> Schedule:
     kept on the GPU — Colossal-AI cannot offload them, which is why it fails on an RTX 4090 for
     GPT-3 13B (Fuyou §5.1, §5.3); no NVMe tier here (Fuyou ran OS on SSDs through its
     tensor-NVMe extension; not modelled).
+
+    Several ranks: GeminiDDP shards every chunk over the ranks (ZeRO-3 with chunks, like PatrickStar
+    §7): all-gather before use in forward and backward, reduce-scatter of the grads, each rank's
+    OS shard on the shared CPU.
     """
     n = len(problem.blocks)
     limit = min(problem.device_bytes, int(problem.hardware.device.memory_gb * GB * GEMINI_STEADY_CUDA_CAP_RATIO))
@@ -267,7 +391,14 @@ def fuyou(problem: Problem) -> Schedule:
     schedule's activation plan is per block, so the swap amount D_f is chosen in whole blocks,
     ordered by SBF = recompute FLOPs / swap bytes (then backward order: the first block to be
     needed first).
+
+    Fuyou is a single-GPU system ("Fuyou is evaluated for a single-GPU-training scenario", §5.7; it
+    has no data-parallel mode): with world_size > 1 it is not feasible, and the row says so.
     """
+    if problem.world_size > 1:
+        raise InfeasibleError(f"fuyou: single-GPU system (Fuyou §5.7: evaluated and built for one GPU, no "
+                              f"data-parallel mode), not feasible with world_size={problem.world_size}; "
+                              "compare it on a one-GPU profile")
     home = Tier.NVME if problem.hardware.nvme.count > 0 else Tier.HOST
     modes, act_tier, note = fuyou_activation_plan(problem, home)
     plan_kw = dict(os_tier=home, optimizer_tier=Tier.HOST, param_home=home, activation_tier=act_tier,
@@ -392,7 +523,16 @@ class _NoRoom(Exception):
 
 
 class _Replay:
-    """Greedy replay of one system's runtime: fetch what a moment needs, evict by the policy's rule."""
+    """Greedy replay of one system's runtime: fetch what a moment needs, evict by the policy's rule.
+
+    The unit that moves is a comm group (PatrickStar §7): one chunk with one rank; with several
+    ranks and a sharded policy, `world_size` chunks, one per rank: fetched by their owners and
+    all-gathered before use, released together, their grads reduce-scattered before the owners
+    move them to the optimizer's tier. DEVICE bytes are per rank (every rank holds a gathered
+    group; the optimizer state of its own chunks only). With a REPLICATED policy (DDP) every chunk
+    is its own group owned by rank 0 and the grads of each are all-reduced (reduce-scatter +
+    all-gather, ring) when final.
+    """
 
     def __init__(self, problem: Problem, plan: PolicyPlan,
                  timing: tuple[tuple[float, ...], dict[int, float]] | None = None) -> None:
@@ -402,51 +542,91 @@ class _Replay:
         lay = plan.layout
         self.lists = problem.lists
         self.n = len(lay.chunks)
-        self.persistent = set(plan.persistent)
-        if plan.param_home is Tier.DEVICE:
-            self.persistent = set(range(self.n))
+        self.world = problem.world_size
+        self.replicated = plan.data_parallel is DataParallel.REPLICATED
+        members: dict[int, list[int]] = {}
+        for c in lay.chunks:
+            members.setdefault(c.comm_group, []).append(c.id)
+        self.gchunks = [members[g] for g in sorted(members)]
+        self.G = len(self.gchunks)
+        self.group_of = [0] * self.n
+        for g, cs in enumerate(self.gchunks):
+            for c in cs:
+                self.group_of[c] = g
+        self.collective = self.world > 1 and not self.replicated  # groups gathered and reduce-scattered
         item = {x: problem.list_itemsize(x) for x in self.lists}
-        self.pb = [c.elements * item[ChunkList.PARAM] for c in lay.chunks]
-        self.gb = [c.elements * item[ChunkList.GRAD] for c in lay.chunks]
+        self.cpb = [c.elements * item[ChunkList.PARAM] for c in lay.chunks]
+        self.cgb = [c.elements * item[ChunkList.GRAD] for c in lay.chunks]
         self.osb = [c.elements * sum(item[x] for x in problem.os_lists) for c in lay.chunks]
         tensor_chunk = {t.tensor: t.chunk for t in lay.tensors}
         trainable = {t.tensor for t in lay.tensors if t.trainable}
-        self.trainable_chunks = sorted({t.chunk for t in lay.tensors if t.trainable})
+        trainable_chunk = {t.chunk for t in lay.tensors if t.trainable}
+        self.tchunks = [[c for c in cs if c in trainable_chunk] for cs in self.gchunks]
+        self.pb = [sum(self.cpb[c] for c in cs) for cs in self.gchunks]  # a gathered group, on every rank
+        self.gb = [sum(self.cgb[c] for c in cs) for cs in self.tchunks]
+        self.trainable_groups = [g for g in range(self.G) if self.tchunks[g]]
+        self.opt_tier = [plan.chunk_plans[cs[0]].optimizer_tier if cs else Tier.HOST for cs in self.tchunks]
+        for g, cs in enumerate(self.tchunks):
+            if len({plan.chunk_plans[c].optimizer_tier for c in cs}) > 1:
+                raise PlannerError(f"{plan.policy}: comm group {g} mixes optimizer tiers; a group steps in one place")
+        self.persistent = {self.group_of[c] for c in plan.persistent}
+        if plan.param_home is Tier.DEVICE:
+            self.persistent = set(range(self.G))
         T = len(problem.moments)
         self.T = T
         self.opt_moment = problem.optimizer_moment
         self.needs: list[list[int]] = []
         self.writes: list[list[int]] = []
-        self.uses: list[list[int]] = [[] for _ in range(self.n)]
-        self.last_grad = [-1] * self.n
+        self.uses: list[list[int]] = [[] for _ in range(self.G)]
+        self.last_grad = [-1] * self.G
         for m in problem.moments:
             if m.phase is Phase.OPTIMIZER:
                 self.needs.append([])
                 self.writes.append([])
                 continue
-            cs = sorted({tensor_chunk[t] for t in m.tensors if t in tensor_chunk})
-            self.needs.append(cs)
-            for c in cs:
-                self.uses[c].append(m.id)
-            w = sorted({tensor_chunk[t] for t in m.tensors if t in trainable}) if m.phase is Phase.BACKWARD else []
+            gs = sorted({self.group_of[tensor_chunk[t]] for t in m.tensors if t in tensor_chunk})
+            self.needs.append(gs)
+            for g in gs:
+                self.uses[g].append(m.id)
+            w = sorted({self.group_of[tensor_chunk[t]] for t in m.tensors if t in trainable}) \
+                if m.phase is Phase.BACKWARD else []
             self.writes.append(w)
-            for c in w:
-                self.last_grad[c] = m.id
+            for g in w:
+                self.last_grad[g] = m.id
+        # sharded groups are released after their last use in forward and again in backward, and
+        # gathered anew at the next use (PatrickStar Alg. 4, ZeRO-3's release after a submodule,
+        # Gemini's re-shard): the chunk scheme's 6 (p-1)/p x M. Simplification: the owner's own
+        # chunk leaves DEVICE too (an EVICT acts on every rank) and comes back over its PCIe link.
+        self.release_at: dict[int, list[int]] = {}
+        if self.collective:
+            for g in range(self.G):
+                if g in {self.group_of[c] for c in plan.persistent} or plan.param_home is Tier.DEVICE:
+                    continue
+                for phase in (Phase.FORWARD, Phase.BACKWARD):
+                    last = [m for m in self.uses[g] if problem.moments[m].phase is phase]
+                    if last:
+                        self.release_at.setdefault(last[-1] + 1, []).append(g)
         self.finals: dict[int, list[int]] = {}
-        for c in self.trainable_chunks:
-            if self.last_grad[c] >= 0:
-                self.finals.setdefault(self.last_grad[c] + 1, []).append(c)
+        for g in self.trainable_groups:
+            if self.last_grad[g] >= 0:
+                self.finals.setdefault(self.last_grad[g] + 1, []).append(g)
         self._activation_timeline()
-        # DEVICE state
-        self.dev_param: dict[int, int] = {}  # chunk -> last use moment (LRU)
+        # DEVICE state (per rank), in groups
+        self.dev_param: dict[int, int] = {}  # group -> last use moment (LRU)
         self.dev_grad: set[int] = set()
         self.grad_on_host: set[int] = set()
+        self.reduced: set[int] = set()  # groups whose grads were reduced since they were last written
         self.stepped: set[int] = set()
-        self.occ = sum(self.pb[c] for c in self.persistent) + sum(
-            self.osb[c] for c in range(self.n) if plan.chunk_plans[c].os_tier is Tier.DEVICE)
-        self.param_occ = sum(self.pb[c] for c in self.persistent)
-        for c in self.persistent:
-            self.dev_param[c] = -1
+        # optimizer state kept on DEVICE: each rank holds its own chunks' (the busiest rank counts)
+        os_per_rank = [0] * self.world
+        for c in range(self.n):
+            if plan.chunk_plans[c].os_tier is Tier.DEVICE and lay.chunks[c].used_elements:
+                os_per_rank[lay.chunks[c].owner_rank] += self.osb[c]
+        self.os_device = max(os_per_rank)
+        self.occ = sum(self.pb[g] for g in self.persistent) + self.os_device
+        self.param_occ = sum(self.pb[g] for g in self.persistent)
+        for g in self.persistent:
+            self.dev_param[g] = -1
         self.actions: list[Action] = []
 
     # -- activations -------------------------------------------------------------------------
@@ -506,35 +686,43 @@ class _Replay:
             nbytes = p.blocks[b].input_bytes if modes[b] is ActivationMode.RECOMPUTE else p.blocks[b].activation_bytes
             self._emit(m, Op.ACT_RELOAD, block=b, src=tier, bytes=nbytes,
                        channel=Channel.H2D if tier is Tier.HOST else Channel.NVME_READ)
+        for g in self.release_at.get(m, ()):
+            if g in self.dev_param:
+                self._evict_param(m, g)
         if m == self.opt_moment:
             self._optimizer_moment(m)
             return
         if p.moments[m].phase is Phase.OPTIMIZER:
             return
         host_final = []
-        for c in self.finals.get(m, ()):
-            if self.plan.chunk_plans[c].optimizer_tier is Tier.HOST:
-                self._grad_down(m, c)
-                host_final.append(c)
-        need_p = [c for c in self.needs[m] if c not in self.dev_param]
-        need_g = [c for c in self.writes[m] if c not in self.dev_grad]
-        protect = set(self.needs[m]) | set(self.writes[m])
-        self._make_room(m, sum(self.pb[c] for c in need_p) + sum(self.gb[c] for c in need_g), protect,
-                        param_bytes=sum(self.pb[c] for c in need_p))
-        for c in need_p:
-            self._fetch_param(m, c, Op.FETCH)
-        for c in self.needs[m]:
-            self.dev_param[c] = m
-        for c in need_g:
-            if c in self.grad_on_host:  # accumulated again later in backward (tied weights): bring the partial sum back
-                self._emit(m, Op.FETCH, list=ChunkList.GRAD, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
-                           channel=Channel.H2D, bytes=self.gb[c])
-                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
-                self.grad_on_host.discard(c)
+        for g in self.finals.get(m, ()):
+            if self.opt_tier[g] is Tier.HOST:
+                self._grad_down(m, g)
+                host_final.append(g)
             else:
-                self._emit(m, Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.DEVICE)
-            self.dev_grad.add(c)
-            self.occ += self.gb[c]
+                self._reduce(m, g)  # DEVICE step later: the grads stay, averaged
+        need_p = [g for g in self.needs[m] if g not in self.dev_param]
+        need_g = [g for g in self.writes[m] if g not in self.dev_grad]
+        protect = set(self.needs[m]) | set(self.writes[m])
+        self._make_room(m, sum(self.pb[g] for g in need_p) + sum(self.gb[g] for g in need_g), protect,
+                        param_bytes=sum(self.pb[g] for g in need_p))
+        for g in need_p:
+            self._fetch_param(m, g, Op.FETCH)
+        for g in self.needs[m]:
+            self.dev_param[g] = m
+        for g in need_g:
+            if g in self.grad_on_host:  # accumulated again later in backward (tied weights): bring the partial sum back
+                for c in self.tchunks[g]:
+                    self._emit(m, Op.FETCH, list=ChunkList.GRAD, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
+                               channel=Channel.H2D, bytes=self.cgb[c])
+                    self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
+                self.grad_on_host.discard(g)
+            else:
+                for c in self.tchunks[g]:
+                    self._emit(m, Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.DEVICE)
+            self.dev_grad.add(g)
+            self.occ += self.gb[g]
+        self.reduced.difference_update(self.writes[m])
         if self.plan.prefetch:
             self._prefetch(m, protect)
         # after this moment's fetches and prefetches: each channel is FIFO, so queuing the optimizer's
@@ -546,14 +734,14 @@ class _Replay:
     def _emit(self, m: int, op: Op, **kw: object) -> None:
         self.actions.append(Action(moment=m, op=op, **kw))  # type: ignore[arg-type]
 
-    def _next_use(self, c: int, m: int) -> int:
-        uses = self.uses[c]
+    def _next_use(self, g: int, m: int) -> int:
+        uses = self.uses[g]
         i = bisect.bisect_left(uses, m)
         return uses[i] if i < len(uses) else self.T + 1
 
     def _make_room(self, m: int, need: int, protect: set[int], *, param_bytes: int = 0,
                    victim_after: int | None = None, grads_ok: bool = True) -> bool:
-        """Evict until `need` more bytes fit at moment m; with victim_after, only chunks used later than it."""
+        """Evict until `need` more bytes fit at moment m; with victim_after, only groups used later than it."""
         cap = self.plan.max_live_param_bytes
         while self.occ + need > self.budget[m] or (cap is not None and self.param_occ + param_bytes > cap):
             param_only = not (self.occ + need > self.budget[m])
@@ -567,68 +755,102 @@ class _Replay:
                 raise _NoRoom(f"DEVICE runs out at moment {m} ({self._where(m)}): chunks {self.occ / GB:.2f} GB + "
                               f"{need / GB:.2f} GB needed, but {max(0, self.budget[m]) / GB:.2f} GB are left after "
                               f"{self.nm[m] / GB:.2f} GB of non-model data and activations "
-                              f"(the policy uses {self.plan.device_limit_bytes / GB:.2f} GB of DEVICE); "
+                              f"(the policy uses {self.plan.device_limit_bytes / GB:.2f} GB of DEVICE"
+                              f"{' per rank' if self.world > 1 else ''}); "
                               f"at least {(self.nm[m] + need + self._pinned(protect)) / GB:.2f} GB of DEVICE would be "
                               "needed at that moment")
-            kind, c = victim
+            kind, g = victim
             if kind == "P":
-                self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
-                del self.dev_param[c]
-                self.occ -= self.pb[c]
-                self.param_occ -= self.pb[c]
+                self._evict_param(m, g)
             else:
-                self._emit(m, Op.WRITE_BACK, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE, dst=Tier.HOST,
-                           channel=Channel.D2H, bytes=self.gb[c])
-                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
-                self.dev_grad.discard(c)
-                self.grad_on_host.add(c)
-                self.occ -= self.gb[c]
+                self._reduce(m, g)
+                for c in self.tchunks[g]:
+                    self._emit(m, Op.WRITE_BACK, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE, dst=Tier.HOST,
+                               channel=Channel.D2H, bytes=self.cgb[c])
+                    self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
+                self.dev_grad.discard(g)
+                self.grad_on_host.add(g)
+                self.occ -= self.gb[g]
         return True
 
     def _pinned(self, protect: set[int]) -> int:
-        """Bytes on DEVICE that cannot leave now: persistent and needed PARAM chunks, OS on DEVICE, needed grads."""
-        params = sum(self.pb[c] for c in self.dev_param if c in protect or c in self.persistent)
-        grads = sum(self.gb[c] for c in self.dev_grad if c in protect)
-        return params + grads + sum(self.osb[c] for c in range(self.n) if self.plan.chunk_plans[c].os_tier is Tier.DEVICE)
+        """Bytes on DEVICE that cannot leave now: persistent and needed PARAM groups, OS on DEVICE, needed grads."""
+        params = sum(self.pb[g] for g in self.dev_param if g in protect or g in self.persistent)
+        grads = sum(self.gb[g] for g in self.dev_grad if g in protect)
+        return params + grads + self.os_device
 
     def _where(self, m: int) -> str:
         mm = self.problem.moments[m]
         return f"{mm.kind.value} {mm.module or '(root)'}"
 
     def _victim(self, m: int, protect: set[int], after: int | None, grads_ok: bool) -> tuple[str, int] | None:
-        """A clean PARAM chunk by the policy's rule; a (dirty) GRAD chunk only when no PARAM chunk can go."""
+        """A clean PARAM group by the policy's rule; a (dirty) GRAD group only when no PARAM group can go."""
         lru = self.plan.eviction is Eviction.LRU
         best: tuple[float, int] | None = None
-        for c, last in self.dev_param.items():
-            if c in protect or c in self.persistent:
+        for g, last in self.dev_param.items():
+            if g in protect or g in self.persistent:
                 continue
-            nu = self._next_use(c, m)
+            nu = self._next_use(g, m)
             if after is not None and nu <= after:
                 continue
             key = float(-last) if lru else float(nu)
             if best is None or key > best[0]:
-                best = (key, c)
+                best = (key, g)
         if best is not None:
             return ("P", best[1])
         if not grads_ok or after is not None:
             return None
-        grads = [c for c in self.dev_grad if c not in protect]
+        grads = [g for g in self.dev_grad if g not in protect]
         if not grads:
             return None
-        return ("G", max(grads, key=lambda c: (self._next_grad_use(c, m), c)))
+        return ("G", max(grads, key=lambda g: (self._next_grad_use(g, m), g)))
 
-    def _next_grad_use(self, c: int, m: int) -> int:
-        if self.last_grad[c] >= m:
-            return self._next_use(c, m)
+    def _next_grad_use(self, g: int, m: int) -> int:
+        if self.last_grad[g] >= m:
+            return self._next_use(g, m)
         return self.opt_moment
 
-    def _fetch_param(self, m: int, c: int, op: Op) -> None:
+    def _fetch_param(self, m: int, g: int, op: Op, *, gather: bool = True) -> None:
+        """Each owner copies its chunk of the group up; then the group is all-gathered (PatrickStar Alg. 3).
+        Without `gather` (an optimizer step, which needs only the owners' own chunks) no all-gather."""
         home = self.plan.param_home
         channel = Channel.H2D if home is Tier.HOST else Channel.NVME_READ
-        self._emit(m, op, list=ChunkList.PARAM, chunk=c, src=home, dst=Tier.DEVICE, channel=channel, bytes=self.pb[c])
-        self.dev_param[c] = m
-        self.occ += self.pb[c]
-        self.param_occ += self.pb[c]
+        for c in self.gchunks[g]:
+            self._emit(m, op, list=ChunkList.PARAM, chunk=c, src=home, dst=Tier.DEVICE, channel=channel, bytes=self.cpb[c])
+        if self.collective and gather:
+            self._collective(m, Op.ALL_GATHER, ChunkList.PARAM, g)
+        self.dev_param[g] = m
+        self.occ += self.pb[g]
+        self.param_occ += self.pb[g]
+
+    def _evict_param(self, m: int, g: int) -> None:
+        for c in self.gchunks[g]:
+            self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
+        del self.dev_param[g]
+        self.occ -= self.pb[g]
+        self.param_occ -= self.pb[g]
+
+    def _collective(self, m: int, op: Op, lst: ChunkList, g: int) -> None:
+        """A collective over comm group g: each rank sends (world_size - 1) shards (the schedule's convention)."""
+        per_rank = (self.world - 1) * max(self.cpb[c] if lst is ChunkList.PARAM else self.cgb[c] for c in self.gchunks[g])
+        self._emit(m, op, list=lst, chunk=g, channel=Channel.INTER_GPU, bytes=per_rank)
+
+    def _reduce(self, m: int, g: int) -> None:
+        """Average group g's grads over the ranks: reduce-scatter to the owners (sharded, PatrickStar
+        Alg. 4), or all-reduce (DDP: ring reduce-scatter + all-gather, 2 (p-1)/p of the grads per rank)."""
+        if self.world == 1 or g in self.reduced or g not in self.dev_grad:
+            return
+        self.reduced.add(g)
+        if self.collective:
+            self._collective(m, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+            return
+        lay = self.plan.layout
+        for c in self.tchunks[g]:
+            half = (self.world - 1) * lay.chunks[c].used_elements * self.problem.list_itemsize(ChunkList.GRAD) // self.world
+            self._emit(m, Op.REDUCE_SCATTER, list=ChunkList.GRAD, chunk=lay.chunks[c].comm_group,
+                       channel=Channel.INTER_GPU, bytes=half)
+            self._emit(m, Op.ALL_GATHER, list=ChunkList.GRAD, chunk=lay.chunks[c].comm_group,
+                       channel=Channel.INTER_GPU, bytes=half)
 
     def _prefetch(self, m: int, protect: set[int]) -> None:
         scheduled: set[int] = set()
@@ -637,36 +859,38 @@ class _Replay:
             if self.problem.moments[k].phase is Phase.OPTIMIZER:
                 break
             min_budget = min(min_budget, self.budget[k])
-            for c in self.needs[k]:
-                if c in self.dev_param or c in scheduled:
+            for g in self.needs[k]:
+                if g in self.dev_param or g in scheduled:
                     continue
-                # do no harm (Cao et al. 1995): room from free space or from chunks used after c
+                # do no harm (Cao et al. 1995): room from free space or from groups used after g
                 free = min_budget - self.occ
                 cap = self.plan.max_live_param_bytes
-                if self.pb[c] > free or (cap is not None and self.param_occ + self.pb[c] > cap):
+                if self.pb[g] > free or (cap is not None and self.param_occ + self.pb[g] > cap):
                     saved = self.budget[m]
                     self.budget[m] = min_budget
-                    ok = self._make_room(m, self.pb[c], protect | set(self.needs[k]), param_bytes=self.pb[c],
+                    ok = self._make_room(m, self.pb[g], protect | set(self.needs[k]), param_bytes=self.pb[g],
                                          victim_after=k, grads_ok=False)
                     self.budget[m] = saved
                     if not ok:
                         return
-                self._fetch_param(m, c, Op.PREFETCH)
-                self.dev_param[c] = m
-                scheduled.add(c)
+                self._fetch_param(m, g, Op.PREFETCH)
+                self.dev_param[g] = m
+                scheduled.add(g)
 
     # -- grads and the optimizer -------------------------------------------------------------
-    def _grad_down(self, m: int, c: int) -> None:
-        if c in self.dev_grad:
-            self._emit(m, Op.WRITE_BACK, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE, dst=Tier.HOST,
-                       channel=Channel.D2H, bytes=self.gb[c])
-            self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
-            self.dev_grad.discard(c)
-            self.occ -= self.gb[c]
-            self.grad_on_host.add(c)
+    def _grad_down(self, m: int, g: int) -> None:
+        if g in self.dev_grad:
+            self._reduce(m, g)
+            for c in self.tchunks[g]:  # each owner moves its (averaged) chunk
+                self._emit(m, Op.WRITE_BACK, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE, dst=Tier.HOST,
+                           channel=Channel.D2H, bytes=self.cgb[c])
+                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
+            self.dev_grad.discard(g)
+            self.occ -= self.gb[g]
+            self.grad_on_host.add(g)
 
-    def _host_steps(self, m: int, chunks: list[int]) -> None:
-        """CPU Adam for `chunks` at moment m: OS (and params) in from NVMe, step, back out.
+    def _host_steps(self, m: int, groups: list[int]) -> None:
+        """CPU Adam for `groups` at moment m: OS (and params) in from NVMe, step, back out.
 
         The reads are PREFETCHes: the moment's work does not wait for the optimizer's inputs."""
         home = self.plan.param_home
@@ -680,35 +904,43 @@ class _Replay:
                                bytes=self.osb[c] // len(os_lists))
             if home is Tier.NVME:
                 self._emit(m, Op.PREFETCH, list=ChunkList.PARAM, chunk=c, src=Tier.NVME, dst=Tier.HOST,
-                           channel=Channel.NVME_READ, bytes=self.pb[c])
+                           channel=Channel.NVME_READ, bytes=self.cpb[c])
 
-        for c in chunks:
-            reads(c)
-            if self.plan.os_pipeline:
-                for w in pending_writes:  # delayed write-back: after the next chunk's reads are queued
-                    self._writes(m, w)
-                pending_writes.clear()
-            self._emit(m, Op.OPTIMIZER_STEP, chunk=c, dst=Tier.HOST, channel=Channel.CPU_OPTIMIZER)
-            self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
-            self.grad_on_host.discard(c)
-            self.stepped.add(c)
-            if c in self.dev_param:
-                if c in self.persistent:  # copy-back of the updated fp16 params (the GPU waits only when it uses them)
-                    self._emit(m, Op.PREFETCH, list=ChunkList.PARAM, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
-                               channel=Channel.H2D, bytes=self.pb[c])
+        for g in groups:
+            for c in self.tchunks[g]:
+                reads(c)
+                if self.plan.os_pipeline:
+                    for w in pending_writes:  # delayed write-back: after the next chunk's reads are queued
+                        self._writes(m, w)
+                    pending_writes.clear()
+                self._emit(m, Op.OPTIMIZER_STEP, chunk=c, dst=Tier.HOST, channel=Channel.CPU_OPTIMIZER)
+                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
+                if c == self.tchunks[g][-1]:
+                    self.grad_on_host.discard(g)
+                    self.stepped.add(g)
+                    self._updated_params_back(m, g)
+                if self.plan.os_pipeline and self.timing is not None:
+                    self._defer(m, c)
+                elif self.plan.os_pipeline:
+                    pending_writes.append(c)
                 else:
-                    self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
-                    del self.dev_param[c]
-                    self.occ -= self.pb[c]
-                    self.param_occ -= self.pb[c]
-            if self.plan.os_pipeline and self.timing is not None:
-                self._defer(m, c)
-            elif self.plan.os_pipeline:
-                pending_writes.append(c)
-            else:
-                self._writes(m, c)
+                    self._writes(m, c)
         for w in pending_writes:
             self._writes(m, w)
+
+    def _updated_params_back(self, m: int, g: int) -> None:
+        """After a HOST step: a persistent group gets its updated chunks copied up by their owners
+        (and all-gathered: ZeRO's all-gather of the updated fp16 partitions), others leave DEVICE."""
+        if g not in self.dev_param:
+            return
+        if g in self.persistent:  # copy-back of the updated fp16 params (the GPU waits only when it uses them)
+            for c in self.tchunks[g]:
+                self._emit(m, Op.PREFETCH, list=ChunkList.PARAM, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
+                           channel=Channel.H2D, bytes=self.cpb[c])
+            if self.collective:
+                self._collective(m, Op.ALL_GATHER, ChunkList.PARAM, g)
+        else:
+            self._evict_param(m, g)
 
     def _defer(self, m: int, c: int) -> None:
         """Fuyou's delayed write-back: write chunk c's OS back at the first moment after its update ends
@@ -736,7 +968,7 @@ class _Replay:
         self.deferred = keep
 
     def _write_bytes(self, c: int) -> int:
-        return self.osb[c] + (self.pb[c] if self.plan.param_home is Tier.NVME else 0)
+        return self.osb[c] + (self.cpb[c] if self.plan.param_home is Tier.NVME else 0)
 
     def _writes(self, m: int, c: int) -> None:
         for x in self.problem.os_lists:
@@ -746,62 +978,68 @@ class _Replay:
                 self._emit(m, Op.EVICT, list=x, chunk=c, src=Tier.HOST)
         if self.plan.param_home is Tier.NVME:
             self._emit(m, Op.WRITE_BACK, list=ChunkList.PARAM, chunk=c, src=Tier.HOST, dst=Tier.NVME,
-                       channel=Channel.NVME_WRITE, bytes=self.pb[c])
+                       channel=Channel.NVME_WRITE, bytes=self.cpb[c])
             self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.HOST)
 
     def _optimizer_moment(self, m: int) -> None:
         self._flush_deferred(m, everything=True)
-        host = [c for c in self.trainable_chunks if c not in self.stepped
-                and self.plan.chunk_plans[c].optimizer_tier is Tier.HOST]
-        for c in host:
-            self._grad_down(m, c)
+        host = [g for g in self.trainable_groups if g not in self.stepped and self.opt_tier[g] is Tier.HOST]
+        for g in host:
+            self._grad_down(m, g)
         if host:
             self._host_steps(m, host)
-        for c in self.trainable_chunks:
-            if c in self.stepped or self.plan.chunk_plans[c].optimizer_tier is not Tier.DEVICE:
+        for g in self.trainable_groups:
+            if g in self.stepped or self.opt_tier[g] is not Tier.DEVICE:
                 continue
-            need = (self.pb[c] if c not in self.dev_param else 0) + (self.gb[c] if c not in self.dev_grad else 0)
-            self._make_room(m, need, {c}, param_bytes=self.pb[c] if c not in self.dev_param else 0)
-            if c not in self.dev_param:
-                self._fetch_param(m, c, Op.FETCH)
-            if c not in self.dev_grad:
-                self._emit(m, Op.FETCH, list=ChunkList.GRAD, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
-                           channel=Channel.H2D, bytes=self.gb[c])
-                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
-                self.grad_on_host.discard(c)
-                self.dev_grad.add(c)
-                self.occ += self.gb[c]
-            self._emit(m, Op.OPTIMIZER_STEP, chunk=c, dst=Tier.DEVICE, channel=Channel.COMPUTE)
-            self.stepped.add(c)
-            self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
-            self.dev_grad.discard(c)
-            self.occ -= self.gb[c]
+            self._reduce(m, g)
+            need = (self.pb[g] if g not in self.dev_param else 0) + (self.gb[g] if g not in self.dev_grad else 0)
+            self._make_room(m, need, {g}, param_bytes=self.pb[g] if g not in self.dev_param else 0)
+            if g not in self.dev_param:
+                self._fetch_param(m, g, Op.FETCH, gather=g in self.persistent)
+            if g not in self.dev_grad:
+                for c in self.tchunks[g]:
+                    self._emit(m, Op.FETCH, list=ChunkList.GRAD, chunk=c, src=Tier.HOST, dst=Tier.DEVICE,
+                               channel=Channel.H2D, bytes=self.cgb[c])
+                    self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
+                self.grad_on_host.discard(g)
+                self.dev_grad.add(g)
+                self.occ += self.gb[g]
             home = self.plan.param_home
-            if home is not Tier.DEVICE:  # the home copy is stale now: copy back down
-                self._emit(m, Op.WRITE_BACK, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE, dst=home,
-                           channel=Channel.D2H if home is Tier.HOST else Channel.NVME_WRITE, bytes=self.pb[c])
-            if c not in self.persistent:
-                self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
-                del self.dev_param[c]
-                self.occ -= self.pb[c]
-                self.param_occ -= self.pb[c]
-        # steady state: DEVICE holds exactly the persistent chunks again
-        for c in sorted(self.dev_param):
-            if c not in self.persistent:
-                self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
-        for c in sorted(self.dev_grad):
-            self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
-        for c in sorted(self.grad_on_host):
-            self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
+            for c in self.tchunks[g]:
+                self._emit(m, Op.OPTIMIZER_STEP, chunk=c, dst=Tier.DEVICE, channel=Channel.COMPUTE)
+                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
+                if home is not Tier.DEVICE:  # the home copy is stale now: copy back down
+                    self._emit(m, Op.WRITE_BACK, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE, dst=home,
+                               channel=Channel.D2H if home is Tier.HOST else Channel.NVME_WRITE, bytes=self.cpb[c])
+            self.stepped.add(g)
+            self.dev_grad.discard(g)
+            self.occ -= self.gb[g]
+            if g not in self.persistent:
+                self._evict_param(m, g)
+            elif self.collective:  # the other ranks' copies of the owners' updated chunks
+                self._collective(m, Op.ALL_GATHER, ChunkList.PARAM, g)
+        # steady state: DEVICE holds exactly the persistent groups again
+        for g in sorted(self.dev_param):
+            if g not in self.persistent:
+                for c in self.gchunks[g]:
+                    self._emit(m, Op.EVICT, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE)
+        for g in sorted(self.dev_grad):
+            for c in self.tchunks[g]:
+                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
+        for g in sorted(self.grad_on_host):
+            for c in self.tchunks[g]:
+                self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.HOST)
 
     def initial_residency(self) -> tuple[Residency, ...]:
         out = []
         home = self.plan.param_home
         for c in range(self.n):
-            tiers = [Tier.DEVICE] if c in self.persistent else []
+            tiers = [Tier.DEVICE] if self.group_of[c] in self.persistent else []
             if home is not Tier.DEVICE:
                 tiers.append(home)
             out.append(Residency(list=ChunkList.PARAM, chunk=c, tiers=tuple(tiers)))
+            if self.plan.layout.chunks[c].used_elements == 0:
+                continue  # a comm group's padding: gathered with its group, but nothing to optimize
             for x in self.problem.os_lists:
                 out.append(Residency(list=x, chunk=c, tiers=(self.plan.chunk_plans[c].os_tier,)))
         return tuple(out)

@@ -7,6 +7,13 @@ the busiest resource's unavoidable work — the model's compute, the PARAM bytes
 the GPU (fetched before forward and again before backward), the optimizer work that cannot run on
 the GPU (grads down and CPU Adam, or OS streamed both ways) and the model data that fits neither GPU
 nor CPU memory (read and written on the SSDs every iteration) — over its bandwidth.
+
+With several ranks (data parallel, `hardware.cluster.world_size` = p) the bound is per rank: the
+GPUs together hold p times as much, each rank moves its share (1/p) of what must cross PCIe over
+its own link, a node's CPU optimizer and HOST memory are shared by its ranks, and every rank must
+at least exchange 2 (p-1)/p of the grads over INTER_GPU (the bandwidth-optimal all-reduce; the
+chunk scheme moves 3 (p-1)/p, PatrickStar §7). Rows of systems that run on one GPU only (Fuyou)
+say so.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ class Comparison:
     rows: tuple[CompareRow, ...]
     lower_bound: LowerBound  # physical: holds for any schedule
     tide_bound_seconds: float | None  # tide's header bound (its placement model's relaxation, or physical)
+    world_size: int = 1  # ranks of data-parallel training (hardware.cluster.world_size)
 
     def row(self, policy: str) -> CompareRow:
         return next(r for r in self.rows if r.policy == policy)
@@ -81,7 +89,7 @@ class Comparison:
         return min(times) if times else None
 
     def to_json(self) -> dict[str, object]:
-        return {"model": self.model_name, "hardware": self.hardware_name,
+        return {"model": self.model_name, "hardware": self.hardware_name, "world_size": self.world_size,
                 "lower_bound": {"seconds": self.lower_bound.seconds, "resource": self.lower_bound.resource,
                                 "seconds_per_resource": self.lower_bound.seconds_per_resource},
                 "tide_bound_seconds": self.tide_bound_seconds,
@@ -91,6 +99,8 @@ class Comparison:
 def lower_bound(problem: Problem) -> LowerBound:
     """The busiest resource's unavoidable work over its rate (see the module docstring)."""
     hw = problem.hardware
+    ranks = problem.world_size
+    nodes = -(-ranks // problem.ranks_per_node)  # each with its own HOST memory and CPU
     p = problem.trace.param_count
     item = problem.list_itemsize(ChunkList.PARAM)
     os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
@@ -100,19 +110,20 @@ def lower_bound(problem: Problem) -> LowerBound:
     windows = {b.id: (b.forward_moments[1], b.backward_moments[0]) for b in problem.blocks}
     nm = _non_model_curve(problem, (ActivationMode.RECOMPUTE,) * n, windows)
     first_backward = next((m.id for m in problem.moments if m.phase.value == "BACKWARD"), 0)
-    cap_start = problem.device_bytes - nm[0]
-    cap_turn = problem.device_bytes - nm[first_backward]
+    # the ranks' GPUs together: each rank keeps its shard, what does not fit comes over its own link
+    cap_start = ranks * (problem.device_bytes - nm[0])
+    cap_turn = ranks * (problem.device_bytes - nm[first_backward])
     h2d = max(0, param_bytes - cap_start) + max(0, param_bytes - cap_turn)
-    # params whose Adam state cannot sit on the GPU next to the params it must hold
-    dev_free = max(0, problem.device_bytes - max(nm) - max(0, param_bytes - h2d // 2))
+    # params whose Adam state cannot sit on the GPUs next to the params they must hold
+    dev_free = max(0, ranks * (problem.device_bytes - max(nm)) - max(0, param_bytes - h2d // 2))
     rest = max(0.0, p - dev_free / max(1, os_item))
     # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
     rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
 
-    def load(s: float) -> dict[str, float]:
-        return {"H2D": (h2d + os_item * (rest - s)) / rate_h2d,
-                "D2H": (item * s + os_item * (rest - s)) / rate_d2h,
-                "CPU_OPTIMIZER": s / hw.host.optimizer_params_per_s}
+    def load(s: float) -> dict[str, float]:  # PCIe per rank (1/p each); the node's CPU shared
+        return {"H2D": (h2d + os_item * (rest - s)) / ranks / rate_h2d,
+                "D2H": (item * s + os_item * (rest - s)) / ranks / rate_d2h,
+                "CPU_OPTIMIZER": s / nodes / hw.host.optimizer_params_per_s}
 
     lo, hi = 0.0, rest
     for _ in range(100):
@@ -123,8 +134,10 @@ def lower_bound(problem: Problem) -> LowerBound:
             lo = a
     per = load((lo + hi) / 2)
     per["COMPUTE"] = problem.compute_seconds
-    # model data that fits neither the GPU nor the CPU lives on the SSDs: read and written every step
-    excess = max(0, p * (item + os_item) - max(0, problem.device_bytes - max(nm)) - problem.host_bytes)
+    if ranks > 1:  # the grads must be averaged: at least an all-reduce's 2 (p-1)/p of them per rank
+        per["INTER_GPU"] = 2 * (ranks - 1) / ranks * param_bytes / hw.inter_gpu_bytes_per_s
+    # model data that fits neither the GPUs nor the CPU lives on the SSDs: read and written every step
+    excess = max(0, p * (item + os_item) - max(0, ranks * (problem.device_bytes - max(nm))) - nodes * problem.host_bytes)
     if excess:
         r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
         per["NVME"] = excess / r + excess / w if r > 0 and w > 0 else math.inf
@@ -145,7 +158,12 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
         try:
             schedule = _tide(trace, hardware, trace_digest) if name == TIDE else baseline(name, problem)
         except InfeasibleError as exc:
-            raw.append((name, None, None, str(exc)))
+            why = str(exc)
+            if name == TIDE and problem.world_size > 1:
+                # placement sees one rank's chunks, materialize whole comm groups (planner.placement)
+                why = (f"with {problem.world_size} ranks tide's placement model still plans chunk by chunk while the "
+                       f"schedule moves whole comm groups (issue 9, planner side), so its plan may not fit: {why}")
+            raw.append((name, None, None, why))
             continue
         except _Unavailable as exc:
             raw.append((name, None, None, str(exc)))
@@ -161,7 +179,8 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
     tide = next((r for r in rows if r.policy == TIDE and r.schedule is not None), None)
     return Comparison(model_name=trace.meta.model_name, hardware_name=hardware.name, rows=rows,
                       lower_bound=lower_bound(problem),
-                      tide_bound_seconds=tide.schedule.header.lower_bound_seconds if tide is not None else None)
+                      tide_bound_seconds=tide.schedule.header.lower_bound_seconds if tide is not None else None,
+                      world_size=problem.world_size)
 
 
 class _Unavailable(Exception):
@@ -215,9 +234,11 @@ def print_comparison(c: Comparison) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{c.model_name} on {c.hardware_name}")
+    ranks = f", {c.world_size} ranks" if c.world_size > 1 else ""
+    table = Table(title=f"{c.model_name} on {c.hardware_name}{ranks}")
+    multi = c.world_size > 1
     cols = ["policy", "feasible", "iter s", "TFLOPS", "H2D GB", "D2H GB", "NVMe R GB", "NVMe W GB",
-            "peak DEVICE GB", "peak HOST GB", "vs best baseline"]
+            *(["GPU-GPU GB"] if multi else []), "peak DEVICE GB", "peak HOST GB", "vs best baseline"]
     for col in cols:
         table.add_column(col, justify="left" if col in ("policy", "feasible") else "right")
     for r in c.rows:
@@ -228,10 +249,15 @@ def print_comparison(c: Comparison) -> None:
         gb = {k: v / GB for k, v in res.bytes_per_channel.items()}
         table.add_row(r.policy, "yes", f"{res.iteration_seconds:.4g}", f"{res.tflops:.3g}", f"{gb[Channel.H2D]:.3g}",
                       f"{gb[Channel.D2H]:.3g}", f"{gb[Channel.NVME_READ]:.3g}", f"{gb[Channel.NVME_WRITE]:.3g}",
+                      *([f"{gb[Channel.INTER_GPU]:.3g}"] if multi else []),
                       f"{res.peak_bytes_per_tier[Tier.DEVICE] / GB:.3g}", f"{res.peak_bytes_per_tier[Tier.HOST] / GB:.3g}",
                       f"{r.speedup_vs_best_baseline:.2f}x" if r.speedup_vs_best_baseline else "-")
     console = Console(width=max(Console().width, 160))
     console.print(table)
+    if c.world_size > 1:
+        console.print(f"{c.world_size} ranks, data parallel: TFLOPS, H2D/D2H GB are of all ranks together; GPU-GPU GB is "
+                      "what each rank sends (the schedule's collective bytes); peak DEVICE is the busiest rank's, "
+                      "peak HOST the busiest node's")
     lb = c.lower_bound
     console.print(f"lower bound: {lb.seconds:.4g} s ({lb.resource}; "
                   + ", ".join(f"{k} {v:.4g} s" for k, v in lb.seconds_per_resource.items()) + ")")

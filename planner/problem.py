@@ -9,7 +9,12 @@
   the moments of their forward and backward;
 - stages: maximal runs of consecutive moments with the same (phase, block);
 - capacities per tier (after overrides) and the chunk lists of the compute dtype (mixed precision
-  adds the fp32 MASTER list; with fp32 compute PARAM is the master).
+  adds the fp32 MASTER list; with fp32 compute PARAM is the master);
+- the world size: the hardware's `cluster.world_size`. A trace recorded by one process (meta
+  world_size 1) is one rank's share of data-parallel training (its batch is the per-rank batch),
+  so it is planned for every rank of the hardware; a trace recorded under torchrun with several
+  ranks must agree with the hardware. DEVICE capacity is per rank; HOST and NVME capacities are
+  per node (`cluster.gpus_per_node` ranks share them, `Problem.ranks_per_node`).
 """
 
 from __future__ import annotations
@@ -50,11 +55,11 @@ class Problem:
     blocks: tuple[BlockInfo, ...]
     stages: tuple[Stage, ...]  # predicted_seconds=0; materialize fills them in
     device_bytes: int  # DEVICE capacity per rank (after overrides)
-    host_bytes: int
-    nvme_bytes: int
+    host_bytes: int  # HOST capacity per node (shared by its ranks)
+    nvme_bytes: int  # NVME capacity per node
     compute_dtype: DType
     lists: tuple[ChunkList, ...]  # PARAM, GRAD, [MASTER], M, V
-    world_size: int
+    world_size: int  # ranks training together: hardware.cluster.world_size
     tensor_order: tuple[int, ...]  # every trace tensor id, first-access order (never-used tensors last)
     tensor_block: tuple[int, ...]  # per tensor id: the block that first uses it, -1 outside blocks
     stage_of_moment: tuple[int, ...]  # per moment: its stage id
@@ -63,6 +68,11 @@ class Problem:
     @property
     def mixed_precision(self) -> bool:
         return self.compute_dtype is not DType.FLOAT32
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks sharing one node's HOST memory, CPU and SSDs."""
+        return min(self.world_size, self.hardware.cluster.gpus_per_node)
 
     @property
     def optimizer_moment(self) -> int:
@@ -133,7 +143,7 @@ def build_problem(
         nvme_bytes=hardware.nvme_bytes if nvme_bytes is None else int(nvme_bytes),
         compute_dtype=trace.meta.compute_dtype,
         lists=chunk_lists(trace.meta.compute_dtype),
-        world_size=trace.meta.world_size,
+        world_size=hardware.cluster.world_size,
         tensor_order=tensor_order,
         tensor_block=tensor_block,
         stage_of_moment=tuple(stage_of_moment),
@@ -141,11 +151,13 @@ def build_problem(
 
 
 def _check_agreement(trace: Trace, hardware: Hardware) -> None:
-    if trace.meta.world_size != hardware.cluster.world_size:
+    # one process's trace is one rank's work in data parallel: plan it for the hardware's ranks
+    if trace.meta.world_size not in (1, hardware.cluster.world_size):
         raise PlannerError(
             f"trace {trace.meta.model_name!r} was recorded with world_size={trace.meta.world_size} but hardware "
             f"{hardware.name!r} has cluster.world_size={hardware.cluster.world_size}; record the trace with the same "
-            "number of ranks or pick a matching hardware profile")
+            "number of ranks (or with one process: its batch is then the per-rank batch) or pick a matching hardware "
+            "profile")
     if not any(m.phase is Phase.OPTIMIZER for m in trace.moments):
         raise PlannerError(f"trace {trace.meta.model_name!r} has no OPTIMIZER moment; re-record it with "
                            "`python -m executor record ...` (the recorder emits the optimizer step)")

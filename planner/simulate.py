@@ -19,7 +19,17 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
 - Ranks. With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
   and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
   (SPMD); NVMe, the CPU optimizer (one host per node) and collectives are shared. Bytes and busy
-  seconds are summed over ranks.
+  seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
+  (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
+  (an ALL_GATHER after the owners' copies of the group arrived, a REDUCE_SCATTER after the grads
+  were written) and its outputs are ready when it ends.
+- Memory per rank and per node. DEVICE capacity is per rank: a copy of a chunk on DEVICE is held
+  by its owner rank only (a FETCH/PREFETCH/WRITE_BACK to DEVICE, which the owner does, and the
+  optimizer state) or by every rank (PARAM and GRAD at the start of the iteration, after an
+  ALL_GATHER, an ALLOCATE on DEVICE or a backward write); the DEVICE peak is the busiest rank's.
+  HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
+  there counts on its owner's node, and swapped activations once per rank of the node (each rank
+  swaps its own). With one rank all of this is the plain sum.
 - Channels. H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
   SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
   `count * read rate`, writes at `count * write rate`. CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at
@@ -107,8 +117,8 @@ class SimResult:
     """What one replayed iteration costs on the hardware."""
 
     iteration_seconds: float
-    tflops: float  # model FLOPs (without recompute) / iteration seconds / 1e12
-    flops: int  # model FLOPs of one iteration (without recompute)
+    tflops: float  # model FLOPs (without recompute) of all ranks together / iteration seconds / 1e12
+    flops: int  # model FLOPs of one iteration of one rank (without recompute)
     recompute_flops: int
     bytes_per_channel: dict[Channel, int]
     busy_seconds_per_channel: dict[Channel, float]
@@ -258,7 +268,14 @@ class _Sim:
     ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
     grad_live: list[bool]
     stepped: list[int]
-    tier_chunk_bytes: list[list[int]]  # [tier][list]
+    world: int
+    owner: list[int]  # per chunk: its owner rank
+    node_of: list[int]  # per rank: its node
+    ranks_in_node: list[int]  # per node: how many ranks it hosts
+    replicated: list[list[bool]]  # [list][chunk] a DEVICE copy is held by every rank (else by the owner only)
+    place_bytes: list[list[list[int]]]  # [tier][rank (DEVICE) or node (HOST, NVME)][list]
+    place_total: list[list[int]]  # [tier][rank or node]: sum over lists
+    groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], _Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
     bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
@@ -353,10 +370,11 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             if a.op is Op.FETCH:
                 deps = max(deps, end)
             for t in (_T.DEVICE, _T.HOST, _T.NVME):
-                used = sum(sim.tier_chunk_bytes[t]) + act_bytes[t]
+                used = _used(sim, t, act_bytes)
                 if used > budgets[t]:
                     raise ScheduleViolation(ViolationKind.CAPACITY, f"{_TIERS[t].value} holds {used} bytes of chunks and "
-                                            f"activations after this action, budget {budgets[t]}",
+                                            f"activations after this action, budget {budgets[t]}"
+                                            f"{_place_name(sim, t, _busiest(sim, t))}",
                                             moment=m, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None)
 
         # blocks leaving it (after the moment's actions, which may reload them): their backward starts
@@ -404,6 +422,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
                                          label=f"{m_ref.phase.value.lower()} {m_ref.module or '(root)'}"))
         starts.append(start)
         for c in writes[m]:
+            if sim.world > 1:
+                _hold(sim, gi, c, _T.DEVICE, everywhere=True)  # every rank accumulates its own grads
             sim.valid[gi][c] = 1  # DEVICE only: copies elsewhere are stale now
             sim.ready[gi][c][_T.DEVICE] = end
             sim.grad_live[c] = True
@@ -412,16 +432,19 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         recorded_nm = m_ref.non_model_bytes
         non_model = max(0, recorded_nm - held_act_recorded)
         for t in (_T.DEVICE, _T.HOST, _T.NVME):
-            chunk_b = {lst: sim.tier_chunk_bytes[t][li] for li, lst in enumerate(sim.lists)}
+            place = _busiest(sim, t)
+            chunk_b = {lst: sim.place_bytes[t][place][li] for li, lst in enumerate(sim.lists)}
             nm = non_model if t is _T.DEVICE else 0
-            total = sum(chunk_b.values()) + act_bytes[t] + nm
+            acts = act_bytes[t] * (1 if t is _T.DEVICE else sim.ranks_in_node[place])
+            total = sum(chunk_b.values()) + acts + nm
             if total > budgets[t]:
                 raise ScheduleViolation(ViolationKind.CAPACITY,
                                         f"{_TIERS[t].value} needs {total} bytes during the work of "
                                         f"{m_ref.kind.value} {m_ref.module or '(root)'} (chunks {sum(chunk_b.values())}, "
-                                        f"activations {act_bytes[t]}, non-model {nm}), budget {budgets[t]}", moment=m)
+                                        f"activations {acts}, non-model {nm}), budget {budgets[t]}"
+                                        f"{_place_name(sim, t, place)}", moment=m)
             peaks[t] = max(peaks[t], total)
-            memory.append(MemorySample(moment=m, tier=_TIERS[t], non_model_bytes=nm, activation_bytes=act_bytes[t],
+            memory.append(MemorySample(moment=m, tier=_TIERS[t], non_model_bytes=nm, activation_bytes=acts,
                                        chunk_bytes=chunk_b))
         event = end
 
@@ -431,7 +454,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
     busy[Channel.COMPUTE] += compute_busy
     return SimResult(
         iteration_seconds=iteration,
-        tflops=flops / iteration / 1e12 if iteration > 0 else 0.0,
+        tflops=world * flops / iteration / 1e12 if iteration > 0 else 0.0,  # every rank does this work
         flops=flops,
         recompute_flops=recompute_flops,
         bytes_per_channel={ch: sim.bytes_per_channel.get(ch, 0) for ch in Channel},
@@ -454,15 +477,11 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     held = [[0] * n for _ in lists]
     valid = [[0] * n for _ in lists]
     ready = [[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists]
-    tier_chunk_bytes = [[0] * len(lists) for _ in range(3)]
-    for r in schedule.initial_residency:
-        li = list_index[r.list]
-        for tier in r.tiers:
-            t = _TIER[tier]
-            if not held[li][r.chunk] & _bit(t):
-                held[li][r.chunk] |= _bit(t)
-                tier_chunk_bytes[t][li] += chunk_bytes[li][r.chunk]
-            valid[li][r.chunk] |= _bit(t)
+    world = schedule.header.world_size
+    per_node = max(1, min(hardware.cluster.gpus_per_node, world))
+    node_of = [r // per_node for r in range(world)]
+    n_nodes = node_of[-1] + 1
+    places = {_T.DEVICE: world, _T.HOST: n_nodes, _T.NVME: n_nodes}
     nvme = _Server()
     shared = {Channel.NVME_READ: nvme, Channel.NVME_WRITE: nvme, Channel.INTER_GPU: _Server(),
               Channel.CPU_OPTIMIZER: _Server()}
@@ -475,9 +494,87 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
         Channel.NVME_WRITE: hardware.nvme_write_bytes_per_s,
         Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s,
     }
-    return _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
-                held=held, valid=valid, ready=ready, grad_live=[False] * n, stepped=[0] * n,
-                tier_chunk_bytes=tier_chunk_bytes, servers=servers, rate=rate)
+    sim = _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
+               held=held, valid=valid, ready=ready, grad_live=[False] * n, stepped=[0] * n, world=world,
+               owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
+               ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
+               replicated=[[False] * n for _ in lists],
+               place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in (_T.DEVICE, _T.HOST, _T.NVME)],
+               place_total=[[0] * places[t] for t in (_T.DEVICE, _T.HOST, _T.NVME)],
+               servers=servers, rate=rate, groups=_comm_groups(layout))
+    for r in schedule.initial_residency:
+        li = list_index[r.list]
+        for tier in r.tiers:
+            # PARAM and GRAD on DEVICE: every rank's copy (what the iteration computes with); OS: the owner's
+            _hold(sim, li, r.chunk, _TIER[tier], everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
+            valid[li][r.chunk] |= _bit(_TIER[tier])
+    return sim
+
+
+# ----------------------------------------------------------------------------- memory per rank / node
+
+
+def _comm_groups(layout) -> dict[int, tuple[int, ...]]:
+    groups: dict[int, list[int]] = {}
+    for c in layout.chunks:
+        groups.setdefault(c.comm_group, []).append(c.id)
+    return {g: tuple(cs) for g, cs in groups.items()}
+
+
+def _add(sim: _Sim, t: _T, place: int, li: int, nbytes: int) -> None:
+    sim.place_bytes[t][place][li] += nbytes
+    sim.place_total[t][place] += nbytes
+
+
+def _hold(sim: _Sim, li: int, c: int, t: _T, *, everywhere: bool = False) -> None:
+    """Tier t now holds a copy of (list li, chunk c): the owner's (or, on DEVICE, every rank's)."""
+    size = sim.chunk_bytes[li][c]
+    owner = sim.owner[c]
+    if t is not _T.DEVICE:
+        if not sim.held[li][c] & _bit(t):
+            sim.held[li][c] |= _bit(t)
+            _add(sim, t, sim.node_of[owner], li, size)
+        return
+    if not sim.held[li][c] & 1:
+        sim.held[li][c] |= 1
+        sim.replicated[li][c] = False
+        _add(sim, t, owner, li, size)
+    if everywhere and not sim.replicated[li][c]:
+        sim.replicated[li][c] = True
+        for r in range(sim.world):
+            if r != owner:
+                _add(sim, t, r, li, size)
+
+
+def _drop(sim: _Sim, li: int, c: int, t: _T) -> None:
+    size = sim.chunk_bytes[li][c]
+    owner = sim.owner[c]
+    sim.held[li][c] &= ~_bit(t)
+    if t is not _T.DEVICE:
+        _add(sim, t, sim.node_of[owner], li, -size)
+        return
+    for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
+        _add(sim, t, r, li, -size)
+    sim.replicated[li][c] = False
+
+
+def _busiest(sim: _Sim, t: _T) -> int:
+    """The rank (DEVICE) or node (HOST, NVME) holding the most chunk bytes."""
+    totals = sim.place_total[t]
+    return 0 if len(totals) == 1 else max(range(len(totals)), key=totals.__getitem__)
+
+
+def _used(sim: _Sim, t: _T, act_bytes: list[int]) -> int:
+    """Chunks and activations on the busiest rank (DEVICE) or node (HOST, NVME)."""
+    if t is _T.DEVICE:
+        return max(sim.place_total[t]) + act_bytes[t]
+    return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(sim.place_total[t]))
+
+
+def _place_name(sim: _Sim, t: _T, place: int) -> str:
+    if sim.world == 1:
+        return ""
+    return f" (rank {place}, per-rank budget)" if t is _T.DEVICE else f" (node {place}, shared by {sim.ranks_in_node[place]} ranks)"
 
 
 def _blocks(schedule: Schedule) -> list[_Block]:
@@ -538,9 +635,7 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
         nbytes = a.bytes or sim.chunk_bytes[li][c]
         end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
-        if not sim.held[li][c] & _bit(d):
-            sim.held[li][c] |= _bit(d)
-            sim.tier_chunk_bytes[d][li] += sim.chunk_bytes[li][c]
+        _hold(sim, li, c, d)
         sim.valid[li][c] |= _bit(d)
         sim.ready[li][c][d] = end
         return end
@@ -555,16 +650,13 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
             raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
                                     "drops its last valid copy (write it back first)",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
-        sim.held[li][c] &= ~_bit(s)
+        _drop(sim, li, c, s)
         sim.valid[li][c] &= ~_bit(s)
-        sim.tier_chunk_bytes[s][li] -= sim.chunk_bytes[li][c]
         return issue
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
         c, d = a.chunk, _TIER[a.dst]
-        if not sim.held[li][c] & _bit(d):
-            sim.held[li][c] |= _bit(d)
-            sim.tier_chunk_bytes[d][li] += sim.chunk_bytes[li][c]
+        _hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
         sim.valid[li][c] = _bit(d)  # a fresh zero chunk: other copies are stale
         sim.ready[li][c][d] = issue
         if a.list is ChunkList.GRAD:
@@ -575,18 +667,21 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
     if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
         return _activation(sim, a, i, issue, blocks, act_bytes)
     if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
-        # comm group `chunk`: bytes over INTER_GPU; an all-gather makes the group's chunks valid on DEVICE
-        end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, issue, f"{a.op.value.lower()} {a.chunk}",
-                        m=m, i=i, action=a)
-        if a.op is Op.ALL_GATHER:
-            li = _list(sim, a, i)
-            for ch in sim.schedule.layout.chunks:
-                if ch.comm_group == a.chunk:
-                    if not sim.held[li][ch.id] & 1:
-                        sim.held[li][ch.id] |= 1
-                        sim.tier_chunk_bytes[_T.DEVICE][li] += sim.chunk_bytes[li][ch.id]
-                    sim.valid[li][ch.id] |= 1
-                    sim.ready[li][ch.id][_T.DEVICE] = end
+        # comm group `chunk`: bytes over INTER_GPU, once the group's copies on DEVICE are there (the
+        # owners' fetched shards, the written grads); afterwards every chunk of the group is ready on
+        # DEVICE (an all-gather leaves a copy on every rank)
+        li = _list(sim, a, i)
+        group = sim.groups.get(a.chunk, ())
+        inputs = [sim.ready[li][c][_T.DEVICE] for c in group if sim.valid[li][c] & 1]
+        end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
+                        f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
+        for c in group:
+            if a.op is Op.ALL_GATHER:
+                _hold(sim, li, c, _T.DEVICE, everywhere=True)
+                sim.valid[li][c] |= 1
+                sim.ready[li][c][_T.DEVICE] = end
+            elif sim.valid[li][c] & 1:
+                sim.ready[li][c][_T.DEVICE] = end
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
 

@@ -26,6 +26,7 @@ from executor.distributed import OwnedChunks, load_sharded, save_sharded
 from executor.errors import ExecutorError
 from executor.models import build_model, make_batch, model_spec
 from executor.optim import ChunkAdamW
+from planner.errors import PlannerError
 from planner.layout import build_layout
 from planner.materialize import materialize, uniform_decisions
 from planner.problem import build_problem
@@ -136,6 +137,52 @@ def test_sharded_checkpoint_round_trip_in_one_process(tmp_path) -> None:
     again = state.load(tmp_path / "again.pt")
     assert max_relative(again["model"], model.state_dict()) == 0.0
     assert again["optimizer"]["state"] == {}  # nothing stepped yet: as a fresh torch AdamW
+
+
+def test_a_one_process_trace_is_one_rank_of_the_hardware_world(tmp_path) -> None:
+    """Issue 9 item 1: the world size comes from the hardware; a trace recorded by one process is
+    the per-rank work of data parallel and plans to the same schedule as a trace of every rank."""
+    trace = Trace.read(TRACES / "gpt-small.msgpack")
+    assert trace.meta.world_size == 1
+    problem = build_problem(trace, hardware(tmp_path, 2), trace_digest=DIGEST, device_bytes=DEVICE_BYTES)
+    assert problem.world_size == 2
+    schedule = materialize(problem, uniform_decisions(problem, build_layout(problem, chunk_elements=CHUNK_ELEMENTS)))
+    assert schedule == schedule_for(tmp_path, 2)  # the trace with meta.world_size=2
+    three = dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, world_size=3))
+    with pytest.raises(PlannerError, match="world_size=3.*cluster.world_size=2"):
+        build_problem(three, hardware(tmp_path, 2), trace_digest=DIGEST)
+
+
+def test_inter_gpu_bytes_against_patrickstar_formula(tmp_path) -> None:
+    """PatrickStar §7: the chunk scheme moves 2 (p-1)/p x 2M (all-gathers) + (p-1)/p x 2M
+    (reduce-scatter) = 6 (p-1)/p x M bytes per rank for M fp16 params, i.e. 3 (p-1)/p x M x itemsize
+    (fp32 here). tide gathers every group at least once and at most twice (a group used across the
+    turn from forward to backward stays), so it moves at most that; the PatrickStar baseline, which
+    releases every group after its forward use, exactly that."""
+    world = 2
+    schedule = schedule_for(tmp_path, world)
+    layout = schedule.layout
+    itemsize = 4
+    m_padded = sum(c.elements for c in layout.chunks)  # the chunks' capacity: what the collectives move
+    groups = len(layout.chunks) // world
+    gathers = [a for a in schedule.actions if a.op is Op.ALL_GATHER]
+    reduces = [a for a in schedule.actions if a.op is Op.REDUCE_SCATTER]
+    predicted = schedule.prediction.bytes_per_channel[Channel.INTER_GPU]
+    assert predicted == sum(a.bytes for a in gathers + reduces)
+    assert len(reduces) == groups and groups <= len(gathers) < 2 * groups
+    formula = 3 * (world - 1) * m_padded * itemsize // world
+    assert (len(gathers) + len(reduces)) * (world - 1) * (m_padded // len(layout.chunks)) * itemsize == predicted
+    assert 2 * (world - 1) * m_padded * itemsize // world <= predicted < formula
+    from planner.baselines import baseline
+    from planner.simulate import simulate
+
+    trace = Trace.read(TRACES / "gpt-small.msgpack")
+    hw = hardware(tmp_path, world)
+    pstar = baseline("patrickstar", build_problem(trace, hw, trace_digest=DIGEST))
+    sim = simulate(pstar, hw)
+    pstar_m = sum(c.elements for c in pstar.layout.chunks)
+    assert sim.bytes_per_channel[Channel.INTER_GPU] == 3 * (world - 1) * pstar_m * itemsize // world
+    assert simulate(schedule, hw).bytes_per_channel[Channel.INTER_GPU] == predicted  # the judge agrees
 
 
 # ----------------------------------------------------------------------------- two ranks (gloo)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from planner.cli import main
 from planner.errors import PlannerError
 from planner.simulate import ScheduleViolation, ViolationKind, simulate
-from schemas.schedule import ActivationMode, Budgets, Channel, ChunkList, Op, SolverStatus, Tier
+from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, SolverStatus, Tier
 from strategies import hardwares, schedules
 from test_simulate_builders import (
     CHUNK_BYTES,
@@ -19,6 +19,7 @@ from test_simulate_builders import (
     D,
     G,
     H,
+    M,
     N,
     P,
     resident_specs,
@@ -338,3 +339,63 @@ def test_each_rank_has_its_own_pcie_link() -> None:
     two = dataclasses.replace(one, layout=layout, header=dataclasses.replace(one.header, world_size=2))
     assert simulate(one, HW).moment_start_seconds[0] == pytest.approx(2.0)  # one link: 1 s + 1 s
     assert simulate(two, HW).moment_start_seconds[0] == pytest.approx(1.0)  # a link per rank, in parallel
+
+
+# ----------------------------------------------------------------------------- several ranks
+
+
+def _ranks(schedule, world: int, *, groups: bool = True):
+    """The schedule with its two chunks owned by ranks 0 and 1 of `world` (one comm group when `groups`)."""
+    layout = dataclasses.replace(schedule.layout, chunks=tuple(
+        dataclasses.replace(c, owner_rank=c.id % world, comm_group=0 if groups else c.id) for c in schedule.layout.chunks))
+    return dataclasses.replace(schedule, layout=layout, header=dataclasses.replace(schedule.header, world_size=world))
+
+
+def _world_hw(world: int, gpus_per_node: int):
+    return dataclasses.replace(HW, cluster=dataclasses.replace(HW.cluster, world_size=world, gpus_per_node=gpus_per_node),
+                               links=dataclasses.replace(HW.links, inter_gpu_gb_per_s=2.0))
+
+
+def test_optimizer_state_on_device_counts_on_its_owner_rank_only() -> None:
+    one = tiny_schedule([], {(P, 0): (D,), (P, 1): (D,), (M, 0): (D,), (M, 1): (D,)}, lists=(P, M))
+    two = _ranks(one, 2)
+    single = simulate(one, HW).peak_bytes_per_tier[Tier.DEVICE]
+    per_rank = simulate(two, _world_hw(2, 2)).peak_bytes_per_tier[Tier.DEVICE]
+    # PARAM is on every rank (both chunks), the Adam moment only on the owner: one chunk less per rank
+    assert single == 4 * CHUNK_BYTES + 10_000
+    assert per_rank == 3 * CHUNK_BYTES + 10_000
+    # the budget is per rank: 3 chunks fit with two ranks, not with one
+    tight = Budgets(device_bytes=3 * CHUNK_BYTES + 10_000, host_bytes=0, nvme_bytes=0)
+    simulate(dataclasses.replace(two, budgets=tight), _world_hw(2, 2))
+    with pytest.raises(ScheduleViolation) as info:
+        simulate(dataclasses.replace(one, budgets=tight), HW)
+    assert info.value.kind is ViolationKind.CAPACITY
+
+
+def test_host_is_per_node_swapped_activations_once_per_rank_of_the_node() -> None:
+    specs = [(1, Op.ACT_OFFLOAD, 0, H), (4, Op.ACT_RELOAD, 0, H), *resident_specs()]
+    one = tiny_schedule(specs, RESIDENT, modes=(ActivationMode.SWAP_HOST, ActivationMode.KEEP), activation_bytes=1_000_000)
+    two = _ranks(one, 2, groups=False)
+    node = simulate(two, _world_hw(2, 2))  # both ranks on one node: each swaps its own activations there
+    nodes = simulate(two, _world_hw(2, 1))  # a node per rank
+    assert node.peak_bytes_per_tier[Tier.HOST] == 2_000_000
+    assert nodes.peak_bytes_per_tier[Tier.HOST] == 1_000_000
+    with pytest.raises(ScheduleViolation, match="node 0, shared by 2 ranks") as info:
+        simulate(dataclasses.replace(two, budgets=dataclasses.replace(two.budgets, host_bytes=1_500_000)), _world_hw(2, 2))
+    assert info.value.kind is ViolationKind.CAPACITY
+
+
+def test_all_gather_waits_for_the_owners_copies_and_the_work_for_the_all_gather() -> None:
+    # both chunks fetched by their owners (1 s each on their own links, in parallel), then gathered:
+    # (2 - 1) x 1 GB per rank at 2 GB/s = 0.5 s
+    specs = [(0, Op.FETCH, P, 0, H, D), (0, Op.FETCH, P, 1, H, D), (7, Op.EVICT, P, 0, D, None),
+             (7, Op.EVICT, P, 1, D, None)]
+    two = _ranks(tiny_schedule(specs, {(P, 0): (H,), (P, 1): (H,)}, lists=(P,)), 2)
+    gather = Action(moment=0, op=Op.ALL_GATHER, list=P, chunk=0, channel=Channel.INTER_GPU, bytes=CHUNK_BYTES)
+    two = dataclasses.replace(two, actions=(*two.actions[:2], gather, *two.actions[2:]))
+    r = simulate(two, _world_hw(2, 2))
+    assert r.bytes_per_channel[Channel.INTER_GPU] == CHUNK_BYTES
+    assert r.moment_start_seconds[0] == pytest.approx(1.5)
+    interval = next(i for i in r.timeline if i.channel is Channel.INTER_GPU)
+    assert interval.start_seconds == pytest.approx(1.0)
+    assert r.tflops == pytest.approx(2 * r.flops / r.iteration_seconds / 1e12)  # both ranks compute
