@@ -5,8 +5,8 @@
 
 Uses traces/gpt3-13b.msgpack and traces/gpt3-175b.msgpack when they exist, otherwise the same
 configurations from planner.families (Fuyou Table 4: 40 x 5120 and 96 x 12288, sequence 1024,
-batch 8, fp16). Wall-clock seconds of the whole solve (layout candidates, LPs, MIP, materialize),
-the best of --repeat runs; CPU timings on a shared machine are ratios from one run.
+batch 8, fp16). Wall-clock seconds of the whole solve (layout candidates, LPs, MIPs, materialize and
+simulate every plan and the reference decision sets), the best of --repeat runs; CPU timings on a shared machine are ratios from one run.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> int:
                     h = report.schedule.header
                     outcome = (f"{h.solver_status.value:9s} {h.objective_seconds:10.3f} {h.lower_bound_seconds:10.3f} "
                                f"{100 * h.gap:6.2f}% {report.schedule.prediction.iteration_seconds:10.3f} "
-                               f"{report.chunk_elements:>11d}")
+                               f"{report.simulated_seconds:10.3f} {report.chunk_elements:>11d}  {report.chosen}")
                 except InfeasibleError as exc:
                     outcome = "does not fit: " + str(exc).split(": ", 1)[1].split(". ")[0]
                 seconds = time.perf_counter() - start
@@ -71,7 +71,7 @@ def main() -> int:
             target = CONFIGS[name]["target_s"]
             rows.append((name, preset, best, target, outcome, source))
     print(f"{'model':6s} {'hardware':20s} {'solve s':>8s} {'target':>7s}  {'status':9s} {'objective':>10s} "
-          f"{'bound':>10s} {'gap':>7s} {'predicted':>10s} {'chunk elem':>11s}")
+          f"{'bound':>10s} {'gap':>7s} {'predicted':>10s} {'simulated':>10s} {'chunk elem':>11s}  chosen plan")
     for name, preset, seconds, target, outcome, source in rows:
         print(f"{name:6s} {preset:20s} {seconds:8.2f} {target:7.1f}  {outcome}")
     print("sources: " + ", ".join(sorted({f'{r[0]}: {r[5]}' for r in rows})))

@@ -108,6 +108,13 @@ class Decisions:
     # where RECOMPUTE blocks keep their input (the checkpoint) between forward and backward: None =
     # DEVICE; HOST = offloaded after the forward and reloaded with the SWAP blocks' timing (Fuyou §4.4)
     checkpoint_tier: Tier | None = None
+    # per moment: the seconds the policy expects it to last (tide: the placement's stage times);
+    # () = its compute (plus recompute). Only paces the SSD traffic of overlapped CPU steps.
+    moment_seconds_hint: tuple[float, ...] = ()
+    # issue the overlapped CPU steps and their OS's SSD traffic at the CPU's estimated pace instead of
+    # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
+    # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
+    pace_optimizer_io: bool = False
 
 
 @frozen
@@ -183,9 +190,15 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
 
 
 def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
-    """Bytes of optimizer state that live on DEVICE all the time."""
+    """Bytes of optimizer state that live on DEVICE all the time, on the busiest rank (a chunk's OS
+    is held by its owner rank only, as the simulator counts it; with one rank: the plain sum)."""
     per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
-    return sum(layout.chunks[p.chunk].elements * per_element for p in chunk_plans if p.os_tier is Tier.DEVICE)
+    per_rank = [0] * problem.world_size
+    for p in chunk_plans:
+        if p.os_tier is Tier.DEVICE:
+            chunk = layout.chunks[p.chunk]
+            per_rank[chunk.owner_rank] += chunk.elements * per_element
+    return max(per_rank)
 
 
 def param_budget_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan],
@@ -207,11 +220,10 @@ def _device_step_os_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Se
     per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
     ws = problem.world_size
     best = 0
-    for g in range(0, len(layout.chunks), ws):
-        group = chunk_plans[g:g + ws]
-        fetched = sum(layout.chunks[p.chunk].elements * per_element for p in group
-                      if p.optimizer_tier is Tier.DEVICE and p.os_tier is not Tier.DEVICE)
-        best = max(best, fetched)
+    for g in range(0, len(layout.chunks), ws):  # each owner fetches its own chunk of the group
+        fetched = [layout.chunks[p.chunk].elements * per_element for p in chunk_plans[g:g + ws]
+                   if p.optimizer_tier is Tier.DEVICE and p.os_tier is not Tier.DEVICE]
+        best = max(best, *fetched, 0)
     return best
 
 
@@ -321,6 +333,8 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
     if len(d.param_device_budget_bytes) != n_moments:
         raise PlannerError(f"decisions of {d.policy!r}: one PARAM budget per moment expected ({n_moments}), "
                            f"found {len(d.param_device_budget_bytes)}")
+    if d.moment_seconds_hint and len(d.moment_seconds_hint) != n_moments:
+        raise PlannerError(f"decisions of {d.policy!r}: moment_seconds_hint needs one value per moment ({n_moments})")
     if d.param_home_tiers and len(d.param_home_tiers) != n_chunks:
         raise PlannerError(f"decisions of {d.policy!r}: param_home_tiers needs one tier per chunk ({n_chunks})")
     if tuple(d.layout.lists) != problem.lists:
@@ -671,15 +685,20 @@ def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], 
     finals: dict[int, list[int]] = {}
     for g, tick in plan.grad_final_tick.items():
         finals.setdefault(tick, []).append(g)
+    optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
+    step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick)
     host_steps: dict[int, list[int]] = {}
     for g, tick in plan.host_step_tick.items():
-        host_steps.setdefault(tick, []).append(g)
-    optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
+        host_steps.setdefault(step_tick.get(g, tick), []).append(g)
     os_reads_early: dict[int, list[int]] = {}
-    for g, tick in plan.host_step_tick.items():
-        if tick != optimizer_tick:
-            os_reads_early.setdefault(plan.grad_first_tick[g], []).append(g)
+    for g, tick in read_tick.items():
+        os_reads_early.setdefault(tick, []).append(g)
+    paced_write_backs: dict[int, list[int]] = {}
+    for g, tick in write_tick.items():
+        paced_write_backs.setdefault(tick, []).append(g)
     device_steps = {tick: g for g, tick in plan.device_step_tick.items()}
+    device_order = [device_steps[t] for t in sorted(device_steps)]
+    device_rank = {g: k for k, g in enumerate(device_order)}
     activation = _activation_actions(plan.problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
     first_tick_of = {tick: m for m, tick in plan.first_tick.items()}
     key = lambda iv: iv.entry  # noqa: E731 - determinism inside a tick
@@ -708,22 +727,127 @@ def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], 
                     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
         for g in sorted(os_reads_early.get(tick, ())):
             _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
-        for g in sorted(host_steps.get(tick, ())):
-            early = plan.host_step_tick[g] != optimizer_tick
-            _host_step_reads(out, plan, g, tick, os_state=not early)
+        for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
+            paced = g in read_tick
+            _host_step_reads(out, plan, g, tick, os_state=not paced)
             _host_step(out, plan, g, tick)
+            if paced or not any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g]):
+                continue  # paced: written back at its tick below; no NVMe OS: nothing to write back
             # delayed write-back (Fuyou §4.3): group i's OS goes down after group i+1's step is issued,
             # so the SSDs never wait on the CPU with the next group's reads queued behind them
             for previous in written_back_later:
                 _host_step_write_back(out, plan, previous, tick)
             written_back_later = [g]
+        for g in sorted(paced_write_backs.get(tick, ())):
+            _host_step_write_back(out, plan, g, tick)
         if tick == n_ticks:
             for previous in written_back_later:
                 _host_step_write_back(out, plan, previous, tick)
         if tick in device_steps:
+            k = device_rank[device_steps[tick]]
+            if k == 0:
+                _device_step_nvme_reads(out, plan, device_order[0], tick)
+            if k + 1 < len(device_order):
+                # the next step's OS is read from NVME before this one's goes back: the SSDs are one
+                # FIFO (simplex), so a write-back queued first would hold the next read behind the
+                # whole DEVICE round trip of this step (the streamed steps pipeline instead)
+                _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
             _device_step(out, plan, device_steps[tick], tick)
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _estimated_tick_seconds(plan: _Plan) -> list[float]:
+    """When each tick starts if nothing waits: the cumulative compute of the moments (plus the
+    recompute of RECOMPUTE blocks at their first backward moment), then in the OPTIMIZER moment one
+    DEVICE step after the other at the pace of its busiest link. Only used to pace the SSDs."""
+    problem, hw = plan.problem, plan.problem.hardware
+    extra = [0.0] * len(problem.moments)
+    for b, mode in enumerate(plan.decisions.activation_modes):
+        if mode is ActivationMode.RECOMPUTE:
+            first = problem.blocks[b].backward_moments[0]
+            if first >= 0:
+                extra[first] += problem.blocks[b].recompute_seconds
+    hint = plan.decisions.moment_seconds_hint
+    start, t = [], 0.0
+    for m in problem.moments:
+        start.append(t)
+        t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
+    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    out: list[float] = []
+    lag = 0.0
+    for tick, m in enumerate(plan.tick_moment):
+        out.append(start[m] + lag)
+        g = step_at.get(tick)
+        if g is None:
+            continue
+        up = down = nvme = 0.0
+        for c in plan.trainable_chunks[g]:
+            os_bytes = sum(plan.chunk_bytes[x][c] for x in problem.os_lists)
+            param = plan.chunk_bytes[ChunkList.PARAM][c]
+            if plan.os_tier[c] is not Tier.DEVICE:
+                up += os_bytes
+                down += os_bytes
+            if plan.os_tier[c] is Tier.NVME:
+                nvme += os_bytes / (hw.nvme_read_bytes_per_s or math.inf) + os_bytes / (hw.nvme_write_bytes_per_s or math.inf)
+            if not plan.persistent[g]:
+                up += 2 * param
+                down += param
+        lag += max(up / hw.h2d_bytes_per_s, down / hw.d2h_bytes_per_s, nvme)
+    return out
+
+
+def _paced_host_io(plan: _Plan, optimizer_tick: int) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """Ticks at which the overlapped CPU steps, and the NVMe reads and write-backs of their OS, are issued.
+
+    The SSDs are one FIFO (simplex): a write-back issued before its CPU step is done holds every
+    later read (the next steps' OS, activation reloads, NVMe-homed PARAM, streamed OS) behind the
+    CPU queue. When the CPU optimizer is slower than backward produces final grads (175B: 75 s of
+    CPU Adam against 37 s of backward) that queue grows to tens of seconds. So the OS follows the
+    CPU's pace (estimated with `_estimated_tick_seconds` and the CPU optimizer rate): a step is
+    issued about one OS read before the CPU is estimated to reach it (its grads wait on HOST), its
+    OS is read two reads ahead of that (never before its first backward use), and written back
+    once the step is estimated done (never before the next step is issued: Fuyou §4.3's delayed
+    write-back). This also bounds the OS staged on HOST to the steps in flight. Steps the CPU is
+    estimated to reach only after the last tick get step tick n_ticks: the tail, issued there one
+    after the other with the delayed write-back chain. Steps without NVMe OS are not paced."""
+    d, problem = plan.decisions, plan.problem
+    if not d.pace_optimizer_io:
+        return {}, {}, {}
+    early = sorted((tick, g) for g, tick in plan.host_step_tick.items() if tick != optimizer_tick)
+    os_bytes = {g: sum(plan.chunk_bytes[x][c] for c in plan.trainable_chunks[g] for x in problem.os_lists
+                       if plan.os_tier[c] is Tier.NVME) for _, g in early}
+    if not any(os_bytes.values()):
+        return {}, {}, {}
+    est = _estimated_tick_seconds(plan)
+    n_ticks = len(plan.tick_moment)
+    rate = problem.hardware.host.optimizer_params_per_s
+    lead = max(os_bytes.values()) / (problem.hardware.nvme_read_bytes_per_s or math.inf)
+
+    def first_tick_at(seconds: float, lo: int, hi: int) -> int:
+        t = lo
+        while t < hi and est[t] < seconds:
+            t += 1
+        return t
+
+    step_tick: dict[int, int] = {}
+    cpu_end: dict[int, float] = {}
+    read_tick: dict[int, int] = {}
+    write_tick: dict[int, int] = {}
+    cpu_free = 0.0
+    last = 0
+    for tick, g in early:
+        elements = sum(d.layout.chunks[c].elements for c in plan.trainable_chunks[g])
+        start = max(est[tick], cpu_free)
+        cpu_free = cpu_end[g] = start + elements / rate
+        last = step_tick[g] = max(first_tick_at(start - lead, tick, n_ticks), last)
+        if step_tick[g] < n_ticks and os_bytes[g]:
+            read_tick[g] = first_tick_at(start - 2 * lead, plan.grad_first_tick[g], step_tick[g])
+    for k, (tick, g) in enumerate(early):
+        if g in read_tick:
+            after = step_tick[early[k + 1][1]] if k + 1 < len(early) else n_ticks
+            write_tick[g] = first_tick_at(cpu_end[g], max(after, step_tick[g]), n_ticks)
+    return step_tick, read_tick, write_tick
 
 
 def _emit_end(out: _Emitter, plan: _Plan, iv: _Interval, tick: int) -> None:
@@ -803,13 +927,20 @@ def _host_step_write_back(out: _Emitter, plan: _Plan, g: int, tick: int) -> None
                 out.evict(tick, lst, c, Tier.HOST)
 
 
+def _device_step_nvme_reads(out: _Emitter, plan: _Plan, g: int, tick: int) -> None:
+    """The OS of a DEVICE step that lives on NVME, read to HOST (staged there until its write-back)."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is Tier.NVME:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.FETCH, lst, c, Tier.NVME, Tier.HOST)
+
+
 def _device_step(out: _Emitter, plan: _Plan, g: int, tick: int) -> None:
-    """GPU Adam: OS that lives lower comes up for the step and goes back down after it."""
+    """GPU Adam: OS that lives lower comes up for the step and goes back down after it (the NVME
+    reads were issued by `_device_step_nvme_reads`, one step ahead)."""
     for c in plan.trainable_chunks[g]:
         os_tier = plan.os_tier[c]
         for lst in plan.problem.os_lists:
-            if os_tier is Tier.NVME:
-                out.copy(tick, Op.FETCH, lst, c, Tier.NVME, Tier.HOST)
             if os_tier is not Tier.DEVICE:
                 out.copy(tick, Op.FETCH, lst, c, Tier.HOST, Tier.DEVICE)
         out.add(tick, op=Op.OPTIMIZER_STEP, chunk=c, dst=Tier.DEVICE, channel=Channel.COMPUTE)
@@ -907,12 +1038,27 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     held: dict[ChunkList, list[int]] = {x: [0] * n_chunks for x in lists}
     valid: dict[ChunkList, list[int]] = {x: [0] * n_chunks for x in lists}
     tier_bytes = [0, 0, 0]
+    # With several ranks a chunk's OS on DEVICE is its owner's only (PARAM and GRAD copies there are
+    # every rank's once gathered): DEVICE bytes = the chunks' plus the busiest rank's OS
+    os_lists = [x for x in lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V)]
+    per_owner = schedule.header.world_size > 1
+    os_device = [0] * schedule.header.world_size
+
+    def count(x: ChunkList, c: int, t: int, sign: int) -> None:
+        if per_owner and t == 0 and x in os_lists:
+            os_device[layout.chunks[c].owner_rank] += sign * size[x][c]
+        else:
+            tier_bytes[t] += sign * size[x][c]
+
+    def totals() -> list[int]:
+        return [tier_bytes[0] + max(os_device), tier_bytes[1], tier_bytes[2]]
+
     for r in schedule.initial_residency:
         for tier in r.tiers:
             bit = 1 << _TIER_INDEX[tier]
             held[r.list][r.chunk] |= bit
             valid[r.list][r.chunk] |= bit
-            tier_bytes[_TIER_INDEX[tier]] += size[r.list][r.chunk]
+            count(r.list, r.chunk, _TIER_INDEX[tier], 1)
     chunk_of = {t.tensor: t.chunk for t in layout.tensors}
     trainable = {t.tensor for t in layout.tensors if t.trainable}
     by_moment: list[list[int]] = [[] for _ in schedule.moments]
@@ -925,7 +1071,6 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     held_recorded = 0
     device, host, nvme = [], [], []
     fetched = 0
-    os_lists = [x for x in lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V)]
 
     def fail(m: int, i: int | None, what: str) -> ReplayError:
         where = f"moment {m}" + (f", action {i} ({schedule.actions[i].op.value} {schedule.actions[i].list} "
@@ -935,7 +1080,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     def add(x: ChunkList, c: int, t: int) -> None:
         if not held[x][c] >> t & 1:
             held[x][c] |= 1 << t
-            tier_bytes[t] += size[x][c]
+            count(x, c, t, 1)
         valid[x][c] |= 1 << t
 
     for m in schedule.moments:
@@ -943,7 +1088,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             if fwd_last[b] == m.id:
                 held_recorded += schedule.activation_plans[b].bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[b])
-        peak_model = [tier_bytes[0], tier_bytes[1], tier_bytes[2]]
+        peak_model = totals()
         for i in by_moment[m.id]:
             a = schedule.actions[i]
             if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
@@ -961,7 +1106,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     raise fail(m.id, i, "drops the last valid copy")
                 held[a.list][a.chunk] &= ~(1 << s)
                 valid[a.list][a.chunk] &= ~(1 << s)
-                tier_bytes[s] -= size[a.list][a.chunk]
+                count(a.list, a.chunk, s, -1)
             elif a.op is Op.ALLOCATE:
                 add(a.list, a.chunk, _TIER_INDEX[a.dst])
                 valid[a.list][a.chunk] = 1 << _TIER_INDEX[a.dst]
@@ -986,7 +1131,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                 for c in range(a.chunk * schedule.header.world_size,
                                min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
                     add(a.list, c, 0)
-            peak_model = [max(peak_model[t], tier_bytes[t]) for t in range(3)]
+            peak_model = [max(p, now) for p, now in zip(peak_model, totals())]
         for b in range(len(modes)):
             if bwd_first[b] == m.id:
                 if b in act_tier:
@@ -1004,9 +1149,10 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     valid[ChunkList.GRAD][c] = 1
         # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
         non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
-        device.append(max(peak_model[0], tier_bytes[0] + non_model))
-        host.append(max(peak_model[1], tier_bytes[1] + act_bytes[1]))
-        nvme.append(max(peak_model[2], tier_bytes[2] + act_bytes[2]))
+        now = totals()
+        device.append(max(peak_model[0], now[0] + non_model))
+        host.append(max(peak_model[1], now[1] + act_bytes[1]))
+        nvme.append(max(peak_model[2], now[2] + act_bytes[2]))
     _check_steady_state(schedule, held, valid, fail)
     return ResidencyReplay(device_bytes=tuple(device), host_bytes=tuple(host), nvme_bytes=tuple(nvme),
                            fetched_chunks=fetched)

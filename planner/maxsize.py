@@ -11,11 +11,15 @@ materialized by `planner.solve.build_schedule`).
 
 tide's search is two-level, so that a preset takes minutes, not hours: the binary search asks the
 placement model's LP relaxation with memory rows only (`placement.placement_feasible`, GLOP, the
-smallest chunk size: finest granularity, least DEVICE), a necessary condition; the size it ends on
-is then confirmed by a real plan (an integral point of the placement MIP's memory rows, chunk sizes
-smallest first, materialized and replayed by the simulator: a plan that fits, not the fastest
-one; `solve` finds the fastest); when that
-fails the layer count steps down (binary search with the confirming check) until one is confirmed.
+smallest chunk size: finest granularity, least DEVICE), a necessary condition; the sizes it ends on,
+and the sizes the baselines reached (they are searched first), are then confirmed biggest first by
+a real plan: one of tide's reference decision sets (`tide_reference_fits`: the baselines' decisions
+run through tide's engine, seconds per size), else an integral point of the placement MIP's memory
+rows (`tide_plan_fits`, minutes at the largest sizes: a plan that fits, not the fastest one; `solve`
+finds the fastest), materialized and replayed by the simulator. A refuted size steps its layer count
+down by binary search with the reference sets only. Since every size a baseline reaches is offered
+to tide's confirmation, tide's answer is at least every baseline's wherever its reference decision
+sets can express what that baseline does.
 
 The candidate traces come from `planner.families.gpt_trace`: analytic traces of the GPT-2-style
 model with the moments, parameter shapes, FLOPs and activation bytes a meta-device recording
@@ -60,7 +64,7 @@ class MaxSize:
 
 
 TIDE_LP_SECONDS = 60.0  # feasibility LP of one size (512 layers x 16384: ~6 s on the 2-core CI box)
-TIDE_MIP_SECONDS = 120.0  # the confirming feasibility MIP of one chunk size
+TIDE_MIP_SECONDS = 60.0  # the confirming feasibility MIP of one chunk size
 
 
 def _trace(layers: int, hidden: int, heads: int, *, batch: int, seq: int):
@@ -68,13 +72,16 @@ def _trace(layers: int, hidden: int, heads: int, *, batch: int, seq: int):
                      name=f"gpt3-{layers}x{hidden}")
 
 
-def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, int, int], bool]:
-    """`fn(layers, hidden, heads)`: does `policy` fit that model on `hardware`? (tide: a confirmed plan)"""
+def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int,
+                use_mip: bool = True) -> Callable[[int, int, int], bool]:
+    """`fn(layers, hidden, heads)`: does `policy` fit that model on `hardware`? (tide: a confirmed plan:
+    one of its reference decision sets, else, with `use_mip`, a plan of the placement MIP)"""
 
     def fn(layers: int, hidden: int, heads: int) -> bool:
         trace = _trace(layers, hidden, heads, batch=batch, seq=seq)
         if policy == TIDE:
-            return tide_plan_fits(build_problem(trace, hardware, trace_digest=_DIGEST), hardware)
+            problem = build_problem(trace, hardware, trace_digest=_DIGEST)
+            return tide_reference_fits(problem) or (use_mip and tide_plan_fits(problem, hardware))
         try:
             baseline(policy, build_problem(trace, hardware, trace_digest=_DIGEST))
             return True
@@ -93,6 +100,26 @@ def tide_may_fit(problem) -> bool:
     size = min(candidate_chunk_sizes(problem))
     data = placement_input(problem, build_layout(problem, chunk_elements=size))
     return placement_feasible(data, time_limit_seconds=TIDE_LP_SECONDS) is not False
+
+
+def tide_reference_fits(problem) -> bool:
+    """Sufficient condition, fast (seconds where the MIP takes minutes): one of tide's reference
+    decision sets (`planner.solve.reference_decisions`: what the baselines decide, run through tide's
+    engine) on the baselines' chunk layout, materialized within every capacity and replayed by the
+    simulator. It is what makes tide's largest model at least every baseline's."""
+    from planner.baselines import policy_layout
+    from planner.materialize import materialize
+    from planner.simulate import ScheduleViolation
+    from planner.solve import reference_decisions
+
+    layout = policy_layout(problem)
+    for _, decisions in reference_decisions(problem, layout):
+        try:
+            simulate(materialize(problem, decisions), problem.hardware)
+        except (PlannerError, ScheduleViolation):  # InfeasibleError is a PlannerError
+            continue
+        return True
+    return False
 
 
 def tide_plan_fits(problem, hardware: Hardware) -> bool:
@@ -131,11 +158,15 @@ def tide_fast_fn(hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, 
 
 def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER,
              max_layers_factor: int = 4, policy: str = "",
-             confirm: Callable[[int, int, int], bool] | None = None) -> MaxSize:
+             confirm: Callable[[int, int, int], bool] | None = None,
+             step_confirm: Callable[[int, int, int], bool] | None = None,
+             hints: Sequence[tuple[int, int, int]] = ()) -> MaxSize:
     """Binary search of the layer count per width; the widths in ascending order until none fits.
 
-    With `confirm`, `fits` is only a necessary condition: after the search the widths' answers are
-    confirmed biggest first (`_confirmed_best`), so a preset usually needs one confirming plan."""
+    With `confirm`, `fits` is only a necessary condition: after the search the widths' answers, and
+    the `hints` (sizes other policies reached), are confirmed biggest first (`_confirmed_best`), so
+    a preset usually needs one confirming plan; a refuted width steps its layer count down with
+    `step_confirm` (default: `confirm`)."""
     best = MaxSize(policy=policy, layers=0, hidden=0, heads=0, params=0, checked=0)
     checked = 0
     found: list[tuple[int, int, int]] = []  # with confirm: (layers, hidden, heads) the fast check allows
@@ -164,16 +195,17 @@ def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[in
         if params > best.params:
             best = MaxSize(policy=policy, layers=lo, hidden=hidden, heads=heads, params=params, checked=0)
     if confirm is not None:
-        best, more = _confirmed_best(found, confirm, policy)
+        best, more = _confirmed_best([*found, *hints], confirm, policy, step_confirm=step_confirm)
         checked += more
     return MaxSize(policy=policy, layers=best.layers, hidden=best.hidden, heads=best.heads, params=best.params,
                    checked=checked)
 
 
 def _confirmed_best(found: Sequence[tuple[int, int, int]], confirm: Callable[[int, int, int], bool],
-                    policy: str) -> tuple[MaxSize, int]:
+                    policy: str, *, step_confirm: Callable[[int, int, int], bool] | None = None) -> tuple[MaxSize, int]:
     """The largest confirmed size: the widths' fast answers, biggest first; one that is refuted steps
-    its layer count down (binary search with `confirm`) and the next width may still beat it."""
+    its layer count down (binary search with `step_confirm`) and the next width may still beat it."""
+    step_confirm = step_confirm or confirm
     best = MaxSize(policy=policy, layers=0, hidden=0, heads=0, params=0, checked=0)
     checked = 0
     for layers, hidden, heads in sorted(found, key=lambda x: -gpt_param_count(layers=x[0], hidden=x[1])):
@@ -188,7 +220,7 @@ def _confirmed_best(found: Sequence[tuple[int, int, int]], confirm: Callable[[in
                     ok = mid  # not better than the best anyway: no need to confirm it
                     continue
                 checked += 1
-                if confirm(mid, hidden, heads):
+                if step_confirm(mid, hidden, heads):
                     ok = mid
                 else:
                     bad = mid
@@ -201,16 +233,20 @@ def _confirmed_best(found: Sequence[tuple[int, int, int]], confirm: Callable[[in
 
 def max_sizes(hardware: Hardware, *, policies: Sequence[str], batch: int = 1, seq: int = 1024,
               ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER) -> list[MaxSize]:
-    out = []
     for policy in policies:
         if policy != TIDE and policy not in POLICIES:
             raise PlannerError(f"unknown policy {policy!r}; choose from {', '.join([TIDE, *POLICIES])}")
-        if policy == TIDE:
-            out.append(max_size(tide_fast_fn(hardware, batch=batch, seq=seq), ladder=ladder, policy=policy,
-                                confirm=feasible_fn(policy, hardware, batch=batch, seq=seq)))
-            continue
-        out.append(max_size(feasible_fn(policy, hardware, batch=batch, seq=seq), ladder=ladder, policy=policy))
-    return out
+    # the baselines first: the sizes they reach are tide's hints (confirmed by its reference decision
+    # sets in seconds, so the slow MIP confirmation is only tried above them)
+    found = {policy: max_size(feasible_fn(policy, hardware, batch=batch, seq=seq), ladder=ladder, policy=policy)
+             for policy in policies if policy != TIDE}
+    if TIDE in policies:
+        hints = [(r.layers, r.hidden, r.heads) for r in found.values() if r.layers]
+        found[TIDE] = max_size(tide_fast_fn(hardware, batch=batch, seq=seq), ladder=ladder, policy=TIDE,
+                               confirm=feasible_fn(TIDE, hardware, batch=batch, seq=seq),
+                               step_confirm=feasible_fn(TIDE, hardware, batch=batch, seq=seq, use_mip=False),
+                               hints=hints)
+    return [found[p] for p in policies]
 
 
 def _tide_available() -> bool:
@@ -270,4 +306,4 @@ def _main(args: argparse.Namespace) -> int:
 
 
 __all__ = ["GPT3_LADDER", "MaxSize", "TRACE_SOURCE", "feasible_fn", "max_size", "max_sizes", "register",
-           "tide_may_fit", "tide_plan_fits"]
+           "tide_may_fit", "tide_plan_fits", "tide_reference_fits"]

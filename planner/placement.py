@@ -25,8 +25,13 @@ Data flow per chunk (what the time rows charge):
 - grads of chunks whose Adam runs on the CPU go D2H in their last backward stage; their updated
   params (HOST copy) must come up again before the next forward uses them (stale DEVICE copies);
 - chunks whose optimizer state lives on DEVICE run GPU Adam and keep params and grads on DEVICE;
+- OS on HOST or NVME may instead be streamed to the DEVICE for GPU Adam in the optimizer stage
+  (OS, PARAM and GRAD up, OS and PARAM down; from NVME also read from and written back to the
+  SSDs, two chunks of it staged on HOST): what frees the largest models from the CPU optimizer
+  (175B: 116 s of CPU Adam at 1.5e9 params/s) when HOST cannot hold their OS;
 - OS on NVME is read and written once per iteration by the CPU Adam (no grads through the SSDs
-  thanks to the overlap, Fuyou §4.3);
+  thanks to the overlap, Fuyou §4.3); when the CPU falls behind backward, the grads it has not
+  reached wait on HOST into the optimizer stage (a row of their own, `cpu_optimizer_lag`);
 - PARAM homed on NVME (Fuyou's layout, for models whose PARAM copies do not fit on HOST): read
   from the SSDs for every fetch (staged on HOST until the use) and for its CPU step, written back
   after it; a chunk fetched on demand (at its use, no room to prefetch) makes the use wait;
@@ -36,6 +41,13 @@ Data flow per chunk (what the time rows charge):
 
 The non-model curve (`MomentRef.non_model_bytes`, recorded with every activation kept) is the
 baseline of DEVICE memory; activation plans subtract what they free.
+
+Mechanism switches (`any_stream`, `any_nvme_stream`, `any_nvme_os`, `any_nvme_param`: some chunk
+uses the mechanism, which reserves its staging room) are big-M binaries that make the relaxation
+weak; `fixed_flags` pins them (planner.solve pins them to the rounded LP and, on big traces, the
+activation modes too), which is what keeps the 175B MIP at seconds instead of its time limit.
+The model is optimistic where the SSDs' FIFO and the CPU's pace interact (it charges transfers per
+stage, the simulator queues them): planner.solve therefore replays every plan in the simulator.
 """
 
 from __future__ import annotations
@@ -218,6 +230,7 @@ LOOKAHEAD_STAGES = 3  # the least prefetch depth: stages before its use in which
 LOOKAHEAD_BUDGET = 200  # arrival variables per gap summed over groups (depth = budget / groups)
 MIP_RELATIVE_GAP = 1e-2  # stop the MIP once proven within 1% of its bound (the header's gap target is 2%)
 SECONDARY_WEIGHT = 1e-4  # weight of moved/recomputed/CPU work in the objective (a tie-breaker)
+NVME_STREAM_STAGED_CHUNKS = 2  # OS chunks of NVMe-streamed GPU steps staged on HOST at once (one read ahead)
 SECONDARY_TERMS = 5  # channels that work is spread over: H2D, D2H, NVMe, CPU optimizer, compute
 
 
@@ -283,8 +296,13 @@ class PlacementModel:
     """
 
     def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier3 | None = None,
-                 lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False) -> None:
+                 lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
+                 fixed_flags: dict[str, int] | None = None,
+                 fixed_modes: Sequence[ActivationMode] | None = None) -> None:
         self.original = data
+        self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
+        self.flags: dict[str, Any] = {}
+        self.fixed_flags = dict(fixed_flags or {})
         # rows mixing 1e11 bytes and 0.1 s stall the simplex: the model works in MiB and milliseconds
         self.data = _scaled(data)
         self.relax = relax
@@ -309,6 +327,20 @@ class PlacementModel:
     def _bool(self, name: str) -> Any:
         return self.solver.NumVar(0, 1, name) if self.relax else self.solver.BoolVar(name)
 
+    def _flag(self, name: str) -> Any:
+        """A 0/1 switch of a whole mechanism (any chunk streamed, any OS on NVME, ...): the big-M rows
+        behind it are what makes the relaxation weak and the MIP slow, so `fixed_flags` may pin it
+        (solve pins them to the rounded LP values: a HiGHS MIP of 175B went from > 60 s to 3 s)."""
+        v = self._bool(name)
+        self.flags[name] = v
+        if name in self.fixed_flags:
+            v.lower_bound = v.upper_bound = float(self.fixed_flags[name])
+        return v
+
+    def flag_values(self) -> dict[str, float]:
+        """The solved values of the mechanism switches (after `solve`)."""
+        return {k: self._value(v) for k, v in sorted(self.flags.items())}
+
     def _add_variables(self) -> None:
         d, n = self.data, len(self.data.stages)
         inf = self.solver.infinity()
@@ -318,6 +350,7 @@ class PlacementModel:
         self.incoming: list[list[list[Any]]] = []  # [g][gap][k] aligned with gap.lookahead
         self.refresh: list[list[Any]] = []  # [g][k] aligned with the wrap gap's lookahead
         self.persistent, self.os_device, self.os_host, self.os_nvme, self.os_stream = [], [], [], [], []
+        self.os_nvme_stream: list[Any] = []  # [g] OS on NVME streamed NVME -> HOST -> DEVICE for GPU Adam
         self.param_nvme: list[Any] = []  # [g] PARAM chunks whose home is NVME (fetched through HOST every use)
         self.nvme_incoming: list[list[list[Any]]] = []  # [g][gap][k] the part of incoming[g,gap,k] read from NVME
         self.on_demand: list[list[Any]] = []  # [g][gap] chunks fetched at the next use itself (no prefetch room)
@@ -333,17 +366,21 @@ class PlacementModel:
             # OS on HOST, streamed to the DEVICE for GPU Adam in the optimizer stage (and back): beats
             # CPU Adam where the CPU optimizer, not the link, is the bottleneck
             st = self._int(0, n_os if d.stream_optimizer else 0, f"os_stream[{g.id}]")
+            # OS on NVME streamed through HOST to the DEVICE for GPU Adam (and back): what frees the
+            # largest models from the CPU optimizer rate when HOST cannot hold their OS
+            sn = self._int(0, n_os if (d.stream_optimizer and d.has_nvme) else 0, f"os_nvme_stream[{g.id}]")
             self.persistent.append(pers)
             self.os_device.append(od)
             self.os_host.append(oh)
             self.os_nvme.append(on)
             self.os_stream.append(st)
-            self.solver.Add(od + oh + on + st == n_os, f"os_all[{g.id}]")
+            self.os_nvme_stream.append(sn)
+            self.solver.Add(od + oh + on + st + sn == n_os, f"os_all[{g.id}]")
             # PARAM homed on NVME (Fuyou's layout: frees the HOST copy, costs an SSD read per fetch):
             # only chunks that leave DEVICE and, when trainable, step on the CPU (materialize reads
             # them from NVME for the step and writes them back)
             pn = self._int(0, g.count if (d.has_nvme and d.param_nvme_home) else 0, f"param_nvme[{g.id}]")
-            self.solver.Add(pn + pers + st <= g.count, f"param_nvme_room[{g.id}]")
+            self.solver.Add(pn + pers + st + sn <= g.count, f"param_nvme_room[{g.id}]")
             self.param_nvme.append(pn)
             # GPU Adam needs PARAM and GRAD on DEVICE at the optimizer step: such chunks stay
             self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
@@ -386,8 +423,11 @@ class PlacementModel:
             self.nvme_on_demand.append(ndems)
             self.refresh.append(refresh)
         self.act = [{m: self._bool(f"act[{b.id},{m.value}]") for m in ACT_MODES} for b in d.blocks]
-        for b, choice in zip(d.blocks, self.act):
+        for i, (b, choice) in enumerate(zip(d.blocks, self.act)):
             self.solver.Add(sum(choice.values()) == 1, f"one_mode[{b.id}]")
+            if self.fixed_modes is not None:  # pinned (solve: the LP's choice on big traces)
+                for m, v in choice.items():
+                    v.lower_bound = v.upper_bound = 1.0 if m is self.fixed_modes[i] else 0.0
             if not d.has_nvme:
                 choice[ActivationMode.SWAP_NVME].upper_bound = 0
             if b.forward_stage < 0 or b.backward_stage < 0:  # no forward or no backward: nothing to plan
@@ -481,10 +521,11 @@ class PlacementModel:
                 grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
                 # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)
                 last = g.last_backward_stage if d.optimizer_overlap else n - 1
+                streamed = self.os_stream[gi] + self.os_nvme_stream[gi]
                 host_grads.append((g.last_backward_stage, last,
-                                   (g.count - self.os_device[gi] - self.os_stream[gi]) * g.param_bytes))
+                                   (g.count - self.os_device[gi] - streamed) * g.param_bytes))
                 # streamed chunks' grads wait on HOST for the optimizer stage
-                host_grads.append((g.last_backward_stage, n - 1, self.os_stream[gi] * g.param_bytes))
+                host_grads.append((g.last_backward_stage, n - 1, streamed * g.param_bytes))
                 if d.optimizer_overlap:
                     # OS living on NVME is staged on HOST from the chunk's first backward use (read
                     # early, so the SSDs work while the device computes) until its CPU step
@@ -508,7 +549,7 @@ class PlacementModel:
             # OS living on NVME passes through HOST for its CPU step. With overlap the write-back of
             # one chunk overlaps the read of the next: one more chunk of OS is staged on HOST during
             # backward; after backward the steps take one chunk at a time in the optimizer stage
-            self.any_nvme_os = self._bool("any_nvme_os")
+            self.any_nvme_os = self._flag("any_nvme_os")
             for gi, g in trainable:
                 self.solver.Add(self.os_nvme[gi] <= g.count * self.any_nvme_os, f"any_nvme_os[{g.id}]")
             staged = max(g.os_bytes for _, g in trainable) * self.any_nvme_os
@@ -517,23 +558,35 @@ class PlacementModel:
                 first = min(g.first_backward_stage for g in backward)
                 last = max(g.last_backward_stage for g in backward)
                 host_grads.append((first, last, staged))
+                # steps the CPU reaches only after backward run as materialize's tail chain: the
+                # next chunk's OS is read while the previous one's is written back
+                host_grads.append((d.optimizer_stage, d.optimizer_stage, 2 * staged))
             else:
                 host_grads.append((d.optimizer_stage, d.optimizer_stage, staged))
         pn_groups = [(gi, g) for gi, g in enumerate(d.groups) if self.param_nvme[gi].upper_bound > 0]
         if pn_groups:
             # a CPU step of an NVMe-homed chunk reads its PARAM to HOST and writes it back (and the
             # write-back of one step overlaps the next): two chunks of PARAM staged on HOST
-            any_pn = self._bool("any_nvme_param")
+            any_pn = self._flag("any_nvme_param")
             for gi, g in pn_groups:
                 self.solver.Add(self.param_nvme[gi] <= g.count * any_pn, f"any_nvme_param[{g.id}]")
             staging.append((0, n - 1, 2 * max(g.param_bytes for _, g in pn_groups) * any_pn))
         self.stream_transient: Any = 0
         if d.stream_optimizer and trainable:
             # a streamed GPU Adam step holds one chunk's OS, PARAM and GRAD on DEVICE at a time
-            self.any_stream = self._bool("any_stream")
+            self.any_stream = self._flag("any_stream")
             for gi, g in trainable:
-                self.solver.Add(self.os_stream[gi] <= g.count * self.any_stream, f"any_stream[{g.id}]")
+                self.solver.Add(self.os_stream[gi] + self.os_nvme_stream[gi] <= g.count * self.any_stream,
+                                f"any_stream[{g.id}]")
             self.stream_transient = max(g.os_bytes + 2 * g.param_bytes for _, g in trainable) * self.any_stream
+            if d.has_nvme:
+                # NVMe-streamed steps are pipelined (materialize reads the next chunk's OS before this
+                # one's write-back): up to two chunks' OS staged on HOST in the optimizer stage
+                any_ns = self._flag("any_nvme_stream")
+                for gi, g in trainable:
+                    self.solver.Add(self.os_nvme_stream[gi] <= g.count * any_ns, f"any_nvme_stream[{g.id}]")
+                host_grads.append((d.optimizer_stage, d.optimizer_stage,
+                                   NVME_STREAM_STAGED_CHUNKS * max(g.os_bytes for _, g in trainable) * any_ns))
         self.kept_bytes = self._interval_sums("kept_params", kept)
         self.grad_bytes = self._interval_sums("device_grads", grads)
         self.saved_bytes = self._interval_sums("activation_saved", saved)
@@ -570,7 +623,7 @@ class PlacementModel:
         d = self.data
         expr = 0
         for gi, g in enumerate(d.groups):
-            expr += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
+            expr += (self.os_nvme[gi] + self.os_nvme_stream[gi]) * g.os_bytes + self.param_nvme[gi] * g.param_bytes
         for b, choice in zip(d.blocks, self.act):
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
         return expr
@@ -619,14 +672,18 @@ class PlacementModel:
                 continue
             release = g.last_backward_stage if (d.optimizer_overlap and g.last_backward_stage >= 0) else d.optimizer_stage
             grads_at = g.last_backward_stage if g.last_backward_stage >= 0 else d.optimizer_stage
-            cpu_chunks = g.count - self.os_device[gi] - self.os_stream[gi]
-            d2h[grads_at] += (cpu_chunks + self.os_stream[gi]) * g.param_bytes
+            streamed = self.os_stream[gi] + self.os_nvme_stream[gi]
+            cpu_chunks = g.count - self.os_device[gi] - streamed
+            d2h[grads_at] += (cpu_chunks + streamed) * g.param_bytes
             cpu_released[release] += cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
-            h2d[o] += self.os_stream[gi] * (g.os_bytes + 2 * g.param_bytes)
-            d2h[o] += self.os_stream[gi] * (g.os_bytes + g.param_bytes)
-            compute[o] += self.os_stream[gi] * (g.elements * d.gpu_adam_seconds_per_element)
+            h2d[o] += streamed * (g.os_bytes + 2 * g.param_bytes)
+            d2h[o] += streamed * (g.os_bytes + g.param_bytes)
+            compute[o] += streamed * (g.elements * d.gpu_adam_seconds_per_element)
+            # NVMe-streamed OS: read from and written back to the SSDs in the optimizer stage
+            nvme_read[o] += self.os_nvme_stream[gi] * g.os_bytes
+            nvme_write[o] += self.os_nvme_stream[gi] * g.os_bytes
             # NVMe-homed PARAM: read for the CPU step, written back after it
             os_read[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
             os_write[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
@@ -671,6 +728,7 @@ class PlacementModel:
             self.solver.Add(self.suffix[s] == self.stage_time[s] + later, f"suffix[{s}]")
         cpu_tail: Any = 0
         nvme_tail: Any = 0
+        cpu_tail_at: list[Any] = [0] * (n + 1)  # CPU work released at or after stage s
         for s in reversed(range(n)):
             cpu_here = ch["CPU_RELEASED"][s]
             nvme_here = (ch["OS_READ"][s] + ch["NVME_READ"][s]) * (1.0 / rd) + (ch["OS_WRITE"][s] + ch["NVME_WRITE"][s]) * (1.0 / wr)
@@ -682,10 +740,30 @@ class PlacementModel:
                 v = self.solver.NumVar(0, inf, f"nvme_tail[{s}]")
                 self.solver.Add(v == nvme_tail + nvme_here, f"nvme_tail_run[{s}]")
                 nvme_tail = v
+            cpu_tail_at[s] = cpu_tail
             if not _is_zero(cpu_tail):
                 self.solver.Add(self.suffix[s] >= cpu_tail, f"cpu_optimizer_suffix[{s}]")
             if not _is_zero(nvme_tail):
                 self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
+        o = d.optimizer_stage
+        trainable = [g for g in d.groups if g.trainable and g.elements > 0]
+        bounded_host = self.capacity_variable is Tier3.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
+        if bounded_host and d.optimizer_overlap and trainable and not _is_zero(cpu_tail_at[0]):
+            # When the CPU optimizer falls behind backward, the grads of the steps it has not reached
+            # wait on HOST when the optimizer stage starts: CPU work released in [s, o) minus the
+            # time of [s, o), for the worst s, at the CPU's rate in grad bytes, in the HOST row of
+            # the optimizer stage (the plain rows count a grad only in its release stage). One row
+            # per release stage at the optimizer stage only: a backlog row per stage made the 175B
+            # MIP time out; solve re-plans with less HOST where a paced schedule still runs out.
+            self.cpu_lag = self.solver.NumVar(0, inf, "cpu_optimizer_lag")
+            for s in range(o):
+                if _is_zero(cpu_tail_at[s]) or (s > 0 and cpu_tail_at[s] is cpu_tail_at[s - 1]):
+                    continue
+                self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
+                                f"cpu_optimizer_lag[{s}]")
+            bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / d.cpu_adam_seconds_per_element
+            self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier3.HOST, d.host_bytes),
+                            "host_memory_cpu_lag")
         if not d.optimizer_overlap:
             # Adam after backward: the optimizer stage alone carries the CPU step and its SSD traffic
             o = d.optimizer_stage
@@ -715,7 +793,11 @@ class PlacementModel:
     # -- solve ---------------------------------------------------------------------------
     def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP) -> PlacementSolution:
         start = time.perf_counter()
-        result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap)
+        try:
+            result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap)
+        except Exception as exc:  # HiGHS reports numerical trouble as a status error (pybind11 StatusNotOk)
+            raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s "
+                                      f"(solver error: {str(exc)[:200]})") from None
         seconds = time.perf_counter() - start
         reason = result.termination.reason
         log.info("placement %s (%s): %s, %d variables, %d constraints, %.2f s", self.solver_name,
@@ -781,8 +863,9 @@ class PlacementModel:
             incoming=tuple(incoming),
             persistent=tuple(val(v) for v in self.persistent),
             param_nvme=tuple(val(v) for v in self.param_nvme),
-            os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x)}
-                            for a, h, c, x in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream)),
+            os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x), "NVME_STREAM": val(y)}
+                            for a, h, c, x, y in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream,
+                                                     self.os_nvme_stream)),
             activation_modes=tuple(modes),
             checkpoint_offload=bool(round(self._value(self.ckpt))) if not self.relax else self._value(self.ckpt) > 0.5,
             stage_seconds=tuple(self._value(v) * t for v in self.stage_time),
@@ -895,7 +978,10 @@ def placement_feasible(data: PlacementInput, *, relax: bool = True, time_limit_s
     never make it infeasible). With relax (the LP) a False is proof that no integral plan exists;
     a True is only necessary. None: undecided within the time limit."""
     model = PlacementModel(data, relax=relax, feasibility=True)
-    result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=1.0)
+    try:
+        result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=1.0)
+    except Exception:  # numerical trouble reported as a status error: undecided
+        return None
     reason = result.termination.reason
     if reason in (mathopt.TerminationReason.INFEASIBLE, mathopt.TerminationReason.INFEASIBLE_OR_UNBOUNDED):
         return False

@@ -11,7 +11,8 @@ from planner.compare import TIDE, compare, lower_bound
 from planner.errors import PlannerError
 from planner.maxsize import GPT3_LADDER, TRACE_SOURCE, feasible_fn, max_size
 from planner.problem import build_problem
-from test_baselines import DIGEST, box, small_trace
+from schemas.schedule import Channel
+from test_baselines import DIGEST, RANKS, box, ranks_box, small_trace
 
 BASELINES = ["pytorch", "zero-offload", "zero-infinity", "patrickstar", "gemini", "fuyou"]
 
@@ -71,6 +72,46 @@ def test_compare_cli_json(tmp_path, capsys) -> None:
     assert rc == 0 and "gemini" in capsys.readouterr().out
 
 
+def test_compare_with_several_ranks_rows_for_every_multi_gpu_system(tmp_path, capsys) -> None:
+    """Issue 9 item 3: tide and the multi-GPU baselines on a 4-rank box, each row replayed by the simulator;
+    Fuyou (one GPU only) is a row that says why; the lower bound counts the grads' all-reduce."""
+    hw = ranks_box()
+    c = compare(small_trace(), hw, trace_digest=DIGEST)
+    assert c.world_size == RANKS and [r.policy for r in c.rows] == [TIDE, *BASELINES]
+    fuyou = c.row("fuyou")
+    assert not fuyou.feasible and "single-GPU" in fuyou.reason
+    for r in c.rows:
+        if r.policy == "fuyou":
+            continue
+        assert r.feasible, r.reason
+        assert r.schedule.header.world_size == RANKS
+        assert r.result.bytes_per_channel[Channel.INTER_GPU] > 0  # data parallel: grads are averaged
+        assert r.result.iteration_seconds >= c.lower_bound.seconds * (1 - 1e-9)
+    assert c.lower_bound.seconds_per_resource["INTER_GPU"] > 0
+    trace_path, hw_path = tmp_path / "t.msgpack", tmp_path / "ranks.toml"
+    small_trace().write(trace_path)
+    hw.write(hw_path)
+    assert main(["compare", str(trace_path), "--hardware", str(hw_path), "--json", "--policies", "patrickstar", "fuyou"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world_size"] == RANKS
+    rows = {r["policy"]: r for r in out["rows"]}
+    assert rows["patrickstar"]["gb_per_channel"]["INTER_GPU"] > 0 and rows["fuyou"]["feasible"] is False
+    assert main(["compare", str(trace_path), "--hardware", str(hw_path), "--policies", "pytorch", "fuyou"]) == 0
+    text = capsys.readouterr().out
+    assert "GPU-GPU GB" in text and "4 ranks" in text and "single-GPU system" in text
+
+
+def test_lower_bound_with_ranks_shares_pcie_and_gpu_memory() -> None:
+    one = build_problem(small_trace(), box(device_gb=0.3, tflops=1e4, link_gb_per_s=0.5), trace_digest=DIGEST)
+    four = build_problem(small_trace(), ranks_box(device_gb=0.3, tflops=1e4, link_gb_per_s=0.5), trace_digest=DIGEST)
+    lb1, lb4 = lower_bound(one), lower_bound(four)
+    assert "INTER_GPU" not in lb1.seconds_per_resource
+    assert lb4.seconds_per_resource["H2D"] < lb1.seconds_per_resource["H2D"]
+    m_bytes = four.trace.param_count * 2
+    assert lb4.seconds_per_resource["INTER_GPU"] == pytest.approx(
+        2 * (RANKS - 1) / RANKS * m_bytes / four.hardware.inter_gpu_bytes_per_s)
+
+
 def test_max_size_binary_search_finds_the_largest_feasible_size() -> None:
     ladder = ((10, 64, 4), (10, 128, 4), (10, 256, 4))
     limit = {64: 23, 128: 12, 256: 0}  # 256 wide: not even one layer fits
@@ -107,3 +148,29 @@ def test_maxsize_cli_says_how_traces_are_made(tmp_path, capsys) -> None:
     assert out["trace_source"] == TRACE_SOURCE and out["results"][0]["params"] == 0  # nothing of GPT-3 width fits
     assert GPT3_LADDER[0] == (40, 5120, 40)
     assert main(["maxsize", "--hardware", str(hw_path), "--policies", "pytorch", "--batch", "0"]) == 2
+
+
+def test_maxsize_with_several_ranks_uses_one_process_traces() -> None:
+    """Issue 9 item 3: families' traces are one rank's (world_size 1) and plan on a multi-rank box:
+    DDP trains no more than one GPU does (every rank holds everything), Fuyou (one GPU only)
+    nothing, the sharded systems something."""
+    ladder = ((2, 256, 4), (2, 512, 8))
+    one, four = box(device_gb=2.0, host_gb=4.0, ssds=0), ranks_box(device_gb=2.0, host_gb=4.0, ssds=0)
+
+    def size(policy: str, hw) -> int:
+        return max_size(feasible_fn(policy, hw, batch=1, seq=64), ladder=ladder, max_layers_factor=8, policy=policy).params
+
+    assert size("pytorch", four) == size("pytorch", one) > 0  # DDP: every rank holds everything
+    assert size("patrickstar", four) > 0 and size("zero-infinity", four) > 0
+    assert size("fuyou", four) == 0 < size("fuyou", one)
+
+
+@pytest.mark.parametrize("device_gb", [2.0, 1.0, 0.5])
+def test_tide_with_several_ranks_is_no_slower_than_any_feasible_baseline(device_gb: float) -> None:
+    """Issue 5 target 1 with several ranks: tide's planner replays the baselines' decisions through
+    its own engine (OS sharded over the owners, the DEVICE margin filled with OS) and keeps the fastest."""
+    c = compare(small_trace(), ranks_box(device_gb=device_gb), trace_digest=DIGEST)
+    baselines = [r for r in c.rows if r.policy != TIDE and r.feasible]
+    tide = c.row(TIDE)
+    assert baselines and tide.feasible, tide.reason
+    assert tide.result.iteration_seconds <= min(r.result.iteration_seconds for r in baselines) * (1 + 1e-9)

@@ -103,6 +103,9 @@ CASES = {
     "some persistent, lru": dict(persistent_chunks=[0, 1], optimizer_overlap=False, eviction=EvictionRule.LRU,
                                  param_budget=600_000),
     "farthest next use": dict(eviction=EvictionRule.FARTHEST_NEXT_USE, param_budget=450_000),
+    "gpu adam, os streamed from nvme": dict(os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000),
+    "os on nvme, paced cpu steps": dict(os_tier=Tier.NVME, param_home=Tier.NVME, param_budget=450_000,
+                                        pace_optimizer_io=True),
 }
 
 
@@ -114,8 +117,50 @@ def test_materialized_schedules_are_valid_and_steady(name: str) -> None:
     kw = dict(CASES[name])
     if kw.get("persistent_chunks") == "all":
         kw["persistent_chunks"] = range(len(layout.chunks))
-    decisions = uniform_decisions(p, layout, **kw)
+    pace = kw.pop("pace_optimizer_io", False)
+    decisions = dataclasses.replace(uniform_decisions(p, layout, **kw), pace_optimizer_io=pace)
     check(materialize(p, decisions), decisions)
+
+
+def _nvme_os_order(schedule: Schedule) -> list[tuple[str, int]]:
+    """("r"/"w", chunk) of the MASTER-or-M (first OS list) copies on the NVMe channels, in action order."""
+    first = next(x for x in schedule.layout.lists if x not in (ChunkList.PARAM, ChunkList.GRAD))
+    return [("r" if a.channel is Channel.NVME_READ else "w", a.chunk) for a in schedule.actions
+            if a.list is first and a.channel in (Channel.NVME_READ, Channel.NVME_WRITE)]
+
+
+def test_streamed_device_steps_read_the_next_os_before_writing_this_one_back() -> None:
+    """The SSDs are one FIFO: a write-back queued before the next read would hold that read behind
+    the whole DEVICE round trip of the step; the reads run one step ahead instead."""
+    p = problem()
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    order = _nvme_os_order(materialize(p, decisions))
+    chunks = [c for kind, c in order if kind == "r"]
+    assert len(chunks) == len(set(chunks)) >= 3
+    for k in range(len(chunks) - 1):  # read k+1 comes before write k
+        assert order.index(("r", chunks[k + 1])) < order.index(("w", chunks[k]))
+
+
+def test_paced_cpu_steps_are_valid_and_write_back_after_their_step() -> None:
+    """With a CPU optimizer much slower than backward the steps are issued at its pace (later than
+    their grads are final), and every OS write-back still follows its own step. Whether pacing is
+    faster depends on the plan: `planner.solve` replays both and keeps the faster."""
+    slow = dataclasses.replace(HW, host=dataclasses.replace(HW.host, optimizer_params_per_s=HW.host.optimizer_params_per_s / 50))
+    p = problem(hardware=slow)
+    base = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, param_home=Tier.NVME, param_budget=450_000,
+                             activation_mode=ActivationMode.SWAP_NVME)
+    steps_in_backward = {}
+    for pace in (False, True):
+        decisions = dataclasses.replace(base, pace_optimizer_io=pace)
+        schedule = materialize(p, decisions)
+        check(schedule, decisions, slow)
+        step_at = {a.chunk: i for i, a in enumerate(schedule.actions) if a.op is Op.OPTIMIZER_STEP}
+        for i, a in enumerate(schedule.actions):
+            if a.channel is Channel.NVME_WRITE and a.list in (ChunkList.MASTER, ChunkList.M, ChunkList.V):
+                assert i > step_at[a.chunk]
+        steps_in_backward[pace] = [a.moment for a in schedule.actions if a.op is Op.OPTIMIZER_STEP]
+    assert steps_in_backward[True] != steps_in_backward[False]
+    assert all(a >= b for a, b in zip(steps_in_backward[True], steps_in_backward[False]))  # never earlier
 
 
 def test_fp32_and_the_recorded_small_trace() -> None:

@@ -121,3 +121,42 @@ def test_overlap_hides_the_cpu_optimizer():
     overlap = PlacementModel(dataclasses.replace(synthetic(**slow_cpu), cpu_adam_seconds_per_element=2e-8)).solve()
     serial = PlacementModel(dataclasses.replace(synthetic(overlap=False, **slow_cpu), cpu_adam_seconds_per_element=2e-8)).solve()
     assert overlap.objective_seconds < serial.objective_seconds
+
+
+def test_slow_cpu_streams_nvme_optimizer_state_to_the_device():
+    """OS that only fits on NVME (HOST holds little) with a CPU optimizer 100x slower than the GPU's:
+    the model streams it NVME -> HOST -> DEVICE for GPU Adam instead of stepping it on the CPU."""
+    # DEVICE holds half the OS next to the work; HOST (10 MiB) the PARAM copies, grads and two chunks
+    # of OS staged, not the other half of the OS (6 MiB)
+    data = dataclasses.replace(synthetic(device_mib=22), host_bytes=10 * MIB, cpu_adam_seconds_per_element=1e-6)
+    sol = PlacementModel(data).solve()
+    assert sum(c["NVME_STREAM"] for c in sol.os_counts) > 0
+    assert sum(c["HOST"] + c["STREAM"] for c in sol.os_counts) * 2 * MIB <= data.host_bytes
+    fast_cpu = PlacementModel(dataclasses.replace(data, cpu_adam_seconds_per_element=1e-12)).solve()
+    assert sum(c["NVME_STREAM"] for c in fast_cpu.os_counts) < sum(c["NVME_STREAM"] for c in sol.os_counts)
+    # streamed chunks' OS crosses the SSDs twice (read and write-back) in the optimizer stage
+    assert sol.channel_bytes["NVME_READ"] >= sum(c["NVME_STREAM"] for c in sol.os_counts) * 2 * MIB
+
+
+def test_pinned_flags_are_respected_and_reported():
+    data = synthetic(device_mib=30)
+    lp = PlacementModel(data, relax=True)
+    lp.solve()
+    flags = lp.flag_values()
+    assert set(flags) >= {"any_stream", "any_nvme_os"} and all(0 <= v <= 1 + 1e-9 for v in flags.values())
+    off = PlacementModel(data, fixed_flags={k: 0 for k in flags}).solve()
+    assert all(c["STREAM"] == c["NVME"] == c["NVME_STREAM"] == 0 for c in off.os_counts)  # every switch off
+    free = PlacementModel(data).solve()
+    assert free.objective_seconds <= off.objective_seconds * (1 + MIP_RELATIVE_GAP)
+
+
+def test_cpu_lag_counts_waiting_grads_on_host():
+    """A CPU optimizer far slower than backward leaves grads waiting on HOST when the optimizer stage
+    starts: with HOST just big enough for everything else the plan must step fewer chunks on the CPU."""
+    base = dataclasses.replace(synthetic(device_mib=200, nvme=False), cpu_adam_seconds_per_element=1e-6)
+    roomy = PlacementModel(base).solve()
+    need = max(roomy.host_bytes_per_stage)
+    tight = PlacementModel(dataclasses.replace(base, host_bytes=int(need))).solve()
+    cpu = lambda sol: sum(c["HOST"] for c in sol.os_counts)  # noqa: E731
+    assert cpu(tight) <= cpu(roomy)
+    assert max(tight.host_bytes_per_stage) <= need + 1

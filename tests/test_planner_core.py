@@ -228,16 +228,36 @@ def test_comm_groups_with_several_ranks() -> None:
 
 
 def test_candidate_chunk_sizes_are_bounded_powers_of_two_and_a_block() -> None:
+    from planner.layout import _packing_size
+
     p = problem_of(tiny())
     sizes = candidate_chunk_sizes(p)
-    assert sizes == sorted(set(sizes)) and 2 <= len(sizes) <= 8
-    whole_block = sum(p.trace.tensors[t].numel for t in p.blocks[0].tensors)
-    largest = 4 * H * H  # an MLP matrix
-    assert whole_block in sizes and largest in sizes
-    assert all(s & (s - 1) == 0 for s in sizes if s not in (whole_block, largest))
+    assert sizes == sorted(set(sizes)) and 1 <= len(sizes) <= 8
+    block = [p.trace.tensors[t].numel for t in p.tensor_order if p.tensor_block[t] == 0]
+    whole_block = sum(block)
+    assert whole_block in sizes  # one chunk per block: never dominated (fewest chunks, no waste)
+    packed = {_packing_size(block, k) for k in (2, 3, 4)} - {None}
+    assert all(s & (s - 1) == 0 or s == 4 * H * H or s == whole_block or s in packed for s in sizes)
+    shape = {}
     for size in sizes:
         layout = build_layout(p, chunk_elements=size)
+        shape[size] = (len(layout.chunks), wasted_elements(layout))
         assert wasted_elements(layout) >= 0
+    # no candidate is dominated: another with no more chunks and no more waste
+    for a in sizes:
+        assert not any(b != a and shape[b] != shape[a] and shape[b][0] <= shape[a][0] and shape[b][1] <= shape[a][1]
+                       for b in sizes)
+
+
+def test_packing_size_packs_a_block_into_k_chunks() -> None:
+    from planner.layout import _first_fit_chunks, _packing_size
+
+    numels = [2, 300, 3, 100, 2, 400, 4, 400, 1]  # LayerNorm, qkv, bias, proj, LayerNorm, fc1, bias, fc2, bias
+    for k in (2, 3, 4):
+        size = _packing_size(numels, k)
+        assert size is not None and _first_fit_chunks(numels, size) <= k
+        assert _first_fit_chunks(numels, size - max(1, sum(numels) // 1024) - 1) > k or size == max(numels)
+    assert _packing_size(numels, 20) is None  # fewer tensors than chunks
 
 
 def test_layout_is_deterministic() -> None:

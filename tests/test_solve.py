@@ -197,3 +197,28 @@ def test_on_demand_fetch_fits_a_block_with_no_room_to_prefetch():
     schedule = solve(tr, hw, trace_digest=_digest(tr), time_limit_s=30)
     result = simulate(schedule, hw)
     assert result.peak_bytes_per_tier[Tier.DEVICE] <= hw.device_bytes
+
+
+def test_the_simulator_picks_the_plan_and_tide_is_never_slower_than_its_references_or_the_baselines(hw):
+    """Every solved placement and every reference decision set (the baselines' decisions through tide's
+    engine) is replayed; the fastest replay is the schedule, so tide is no slower than any of them."""
+    from planner.baselines import POLICIES, baseline
+    from planner.problem import build_problem
+    from planner.simulate import simulate
+
+    trace = _trace(4)
+    device = int(_param_bytes(trace) * 4)
+    report = solve_report(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    seconds = simulate(report.schedule, hw).iteration_seconds
+    assert seconds == pytest.approx(report.simulated_seconds)
+    assert {w.split(" decisions")[0] for w, _ in report.evaluated} >= {"fuyou-like", "zero-offload-like", "patrickstar-like"}
+    assert all(seconds <= t * (1 + 1e-9) for _, t in report.evaluated)
+    assert report.chosen in {w for w, _ in report.evaluated}
+    assert any(report.chosen in n for n in report.schedule.header.notes)
+    problem = build_problem(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    for name in POLICIES:
+        try:
+            other = simulate(baseline(name, problem), hw).iteration_seconds
+        except InfeasibleError:
+            continue
+        assert seconds <= other * (1 + 1e-9), name
