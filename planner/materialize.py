@@ -572,7 +572,8 @@ def _demand_pass(plan: _Plan) -> list[_Interval]:
                     dirty_param.add(e)
             dirty = kind == GRAD_ENTRY and ptr[e] < len(uses[e]) or e in dirty_param
             iv.write_back = dirty
-            if not iv.pinned and evictable[e]:
+            # with several ranks a GRAD waits for its reduce-scatter, which follows its last use
+            if not iv.pinned and (evictable[e] or ptr[e] >= len(uses[e])):
                 victims.push(e, next_use=next_use(e), last_use=tick, dirty=dirty)
             else:
                 victims.drop(e)
