@@ -164,14 +164,20 @@ def _check_agreement(trace: Trace, hardware: Hardware) -> None:
 
 
 def _moment_refs(trace: Trace, hardware: Hardware) -> tuple[MomentRef, ...]:
+    """The trace's moments with their compute time on `hardware`. The OPTIMIZER moment carries none:
+    its work is the schedule's OPTIMIZER_STEP actions, costed at the hardware's optimizer rates on
+    the tier each runs on, so the recorded time of the plain optimizer step is not charged again."""
     rate = hardware.device_flops_per_s
     measured = trace.meta.time_source is TimeSource.MEASURED
+
+    def seconds(m) -> float:
+        if m.phase is Phase.OPTIMIZER:
+            return 0.0
+        return m.compute_seconds if measured else m.flops / rate
+
     return tuple(
-        MomentRef(
-            id=m.id, phase=m.phase, kind=m.kind, module=m.module, block=m.block, tensors=m.tensors,
-            compute_seconds=m.compute_seconds if measured else m.flops / rate,
-            flops=m.flops, non_model_bytes=m.non_model_bytes,
-        )
+        MomentRef(id=m.id, phase=m.phase, kind=m.kind, module=m.module, block=m.block, tensors=m.tensors,
+                  compute_seconds=seconds(m), flops=m.flops, non_model_bytes=m.non_model_bytes)
         for m in trace.moments
     )
 
