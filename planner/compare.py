@@ -160,9 +160,9 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
         except InfeasibleError as exc:
             why = str(exc)
             if name == TIDE and problem.world_size > 1:
-                # placement sees one rank's chunks, materialize whole comm groups (planner.placement)
-                why = (f"with {problem.world_size} ranks tide's placement model still plans chunk by chunk while the "
-                       f"schedule moves whole comm groups (issue 9, planner side), so its plan may not fit: {why}")
+                # the placement model is not rank-aware; tide also tried the baselines' decision sets
+                why = (f"with {problem.world_size} ranks neither tide's placement model (not rank-aware: it does not "
+                       f"shard optimizer state over the ranks) nor the baselines' decision sets fit: {why}")
             raw.append((name, None, None, why))
             continue
         except _Unavailable as exc:
