@@ -28,13 +28,7 @@ HF = model_spec("hf-gpt2-tiny")
 GPT_DROPOUT = dataclasses.replace(GPT, config={**GPT.config, "dropout": 0.1})  # recompute must replay the RNG
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # 2-core CI box shared with other tests: intra-op threads only oversubscribe it
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _loss(out):

@@ -34,12 +34,7 @@ LR, WD = 1e-2, 0.1
 MODES = [ActivationMode.SWAP_HOST, ActivationMode.RECOMPUTE, ActivationMode.SWAP_NVME, ActivationMode.KEEP]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _plain(model, batches):

@@ -30,13 +30,7 @@ STEPS = 20
 LR, WD = 1e-2, 0.1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one intra-op thread avoids OpenMP spinning on a shared 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def small_gpt(seed: int = 0, n_layer: int = 2) -> GPT:
