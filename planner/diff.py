@@ -12,7 +12,9 @@ shows the change as this diff. The sections, in order:
 4. residency at the start of the iteration: chunks per chunk list and tier, the chunks whose tiers
    changed (largest by bytes), OS tier and optimizer tier changes per chunk;
 5. activation plan: blocks whose mode changed, as ranges of blocks;
-6. actions: count and bytes per channel, count per op.
+6. actions: count and bytes per channel, count per op;
+7. the planner's notes (only where they differ): its reasoning, e.g. the simulated time of every
+   candidate plan -- excerpted around the first difference here, whole in `--json`.
 
 Everything is aggregated, with the top movers listed, so a 96-block model fits one screen.
 Identical schedules (same bytes, or equal objects) give exactly one line starting "identical:".
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -213,6 +216,7 @@ class ScheduleDiff:
     residency: ResidencyDiff
     activations: ActivationDiff
     actions: ActionDiff
+    notes: tuple[TextChange, ...]  # header notes that differ, by position
 
     @property
     def slower_percent(self) -> float:
@@ -275,6 +279,11 @@ def _inputs(old: Schedule, new: Schedule) -> tuple[TextChange | Change, ...]:
         if a != b:
             out.append(Change(name=f"budget {tier.value}", old=a, new=b, unit="bytes"))
     return tuple(out)
+
+
+def _notes(old: Schedule, new: Schedule) -> tuple[TextChange, ...]:
+    pairs = itertools.zip_longest(old.header.notes, new.header.notes, fillvalue="")
+    return tuple(TextChange(name=f"note {i + 1}", old=a, new=b) for i, (a, b) in enumerate(pairs) if a != b)
 
 
 def _layout(old: Schedule, new: Schedule) -> LayoutDiff:
@@ -467,6 +476,7 @@ def diff_schedules(old: Schedule, new: Schedule, *, old_label: str = "OLD", new_
         residency=_residency(old, new),
         activations=_activations(old, new),
         actions=_actions(old, new),
+        notes=_notes(old, new),
     )
 
 
@@ -641,7 +651,22 @@ def _sections(d: ScheduleDiff) -> list[tuple[str, list[tuple[str, str]]]]:
         rows.append((ch.channel.value, ", ".join(parts)))
     rows.append(("per op", ", ".join(f"{c.name} {_count(c.old)}" + (f"->{_count(c.new)}" if c.changed else "") for c in act.per_op)))
     sections.append(("actions per channel", rows))
+    if d.notes:
+        sections.append(("planner notes differ", [(c.name, _excerpt(c.old, c.new)) for c in d.notes]))
     return sections
+
+
+def _excerpt(old: str, new: str, before: int = 40, after: int = 80) -> str:
+    """Both texts from a little before their first difference: a long note stays one readable line."""
+    k = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    start = max(0, k - before)
+
+    def cut(text: str) -> str:
+        if not text:
+            return "(none)"
+        return ("..." if start else "") + text[start:k + after] + ("..." if len(text) > k + after else "")
+
+    return f"{cut(old)} -> {cut(new)}"
 
 
 def _short(text: str) -> str:
@@ -740,6 +765,7 @@ def to_json(d: ScheduleDiff) -> dict[str, Any]:
                                               "busy_seconds": _change_json(c.busy_seconds)} for c in act.per_channel},
             "per_op": {c.name: _change_json(c) for c in act.per_op},
         },
+        "notes": {c.name: {"old": c.old, "new": c.new} for c in d.notes},
     }
 
 

@@ -272,3 +272,21 @@ def test_thresholds_are_monotone(pct):
     d = diff_schedules(toy_schedule(), toy_schedule(persistent=1))
     slower = d.slower_percent
     assert bool(d.failures(slower_pct=pct)) == (slower > pct)
+
+
+def test_schedules_differing_only_in_notes_say_where():
+    """A golden check that fails must show why: here the planner's reasoning changed, not the plan."""
+    old = toy_schedule()
+    long_note = "simulated plans (" + ", ".join(f"plan {i}: 1.{i:03d} s" for i in range(60)) + ")"
+    old = dataclasses.replace(old, header=dataclasses.replace(old.header, notes=("first", long_note)))
+    new = dataclasses.replace(old, header=dataclasses.replace(old.header, notes=(
+        "first", long_note.replace("plan 41: 1.041 s", "plan 41: 1.052 s"), "added")))
+    d = diff_schedules(old, new)
+    assert not d.identical and [c.name for c in d.notes] == ["note 2", "note 3"]
+    text = render_text(d)
+    line = next(x for x in text.splitlines() if x.strip().startswith("note 2"))
+    assert "plan 41: 1.041 s" in line and "plan 41: 1.052 s" in line and len(line) < 320  # excerpt, not the whole note
+    assert "(none) -> added" in text
+    assert "#### Planner notes differ" in render_markdown(d)
+    notes = json.loads(render_json(d))["notes"]
+    assert notes["note 2"]["new"] == new.header.notes[1] and notes["note 3"] == {"old": "", "new": "added"}
