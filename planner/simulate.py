@@ -34,7 +34,12 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
   SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
   `count * read rate`, writes at `count * write rate`. CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at
   `host.optimizer_params_per_s`; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
-  `device.optimizer_params_per_s`. A copy between DEVICE and NVME crosses HOST: it occupies both
+  `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
+  device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
+  issue order: a CPU step overlapped with backward delays the backward work issued after it (busy
+  time is still reported per channel). Conservative: the executor's optimizer worker runs at the
+  lowest CPU priority, so backward goes first there; the work on the cores is the same.
+  A copy between DEVICE and NVME crosses HOST: it occupies both
   channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
 - Validity. Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
   it is valid. Copies make the destination valid when issued (its arrival time is tracked
@@ -68,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import Hardware, Schedule
+from schemas.hardware import DeviceKind
 from schemas._base import frozen
 from schemas.schedule import (
     OS_LISTS,
@@ -487,6 +493,9 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
               Channel.CPU_OPTIMIZER: _Server()}
     servers = {(ch, rank): shared[ch] if ch in shared else _Server()
                for ch in Channel for rank in range(schedule.header.world_size)}
+    if hardware.device.kind is DeviceKind.CPU_EMULATED:  # one set of cores computes and steps
+        for rank in range(world):
+            servers[(Channel.CPU_OPTIMIZER, rank)] = servers[(Channel.COMPUTE, rank)]
     rate = {
         Channel.H2D: hardware.h2d_bytes_per_s,
         Channel.D2H: hardware.d2h_bytes_per_s,

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from planner.cli import main
 from planner.errors import PlannerError
 from planner.simulate import ScheduleViolation, ViolationKind, simulate
+from schemas.hardware import DeviceKind
 from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, SolverStatus, Tier
 from strategies import hardwares, schedules
 from test_simulate_builders import (
@@ -399,3 +400,30 @@ def test_all_gather_waits_for_the_owners_copies_and_the_work_for_the_all_gather(
     interval = next(i for i in r.timeline if i.channel is Channel.INTER_GPU)
     assert interval.start_seconds == pytest.approx(1.0)
     assert r.tflops == pytest.approx(2 * r.flops / r.iteration_seconds / 1e12)  # both ranks compute
+
+
+def test_cpu_steps_share_the_cores_of_an_emulated_device() -> None:
+    """On an emulated DEVICE, backward and the CPU optimizer run on the same cores: a step overlapped
+    with backward is not free there, as it is beside a GPU."""
+    specs = [
+        (4, Op.ALLOCATE, G, 1, None, D),
+        (5, Op.WRITE_BACK, G, 1, D, H),  # 1 s: grads of chunk 1 final after backward h.1
+        (5, Op.EVICT, G, 1, D, None),
+        (5, Op.OPTIMIZER_STEP, None, 1, None, H),  # 2 s of CPU Adam, issued before backward h.0
+        (5, Op.EVICT, G, 1, H, None),
+        (6, Op.ALLOCATE, G, 0, None, D),
+        (8, Op.OPTIMIZER_STEP, None, 0, None, D),
+        (8, Op.EVICT, G, 0, D, None),
+        (8, Op.FETCH, P, 1, H, D),  # the updated params back for the next iteration
+    ]
+    schedule = tiny_schedule(specs, {(P, 0): (D,), (P, 1): (D, H)})
+    assert HW.device.kind is DeviceKind.CPU_EMULATED
+    gpu = dataclasses.replace(HW, device=dataclasses.replace(HW.device, kind=DeviceKind.CUDA))
+    beside, shared = simulate(schedule, gpu), simulate(schedule, HW)
+    # GPU: backward h.0 4-6 s beside the step 5-7 s; the fetch of chunk 1 after the step, 7-8 s
+    assert beside.iteration_seconds == pytest.approx(8.0)
+    # emulated: the step holds the cores 5-7 s, backward h.0 7-9 s, GPU Adam 9-9.1 s, fetch 9-10 s
+    assert shared.iteration_seconds == pytest.approx(10.0)
+    for r in (beside, shared):  # the work itself is the same, still reported per channel
+        assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(2.0)
+        assert r.busy_seconds_per_channel[Channel.COMPUTE] == pytest.approx(6.1)
