@@ -12,8 +12,9 @@
    decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
    decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
    `planner.simulate`; the fastest replay is the schedule (a tie, within 0.1%, goes to a placement
-   and to the layout that wastes less). So tide can do everything a baseline decides, and is never
-   slower than those decision sets by construction.
+   and to the layout that wastes less, but never to a plan slower than the best reference decision
+   set). So tide can do everything a baseline decides, and is never slower than those decision sets
+   by construction.
 5. Header: objective = the chosen placement MIP's iteration time (the simulator's for a reference
    decision set), lower bound = max(smallest LP relaxation over the candidates, the physical limit
    of `planner.bounds`), gap = (objective - bound) / objective. The notes list every replay.
@@ -187,7 +188,9 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         raise PlannerError(f"{trace.meta.model_name} on {hardware.name}: no placement or reference plan survived "
                            "materialize and the simulator; please report this trace and hardware")
     fastest = min(e.simulated_seconds for e in evaluated)
-    ties = [e for e in evaluated if e.simulated_seconds <= fastest * (1 + TIE_TOLERANCE)]
+    best_reference = min((e.simulated_seconds for e in evaluated if e.placement is None), default=math.inf)
+    # a tie may prefer a placement, never over a faster reference decision set (what a baseline decides)
+    ties = [e for e in evaluated if e.simulated_seconds <= min(fastest * (1 + TIE_TOLERANCE), best_reference)]
     chosen = min(ties, key=lambda e: (e.placement is None, e.wasted_elements, e.simulated_seconds, e.chunk_elements))
     data = chosen.data or (inputs[max(solved)][1] if solved else _least_demanding(inputs))
     if problem.world_size == 1:
