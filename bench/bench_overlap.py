@@ -11,6 +11,10 @@ for the two schedules on the hardware profile measured on this machine by `pytho
 
     python bench/bench_overlap.py                          # GPT-2-small config, batch 4, seq 256, fp32
     python bench/bench_overlap.py --model gpt-small --iters 10
+    OMP_NUM_THREADS=1 python bench/bench_overlap.py --batch 1 --seq 64 --iters 30
+        # backward on one core, the optimizer worker on the other: a GPU machine's layout, where
+        # the CPU is free during backward (by default backward takes every core, and on a 2-core
+        # box the overlapped steps can only take cycles from it)
 
 Prints a table; CPU timings are ratios from one run.
 """
