@@ -19,10 +19,10 @@ import executor
 from executor.errors import ExecutorError
 from executor.runtime import EngineState
 from schemas.schedule import ChunkList, Tier
-from test_executor import LR, WD, gpt_batches, one_thread, plain_groups
+from test_executor import LR, WD, gpt_batches, plain_groups
 from test_executor_planner import gpt_model, plan
 
-__all__ = ["one_thread"]  # the autouse fixture of test_executor applies here too
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GOOD_STEPS = 2
 
 

@@ -27,9 +27,9 @@ from planner.presets import resolve_hardware
 from planner.problem import build_problem
 from schemas._base import digest_bytes
 from schemas.schedule import ActivationMode, Channel, ChunkList, ChunkPlan, Op, Phase, Tier
-from test_executor import LR, WD, bytes_checker, gpt_batches, one_thread, plain_groups
+from test_executor import LR, WD, bytes_checker, gpt_batches, plain_groups
 
-__all__ = ["one_thread"]  # the autouse fixture of test_executor applies here too
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 STEPS = 6
 CHUNK_ELEMENTS = 4096

@@ -24,11 +24,11 @@ from planner.problem import build_problem
 from schemas._base import digest_bytes
 from schemas.schedule import ActivationMode, Channel, ChunkPlan, Op, Tier
 from test_executor import (
-    LR, STEPS, WD, Unusual, assert_same, bytes_checker, engine_run, gpt_batches, one_thread, plain_run,
+    LR, STEPS, WD, Unusual, assert_same, bytes_checker, engine_run, gpt_batches, plain_run,
 )
 
 CHUNK_ELEMENTS = 4096
-__all__ = ["one_thread"]  # the autouse fixture of test_executor applies here too
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def gpt_model() -> GPT:
