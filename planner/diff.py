@@ -24,8 +24,8 @@ Identical schedules (same bytes, or equal objects) give exactly one line startin
 from __future__ import annotations
 
 import argparse
-import json
 import itertools
+import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence

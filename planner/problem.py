@@ -23,7 +23,7 @@ from planner.errors import PlannerError
 from schemas._base import frozen
 from schemas.hardware import Hardware
 from schemas.schedule import ChunkList, MomentRef, Stage
-from schemas.trace import DTYPE_BYTES, DType, Phase, TimeSource, Trace
+from schemas.trace import DTYPE_BYTES, DType, Moment, Phase, TimeSource, Trace
 
 NO_MOMENTS = (-1, -1)  # (first, last) of a block that has no moment in a phase
 
@@ -170,7 +170,7 @@ def _moment_refs(trace: Trace, hardware: Hardware) -> tuple[MomentRef, ...]:
     rate = hardware.device_flops_per_s
     measured = trace.meta.time_source is TimeSource.MEASURED
 
-    def seconds(m) -> float:
+    def seconds(m: Moment) -> float:
         if m.phase is Phase.OPTIMIZER:
             return 0.0
         return m.compute_seconds if measured else m.flops / rate

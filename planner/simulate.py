@@ -73,8 +73,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas import Hardware, Schedule
-from schemas.hardware import DeviceKind
 from schemas._base import frozen
+from schemas.hardware import DeviceKind
 from schemas.schedule import (
     OS_LISTS,
     Action,
