@@ -294,8 +294,7 @@ class Engine:
             raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps}: expected 1 or more")
         if grad_clip_norm is not None and not grad_clip_norm > 0:
             raise ExecutorError(f"grad_clip_norm={grad_clip_norm}: expected a positive number or None")
-        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir,
-                                       grad_accumulation_steps=grad_accumulation_steps)
+        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir)
         problems = check_model(model, schedule, compute=compute)
         if problems:
             raise ExecutorError(f"the model does not match the schedule ({len(problems)} differences): "
@@ -572,7 +571,7 @@ class Engine:
     # ------------------------------------------------------------------------------ attach
     @staticmethod
     def _check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
-                                  nvme_dir: str | Path | None, grad_accumulation_steps: int) -> None:
+                                  nvme_dir: str | Path | None) -> None:
         nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
         if nvme_blocks and nvme_dir is None:
             raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "
