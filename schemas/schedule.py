@@ -92,6 +92,29 @@ class Op(StrEnum):
 
 COPY_OPS = (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK)
 
+# ----------------------------------------------------------------------------- action rules
+# The one place that says which tier pair moves over which channel; the planner's materializer and
+# simulator and the executor's store all read these (DESIGN.md §2: one SSD is simplex, and a copy
+# between DEVICE and NVME crosses HOST).
+
+TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
+TIER_INDEX: dict[Tier, int] = {tier: i for i, tier in enumerate(TIERS)}  # array index, top tier first
+
+# the channel a copy between two adjacent tiers is scheduled on (an action's `channel` field)
+COPY_CHANNEL: dict[tuple[Tier, Tier], Channel] = {
+    (Tier.HOST, Tier.DEVICE): Channel.H2D,
+    (Tier.DEVICE, Tier.HOST): Channel.D2H,
+    (Tier.NVME, Tier.HOST): Channel.NVME_READ,
+    (Tier.HOST, Tier.NVME): Channel.NVME_WRITE,
+}
+
+# every channel a copy from src to dst crosses, in order (DEVICE <-> NVME goes through HOST)
+COPY_PATH: dict[tuple[Tier, Tier], tuple[Channel, ...]] = {
+    **{pair: (channel,) for pair, channel in COPY_CHANNEL.items()},
+    (Tier.NVME, Tier.DEVICE): (Channel.NVME_READ, Channel.H2D),
+    (Tier.DEVICE, Tier.NVME): (Channel.D2H, Channel.NVME_WRITE),
+}
+
 
 class ActivationMode(StrEnum):
     KEEP = "KEEP"  # saved tensors stay on DEVICE until backward
