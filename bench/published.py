@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from planner.baselines import baseline  # noqa: E402
 from planner.compare import TIDE  # noqa: E402
-from planner.errors import InfeasibleError, PlannerError  # noqa: E402
+from planner.errors import InfeasibleError  # noqa: E402
 from planner.families import gpt_param_count, gpt_trace  # noqa: E402
 from planner.maxsize import GPT3_LADDER, feasible_fn  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
@@ -70,8 +70,8 @@ FUYOU_LADDER: tuple[tuple[str, Shape], ...] = tuple(zip(("13B", "33B", "65B", "1
 # Angel-PTM §6.2 / Table 5: hidden 8192, 128 heads, "increase the number of transformer blocks".
 # Table 5 says 28B has 26 layers, but 26 x 12 x 8192^2 is 21B: the params are kept (28B = 34 layers,
 # 55B = 68 layers as Table 5 says); the ladder steps by 17 layers (~14B), an assumption.
-ANGEL_LADDER: tuple[tuple[str, Shape], ...] = tuple((f"{round(gpt_param_count(layers=l, hidden=8192) / 1e9)}B", (l, 8192, 128))
-                                                    for l in (17, 34, 51, 68, 85, 102))
+ANGEL_LADDER: tuple[tuple[str, Shape], ...] = tuple(
+    (f"{round(gpt_param_count(layers=l, hidden=8192) / 1e9)}B", (l, 8192, 128)) for l in (17, 34, 51, 68, 85, 102))
 
 
 # ----------------------------------------------------------------------------- simulation
@@ -153,14 +153,16 @@ PS_BATCHES = (4, 8, 16, 32, 64)  # PatrickStar §9.2: "batch sizes on each GPU, 
 FY_BATCHES = (8, 16, 32, 64)  # Fuyou §5.4 (Fig. 7) lists 8, 16, 32, 64 for the 13B runs of Fig. 5
 PS_T3_CI = 32  # the CI subset's one batch for Table 3 (the full run tries 4-64)
 PS_TABLE3 = ("best of batch 4-64 per GPU (§9.2), seq 1024, 16 heads, activation "
-             "checkpointing (§9.1: 'for all the three software'); the bar: >= 30 TFLOPS (§9.2.1's definition of max scale)")
+             "checkpointing (§9.1: 'for all the three software'); the bar: >= 30 TFLOPS (§9.2.1's definition of "
+             "max scale)")
 PS_DS = ("DeepSpeed = `zero-infinity` with no SSD (PatrickStar §9.1: DeepSpeed v0.4.3 'zero3 stage', ZeRO-Offload/"
          "Infinity, CPU offload)")
 
 FIGURES: tuple[Figure, ...] = (
     # PatrickStar Table 3, 1 GPU (§9.2.1)
     F(key="ps-t3-1-torch", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: PyTorch",
-      kind="largest", published="1B", policy="pytorch", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0,
+      kind="largest", published="1B", policy="pytorch", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
+      ci_batch=PS_T3_CI, min_tflops=30.0,
       assumption=PS_TABLE3),
     F(key="ps-t3-1-ds", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: DeepSpeed",
       kind="largest", published="4B", policy="zero-infinity", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
@@ -170,7 +172,8 @@ FIGURES: tuple[Figure, ...] = (
       ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3),
     # PatrickStar Table 3, 8 GPUs
     F(key="ps-t3-8-torch", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: PyTorch DDP",
-      kind="largest", published="1B", policy="pytorch", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0 * 8,
+      kind="largest", published="1B", policy="pytorch", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
+      ci_batch=PS_T3_CI, min_tflops=30.0 * 8,
       assumption=PS_TABLE3 + " per GPU (x8 for the node's TFLOPS)"),
     F(key="ps-t3-8-ds", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: DeepSpeed-DP",
       kind="largest", published="4B", policy="zero-infinity", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
@@ -202,7 +205,8 @@ FIGURES: tuple[Figure, ...] = (
     # Fuyou Fig. 5a/5b/5c: TFLOPS at each system's best batch
     F(key="fy-5a-a100", paper="Fuyou Fig. 5a (§5.3)", label="Fuyou 175B on A100, TFLOPS", kind="throughput",
       published=173.0, policy="fuyou", hardware=A100, shape=(96, 12288, 96), batches=(8, 16, 32), ci_batch=32,
-      assumption="best of batch 8-32 (Fig. 5a's range; §5.5 names 8 and 16 for 175B), seq 1024, checkpoints + Eq. 1-12 swap"),
+      assumption="best of batch 8-32 (Fig. 5a's range; §5.5 names 8 and 16 for 175B), seq 1024, checkpoints + "
+                 "Eq. 1-12 swap"),
     F(key="fy-5a-4090", paper="Fuyou Fig. 5a (§5.3)", label="Fuyou 175B on RTX 4090, TFLOPS", kind="throughput",
       published=86.0, policy="fuyou", hardware=R4090, shape=(96, 12288, 96), batches=(8, 16, 32), ci_batch=8,
       assumption="best of batch 8-32 (§5.3: 'the supported batch size is relatively small'), seq 1024"),
