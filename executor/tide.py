@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     package = COMMANDS[command][0]
     quiet = any(flag in rest for flag in QUIET_FLAGS)
-    if package == "planner":  # the planner's commands draw no progress of their own: the flag is tide's
+    if command != "record":  # only `record` draws progress of its own: for the others the flag is tide's
         rest = [a for a in rest if a not in QUIET_FLAGS]
     child = [sys.executable, "-m", package, command, *rest]
     wants_help = any(a in ("-h", "--help") for a in rest)

@@ -63,8 +63,12 @@ def test_progress_passes_the_childs_output_and_exit_code_through(capsys):
 
 
 @pytest.mark.parametrize("flag", ["--quiet", "-q"])
-def test_quiet_is_tides_flag_for_the_planner(monkeypatch, flag):
+def test_quiet_is_tides_flag_except_for_record(monkeypatch, flag):
     calls = []
     monkeypatch.setattr(tide.subprocess, "call", lambda argv: calls.append(argv) or 0)
     assert tide.main(["solve", "t.msgpack", flag]) == 0
+    assert tide.main(["profile", "-o", "x.toml", flag]) == 0
+    assert tide.main(["record", "gpt-small", "-o", "t.msgpack", flag]) == 0
     assert calls[0][1:] == ["-m", "planner", "solve", "t.msgpack"]
+    assert calls[1][1:] == ["-m", "executor", "profile", "-o", "x.toml"]
+    assert calls[2][1:] == ["-m", "executor", "record", "gpt-small", "-o", "t.msgpack", flag]
