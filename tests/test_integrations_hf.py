@@ -54,11 +54,12 @@ def solve_forced(model: torch.nn.Module, batch: dict, workdir: Path) -> Path:
     return schedule_path
 
 
-def arguments(out: Path, **kw) -> TrainingArguments:
-    return TrainingArguments(output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
-                             max_steps=STEPS, learning_rate=3e-3, weight_decay=0.1, max_grad_norm=0.5,
-                             warmup_steps=3, logging_steps=1, save_strategy="steps", save_steps=10, report_to=[],
-                             use_cpu=True, seed=0, optim="adamw_torch_fused", disable_tqdm=True, **kw)
+def arguments(out: Path, **overrides) -> TrainingArguments:
+    kw = dict(output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=ACCUM,
+              max_steps=STEPS, learning_rate=3e-3, weight_decay=0.1, max_grad_norm=0.5, warmup_steps=3, logging_steps=1,
+              save_strategy="steps", save_steps=10, report_to=[], use_cpu=True, seed=0, optim="adamw_torch_fused",
+              disable_tqdm=True)
+    return TrainingArguments(**{**kw, **overrides})
 
 
 def losses(trainer: Trainer) -> list[float]:
@@ -125,3 +126,40 @@ def test_trainer_refuses_its_own_optimizer_and_evaluation(runs, tmp_path):
     with pytest.raises(executor.errors.ExecutorError, match="the engine's optimizer is the Trainer's"):
         TideTrainer(model=model, args=arguments(tmp_path), train_dataset=runs["data"], schedule=runs["schedule"],
                     optimizers=(torch.optim.SGD(model.parameters(), lr=0.1), None))
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=SEQ))
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=SEQ))
+
+
+@pytest.mark.parametrize("build", [_gpt2, _qwen2], ids=["gpt2", "qwen2"])
+def test_other_families_from_a_local_save_train_like_the_plain_trainer(build, tmp_path):
+    """GPT-2 and Qwen2 built from configs, saved with save_pretrained and reloaded from the local dir."""
+    torch.manual_seed(0)
+    original = build()
+    original.save_pretrained(tmp_path / "local")
+    cls = type(original)
+    data = dataset()[: 4 * BATCH]
+
+    def arguments4(out: Path) -> TrainingArguments:
+        return arguments(out, gradient_accumulation_steps=1, max_steps=4, save_strategy="no")
+
+    plain_model = cls.from_pretrained(tmp_path / "local")
+    plain = Trainer(model=plain_model, args=arguments4(tmp_path / "plain"), train_dataset=data)
+    plain.train()
+    model = cls.from_pretrained(tmp_path / "local")
+    batch = {k: torch.stack([data[i][k] for i in range(BATCH)]) for k in ("input_ids", "labels")}
+    schedule = solve_forced(model, batch, tmp_path)
+    tide = TideTrainer(model=model, args=arguments4(tmp_path / "tide"), train_dataset=data, schedule=schedule)
+    tide.train()
+    torch.testing.assert_close(torch.tensor(losses(tide)), torch.tensor(losses(plain)), rtol=1e-6, atol=0)
+    assert_close(tide.engine.state_dict()["model"], plain_model.state_dict())
