@@ -14,7 +14,8 @@ What it changes in `Trainer`, and nothing else:
 - gradient accumulation and clipping are the engine's (`grad_accumulation_steps`,
   `grad_clip_norm` = `args.max_grad_norm`): after a micro-step that does not step, `engine.step()`
   replays the OPTIMIZER moment; Trainer's own clipping is skipped (the grads are in chunks) and
-  the logged grad_norm is None;
+  the logged grad_norm is None. Clipping needs every grad before the first step: solve with
+  `--no-optimizer-overlap` when `max_grad_norm > 0` (the engine refuses an overlapped schedule);
 - the model stays where the engine put it (`Trainer` does not move it);
 - checkpoints: the weights are written with `save_pretrained` from the engine's plain state dict,
   the optimizer with `engine.save()` (`tide_engine.pt`, a plain PyTorch checkpoint) beside the
