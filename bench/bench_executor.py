@@ -29,7 +29,7 @@ import torch
 
 import executor
 from executor.models import build_model, make_batch, model_spec
-from executor.record import record
+from executor.recorder import record
 from planner.baselines import pytorch as pytorch_schedule
 from planner.layout import build_layout, candidate_chunk_sizes
 from planner.materialize import Decisions, EvictionRule, materialize

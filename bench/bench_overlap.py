@@ -34,7 +34,7 @@ import torch
 
 import executor
 from executor.models import build_model, make_batch, model_spec
-from executor.record import record
+from executor.recorder import record
 from planner.layout import build_layout, candidate_chunk_sizes
 from planner.materialize import materialize, uniform_decisions
 from planner.presets import resolve_hardware

@@ -18,7 +18,7 @@ from executor.errors import ExecutorError
 
 # command name -> module defining register(subparsers); the order is the order of `--help`
 COMMANDS = {
-    "record": "executor.record",
+    "record": "executor.record_cli",
     "profile": "executor.profile",
     "demo": "executor.demo",
 }

@@ -56,7 +56,7 @@ def _main(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace, workdir: Path) -> int:
     import executor
     from executor.models import build_model, make_batch, model_spec
-    from executor.record import record
+    from executor.recorder import record
 
     torch.manual_seed(0)
     spec = model_spec(args.model)

@@ -10,6 +10,10 @@ GRAD, MASTER, M, V) uses the same layout: a tensor has the same chunk and offset
 - Inside a block, a tensor goes into the first of the block's chunks with room for it (first fit,
   in first-access order), so the small tensors (biases, LayerNorms) fill the gaps the big ones
   leave instead of opening half-empty chunks.
+- A chunk never mixes trainable and frozen tensors (`TensorInfo.trainable`, requires_grad): GRAD,
+  MASTER, M and V are kept for chunks holding trainable tensors only, so a frozen base with small
+  adapters (LoRA) gets optimizer state for the adapters alone. With every tensor trainable the
+  layout is what it was.
 - A tensor larger than the chunk gets a chunk of its own, exactly its size (never an error).
 - With world_size > 1 the chunks of a block are padded with empty chunks to whole comm groups of
   world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a group of one
@@ -47,13 +51,14 @@ def build_layout(problem: Problem, *, chunk_elements: int) -> ChunkLayout:
         raise ValueError(f"chunk_elements must be positive, found {chunk_elements}")
     tensors = problem.trace.tensors
     chunks: list[_OpenChunk] = []
-    open_chunks: list[_OpenChunk] = []  # chunks of the current run of one block, first fit
+    open_by_trainable: dict[bool, list[_OpenChunk]] = {True: [], False: []}  # the current block run's, first fit
     run_block: int | None = None
     for tid in problem.tensor_order:
         numel = tensors[tid].numel
         block = problem.tensor_block[tid]
         if block != run_block:  # a block boundary: no chunk spans it
-            open_chunks, run_block = [], block
+            open_by_trainable, run_block = {True: [], False: []}, block
+        open_chunks = open_by_trainable[tensors[tid].trainable]
         if numel > chunk_elements:  # a chunk of its own, exactly its size
             chunks.append(_OpenChunk(block=block, elements=numel, used_elements=numel, slots=[(tid, 0)]))
             continue

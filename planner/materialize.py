@@ -994,9 +994,11 @@ def _initial_residency(plan: _Plan) -> tuple[Residency, ...]:
         else:
             tiers = (plan.home[c],)
         out.append(Residency(list=ChunkList.PARAM, chunk=c, tiers=tiers))
+    stepped = {c for chunks in plan.trainable_chunks for c in chunks}  # a frozen-only chunk has no OS
     for lst in plan.problem.os_lists:
         for c in range(len(plan.decisions.layout.chunks)):
-            out.append(Residency(list=lst, chunk=c, tiers=(plan.os_tier[c],)))
+            if c in stepped:
+                out.append(Residency(list=lst, chunk=c, tiers=(plan.os_tier[c],)))
     return tuple(out)
 
 

@@ -86,7 +86,7 @@ def test_any_mix_of_modes_trains_like_plain_pytorch(spec, modes, tmp_path):
 
 
 def test_swapped_bytes_per_block_are_the_recorders_activation_bytes(tmp_path):
-    from executor.record import record
+    from executor.recorder import record
 
     trace = record(build_model(GPT, seed=0), make_batch(GPT), model_name="gpt-small", timing_iterations=1)
     per_block = collections.Counter()
@@ -421,7 +421,7 @@ def test_offloaded_checkpoint_bytes_are_the_recorders_input_bytes(spec):
     """HF GPT-2 passes every block the same attention mask and position_ids (a keyword), Llama the
     rotary (cos, sin) as a keyword tuple: each offloaded checkpoint moves all of its inputs, its own
     copy -- the recorder's `input_bytes` -- and recomputes from them exactly."""
-    from executor.record import record
+    from executor.recorder import record
 
     trace = record(build_model(spec, seed=0), make_batch(spec), model_name=spec.family, timing_iterations=1)
     ref = build_model(spec, seed=0)

@@ -26,7 +26,7 @@ from torch import nn
 import executor
 from executor.activations import checkpoint_tiers
 from executor.models import GPT, GPTConfig, build_gpt2
-from executor.record import record
+from executor.recorder import record
 from schemas._base import digest_bytes
 from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, Tier
 

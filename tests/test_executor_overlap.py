@@ -19,7 +19,7 @@ import torch
 import executor
 from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig
-from executor.record import record
+from executor.recorder import record
 from executor.runtime import EngineState
 from planner.layout import build_layout
 from planner.materialize import Decisions, EvictionRule, materialize

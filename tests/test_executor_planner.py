@@ -16,7 +16,7 @@ import torch
 import executor
 from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_gpt2
-from executor.record import record
+from executor.recorder import record
 from planner.layout import build_layout
 from planner.materialize import Decisions, EvictionRule, materialize
 from planner.presets import resolve_hardware

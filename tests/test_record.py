@@ -11,7 +11,7 @@ from torch import nn
 from executor.cli import main as executor_main
 from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_model, make_batch, model_spec
-from executor.record import record
+from executor.recorder import record
 from schemas.trace import MomentKind as K
 from schemas.trace import Phase, Recording, TimeSource, Trace
 
@@ -135,15 +135,17 @@ def test_non_model_accounting_by_hand():
     """Live non-parameter storage, counted from the op that creates it until it is freed.
 
     x: (4, 16) float32 = 256 bytes, alive from the start (the batch). Each Linear's mm output is
-    256 bytes. The loss (`out.sum()`, 4 bytes) and backward's seed grad (4 bytes) come after the root's
-    post_forward. In backward the weight grad (1024 bytes) is non-model data until it lands in .grad."""
+    256 bytes. The loss (`out.sum()`, 4 bytes) comes after the root's post_forward; the output (256) dies
+    when loss_fn returns, before backward's seed grad (4 bytes): 768 - 256 + 4 + 4 = 520 when backward
+    starts. In backward the weight grad (1024 bytes) is non-model data until it lands in .grad."""
     torch.manual_seed(0)
-    trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda out, batch: out.sum(), model_name="two-linear")
+    trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda m, batch: m(batch).sum(), model_name="two-linear")
     forward = [m.non_model_bytes for m in trace.moments if m.phase is Phase.FORWARD]
-    assert forward == [256, 512, 512, 768, 768, 776]
+    assert forward == [256, 512, 512, 768, 768, 772]
     by_event = {(m.kind, m.module): m for m in trace.moments}
-    # layers.1 backward: + grad of its input (256) + grad of its weight (1024) on top of 776
-    assert by_event[(K.PRE_BACKWARD, "layers.1")].non_model_bytes == 776 + 256 + 1024
+    assert by_event[(K.PRE_BACKWARD, "")].non_model_bytes == 520
+    # layers.1 backward: + grad of its input (256) + grad of its weight (1024) on top of 520
+    assert by_event[(K.PRE_BACKWARD, "layers.1")].non_model_bytes == 520 + 256 + 1024
     # each block saves its input (the mm needs it for the weight grad), never the weight itself
     assert [(a.block, a.bytes) for a in trace.activations] == [(0, 256), (1, 256)]
     assert trace.activations[1].recompute_flops == 2 * 4 * 16 * 16
@@ -165,7 +167,7 @@ class SplitSave(nn.Module):
 
 def test_activations_and_live_bytes_are_deduplicated_by_storage():
     torch.manual_seed(0)
-    trace = record(SplitSave(), torch.randn(4, 8), loss_fn=lambda out, batch: out, model_name="split")
+    trace = record(SplitSave(), torch.randn(4, 8), loss_fn=lambda m, batch: m(batch), model_name="split")
     h = [a for a in trace.activations if a.bytes == 4 * 32 * 4]
     assert len(h) == 1  # a and b: two views of h's storage, one activation
     root_work = next(m for m in trace.moments if m.kind is K.POST_FORWARD and m.module == "blocks.0")
@@ -206,7 +208,7 @@ def test_meta_records_shapes_dtypes_and_batch(gpt_meta):
 
 def test_model_without_parameters_is_refused():
     with pytest.raises(ExecutorError, match="has no parameters"):
-        record(nn.ReLU(), torch.randn(2, 2), loss_fn=lambda o, b: o.sum(), model_name="relu")
+        record(nn.ReLU(), torch.randn(2, 2), loss_fn=lambda m, b: m(b).sum(), model_name="relu")
 
 
 def test_batch_function_that_raises_is_reported():
@@ -214,12 +216,12 @@ def test_batch_function_that_raises_is_reported():
         raise ValueError("tokenizer exploded")
 
     with pytest.raises(ExecutorError, match="batch function raised ValueError: tokenizer exploded"):
-        record(TwoLinear(), bad_batch, loss_fn=lambda o, b: o.sum(), model_name="two-linear")
+        record(TwoLinear(), bad_batch, loss_fn=lambda m, b: m(b).sum(), model_name="two-linear")
 
 
 def test_batch_that_does_not_fit_the_model_is_reported():
     with pytest.raises(ExecutorError, match=r"raised RuntimeError: .* in forward on the batch of shape \(4, 5\)"):
-        record(TwoLinear(), torch.randn(4, 5), loss_fn=lambda o, b: o.sum(), model_name="two-linear")
+        record(TwoLinear(), torch.randn(4, 5), loss_fn=lambda m, b: m(b).sum(), model_name="two-linear")
 
 
 class Flaky(nn.Module):
@@ -241,17 +243,17 @@ def test_module_sequence_that_changes_between_iterations_is_refused(device):
     with torch.device(device):
         model, x = Flaky(), torch.randn(2, 4)
     with pytest.raises(ExecutorError, match="module sequence changed between two recorded iterations: moment 3"):
-        record(model, x, loss_fn=lambda o, b: o.sum(), model_name="flaky")
+        record(model, x, loss_fn=lambda m, b: m(b).sum(), model_name="flaky")
 
 
 def test_unsupported_optimizer_is_refused():
     with pytest.raises(ExecutorError, match="optimizer 'lamb' is not supported; expected one of adamw, adam, sgd"):
-        record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda o, b: o.sum(), optimizer="lamb", model_name="x")
+        record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda m, b: m(b).sum(), optimizer="lamb", model_name="x")
 
 
 def test_timing_iterations_must_be_positive():
     with pytest.raises(ExecutorError, match="timing_iterations must be a positive integer, found 0"):
-        record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda o, b: o.sum(), model_name="x", timing_iterations=0)
+        record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda m, b: m(b).sum(), model_name="x", timing_iterations=0)
 
 
 def test_output_without_loss_is_refused():
@@ -294,11 +296,11 @@ def test_batch_function_and_device_argument(device, timing, calls):
         return torch.randn(4, 16)
 
     torch.manual_seed(0)
-    trace = record(TwoLinear(), batch_fn, loss_fn=lambda o, b: o.sum(), device=device, model_name="two-linear",
+    trace = record(TwoLinear(), batch_fn, loss_fn=lambda m, b: m(b).sum(), device=device, model_name="two-linear",
                    timing_iterations=timing)
     assert len(made) == calls
     assert trace.meta.device == device
-    assert [m.non_model_bytes for m in trace.moments if m.phase is Phase.FORWARD] == [256, 512, 512, 768, 768, 776]
+    assert [m.non_model_bytes for m in trace.moments if m.phase is Phase.FORWARD] == [256, 512, 512, 768, 768, 772]
 
 
 class CheckpointingModel(nn.Module):
@@ -319,7 +321,7 @@ class CheckpointingModel(nn.Module):
 def test_a_model_that_checkpoints_itself_records_only_forward_saves(reentrant):
     torch.manual_seed(0)
     x = torch.randn(4, 16, requires_grad=reentrant)  # reentrant checkpoint needs an input with grad
-    trace = record(CheckpointingModel(reentrant), x, loss_fn=lambda o, b: o, model_name="ckpt")
+    trace = record(CheckpointingModel(reentrant), x, loss_fn=lambda m, b: m(b), model_name="ckpt")
     # reentrant checkpointing runs the layers' forward under no_grad: they get no backward events
     assert len(trace.moments) == (4 * 2 + 4 + 1 if not reentrant else 6 + 2 + 1)
     assert {trace.moments[a.produced_at].phase for a in trace.activations} <= {Phase.FORWARD}
@@ -331,7 +333,7 @@ def test_a_model_that_checkpoints_itself_records_only_forward_saves(reentrant):
 def test_compute_seconds_come_from_the_fastest_whole_iteration(monkeypatch):
     """Moment times are one real iteration's (the fastest in total), never a mix of per-moment minima,
     which would sum to less than any iteration the executor can measure."""
-    import executor.record as rec
+    import executor.recorder as rec
 
     real = rec._Recorder._timed_once
     runs = iter([[0.1, 0.5], [0.4, 0.1], [0.3, 0.3]])  # totals 0.6, 0.5, 0.6; per-moment minima 0.1, 0.1
@@ -342,5 +344,5 @@ def test_compute_seconds_come_from_the_fastest_whole_iteration(monkeypatch):
         return [pattern[i % 2] for i in range(len(seconds))], peaks
 
     monkeypatch.setattr(rec._Recorder, "_timed_once", fake)
-    trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda o, b: o.sum(), model_name="x", timing_iterations=3)
+    trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda m, b: m(b).sum(), model_name="x", timing_iterations=3)
     assert [m.compute_seconds for m in trace.moments] == [[0.4, 0.1][i % 2] for i in range(len(trace.moments))]

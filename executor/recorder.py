@@ -1,72 +1,23 @@
-"""Record a trace: one training iteration of an unmodified `nn.Module` (DESIGN.md §3).
+"""`executor.record`: a trace of one training iteration of an unmodified `nn.Module` (DESIGN.md §3).
 
-`record(model, batch, ...)` runs the iteration with `MomentHooks` (the same hooks the runtime uses, so
-the trace's moments are the runtime's moments) and writes down, per moment (an event and the work
-that follows it until the next event):
-
-- tensors: the parameters the work touches. In forward they are seen directly: a `TorchFunctionMode`
-  maps every `nn.Parameter` object appearing in the arguments of a torch function to its tensor id,
-  so shared parameters (recorded once, with all their names), parameters used by a module that does
-  not own them and functional use (`F.linear(x, self.wte.weight)` in a parent's forward) are all
-  attributed to the moment whose work they are in. In backward autograd hides parameter identity,
-  so a backward moment gets the parameters of the forward work it mirrors: the work after backward
-  event `B_j` is the backward of the forward work between the mirrors of `B_{j+1}` and `B_j`
-  (pre_backward of a module mirrors its post_forward, post_backward its pre_forward), e.g. the
-  work after `pre_backward h.3` touches what the work after `pre_forward h.3` touched. The optimizer
-  moment touches every trainable parameter.
-- flops: summed over the aten ops of the work (`torch.utils.flop_counter`'s formulas, per op in a
-  dispatch mode; ops without a formula count 0, as in `FlopCounterMode`, but nothing is decomposed,
-  so the ops that run are the real ones).
-- compute_seconds: timed in separate, un-instrumented iterations (a monotonic clock on the CPU,
-  CUDA events on a GPU; the fastest whole iteration), so the tracing overhead is not in the times; 0 on
-  the meta device, where the planner derives times from FLOPs (`time_source = flops`).
-- non_model_bytes: the peak of non-model data during the work (PatrickStar issue #190). On the CPU
-  and the meta device it comes from an accounting of live storage: every storage an aten op
-  outputs (seen by the dispatch mode) that is not model data (parameters, their grads, optimizer
-  state) is counted once, deduplicated by storage (views and in-place results share it), from the
-  op that creates it until the storage is freed (a finalizer on the storage); the batch counts from
-  the start. The peak is taken after every op; temporaries inside one aten kernel are not seen.
-  Grads are non-model data while they flow and become model data when they land in `param.grad`.
-  The optimizer step runs outside the accounting: its moment holds what is alive when it starts.
-  On CUDA it is `torch.cuda.max_memory_allocated()` over the work minus the model data allocated
-  at its start (params, grads, optimizer state).
-
-Activations are the tensors saved for backward (`saved_tensors_hooks`), deduplicated by storage and
-never model data:
-- bytes: the whole storage;
-- produced_at: the moment whose forward work first saved it (a block's saved input is the block's
-  activation); tensors saved while recomputing in backward are transient, not activations;
-- consumed_at: the backward moments that unpacked it; one never unpacked is held by the graph to
-  the end of backward, so the last backward moment consumes it;
-- block: the block of produced_at;
-- recompute_flops / recompute_seconds: the aten op that created the storage (0 for the batch).
-
-The iteration runs 2 + `timing_iterations` times on a real device (warm-up, instrumented, timed)
-and twice on the meta device (instrumented, checked). Every run must produce the same sequence of
-moments or recording stops: a model whose module sequence depends on the data or on its state
-cannot be replayed from a schedule. Recording trains the model for those iterations (the optimizer
-steps, except on the meta device where there is nothing to update). Python's cycle collector is
-paused during the instrumented run so storage lifetimes, and the trace, are deterministic.
+What each moment's record holds, and how it is measured, is in executor/tape.py. The iteration
+runs 2 + `timing_iterations` times on a real device (warm-up, instrumented, timed) and twice on the
+meta device; every run must produce the same sequence of moments (a model whose module sequence
+depends on the data or its state cannot be replayed). Recording leaves the model as it found it:
+parameters, buffers, grads and the RNG states (torch, CUDA, python, numpy) are restored afterwards.
+Python's cycle collector is paused during the instrumented run so the trace is deterministic.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
-import sys
-import time
-import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from schemas.trace import (
     Activation,
@@ -85,6 +36,8 @@ from schemas.trace import (
 
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units, tensors_in
+from executor.snapshot import ModelSnapshot
+from executor.tape import Clock, OpMode, ParamAccessMode, Tape, input_bytes, storage_key
 
 _DTYPES = {torch.float32: DType.FLOAT32, torch.bfloat16: DType.BFLOAT16, torch.float16: DType.FLOAT16}
 # The recorded optimizer moment is timed, so it runs the kernels the executor runs: torch's fused
@@ -103,25 +56,13 @@ _MIRROR = {
 Batch = Any  # a tensor (positional), a tuple/list of positional args, or a dict of keyword args
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
-    """(key, storage) of a dense tensor's storage; the key is the StorageImpl address, unique while
-    the storage lives (it also works on the meta device, where every data pointer is 0)."""
-    try:
-        storage = t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None  # sparse, nested, or a subclass without storage
-    return storage._cdata, storage
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-def _call_model(model: nn.Module, batch: Batch) -> Any:
+def call_model(model: nn.Module, batch: Batch) -> Any:
+    """The model's forward on a batch: a dict is keyword args, a tuple/list positional args."""
     if isinstance(batch, dict):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
@@ -129,7 +70,7 @@ def _call_model(model: nn.Module, batch: Batch) -> Any:
     return model(batch)
 
 
-def default_loss(output: Any, batch: Batch) -> torch.Tensor:
+def loss_in(output: Any) -> torch.Tensor:
     """The loss inside a model's output: a one-element tensor, `output.loss` / `output["loss"]`
     (HF models given labels), or the first one-element tensor of a tuple."""
     if isinstance(output, torch.Tensor) and output.numel() == 1:
@@ -143,7 +84,12 @@ def default_loss(output: Any, batch: Batch) -> torch.Tensor:
             if isinstance(item, torch.Tensor) and item.numel() == 1:
                 return item
     raise ExecutorError(f"record: no loss in the model's output ({type(output).__name__}); expected a "
-                        "scalar tensor or an output with .loss; pass loss_fn=lambda output, batch: ...")
+                        "scalar tensor or an output with .loss; pass loss_fn=lambda model, batch: ...")
+
+
+def default_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """`loss_fn` by default: the loss inside `model(batch)`'s output (see `call_model`, `loss_in`)."""
+    return loss_in(call_model(model, batch))
 
 
 def _batch_shape(batch: Batch) -> tuple[int, ...]:
@@ -152,201 +98,6 @@ def _batch_shape(batch: Batch) -> tuple[int, ...]:
         raise ExecutorError("record: the batch holds no tensor; expected a tensor, a tuple of args or a dict of kwargs")
     return tuple(tensors[0].shape)
 
-
-# ----------------------------------------------------------------------------- the tape
-
-
-class _MomentLog:
-    """What one moment's work did (mutable while recording, frozen into a `Moment` at the end)."""
-
-    __slots__ = ("event", "accessed", "flops", "peak_bytes", "seconds")
-
-    def __init__(self, event: MomentEvent, live_bytes: int) -> None:
-        self.event = event
-        self.accessed: dict[int, None] = {}  # tensor id -> None, in first-access order
-        self.flops = 0
-        self.peak_bytes = live_bytes
-        self.seconds = 0.0
-
-
-class _ActivationLog:
-    __slots__ = ("bytes", "produced_at", "consumed_at", "flops", "seconds")
-
-    def __init__(self, nbytes: int, produced_at: int, flops: int, seconds: float) -> None:
-        self.bytes, self.produced_at, self.flops, self.seconds = nbytes, produced_at, flops, seconds
-        self.consumed_at: set[int] = set()
-
-
-class _Tape:
-    """The instrumented iteration: moments, parameter accesses, FLOPs, live storage, activations."""
-
-    def __init__(self, param_ids: dict[int, int], model_keys: set[int], sync: Callable[[], None]) -> None:
-        self.param_ids = param_ids  # id(nn.Parameter) -> tensor id
-        self.model_keys = model_keys  # storage keys of model data
-        self.sync = sync
-        self.moments: list[_MomentLog] = []
-        self.live: dict[int, int] = {}  # storage key -> bytes, non-model storage alive now
-        self.live_bytes = 0
-        self.producer: dict[int, tuple[int, float]] = {}  # storage key -> (flops, seconds) of the op creating it
-        self.activations: list[_ActivationLog] = []
-        self.activation_of: dict[int, int] = {}  # storage key -> activation index, while the storage lives
-        self.busy = False  # our own bookkeeping runs torch functions too: do not count them
-
-    @property
-    def current(self) -> int:
-        return len(self.moments) - 1
-
-    def on_event(self, event: MomentEvent) -> None:
-        self.moments.append(_MomentLog(event, self.live_bytes))
-
-    # -- parameter access (forward) -----------------------------------------------------------
-    def access(self, param: nn.Parameter) -> None:
-        tid = self.param_ids.get(id(param))
-        if tid is not None and self.moments and self.moments[-1].event.phase is Phase.FORWARD:
-            self.moments[-1].accessed[tid] = None
-
-    # -- ops ---------------------------------------------------------------------------------
-    def on_op(self, func: Any, args: tuple, kwargs: dict, out: Any, seconds: float) -> None:
-        formula = flop_registry.get(getattr(func, "_overloadpacket", None))
-        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._track(t, flops, seconds)
-        if self.moments:  # (the root's pre_forward is the first event: nothing runs before it)
-            log = self.moments[-1]
-            log.flops += flops
-            log.peak_bytes = max(log.peak_bytes, self.live_bytes)
-
-    def _track(self, t: torch.Tensor, flops: int, seconds: float) -> None:
-        found = _storage_key(t)
-        if found is None:
-            return
-        key, storage = found
-        if key in self.live or key in self.model_keys:
-            return  # a view or an in-place result: the storage is counted already
-        self.track_storage(key, storage)
-        self.producer[key] = (flops, seconds)
-
-    def track_storage(self, key: int, storage: Any) -> None:
-        nbytes = storage.nbytes()
-        self.live[key] = nbytes
-        self.live_bytes += nbytes
-        weakref.finalize(storage, self._freed, key)
-
-    def _freed(self, key: int) -> None:
-        self.live_bytes -= self.live.pop(key, 0)
-        self.model_keys.discard(key)
-        self.producer.pop(key, None)
-        self.activation_of.pop(key, None)
-
-    def became_model_data(self, t: torch.Tensor) -> None:
-        """A grad landed in `param.grad`: from now on it is model data."""
-        found = _storage_key(t)
-        if found is None:
-            return
-        key, storage = found
-        if key in self.live:
-            self.live_bytes -= self.live.pop(key)
-        elif key not in self.model_keys:
-            weakref.finalize(storage, self._freed, key)  # forget the key when it is freed
-        self.model_keys.add(key)
-
-    # -- saved tensors --------------------------------------------------------------------------
-    def pack(self, t: torch.Tensor) -> Any:
-        self.busy = True
-        try:
-            found = _storage_key(t)
-            if (found is None or found[0] in self.model_keys or not self.moments
-                    or self.moments[-1].event.phase is not Phase.FORWARD):
-                return (-1, t)  # model data, or saved by a recomputation in backward (transient)
-            key, storage = found
-            index = self.activation_of.get(key)
-            if index is None:
-                if key not in self.live:  # created outside the dispatch mode (e.g. by a C++ kernel's view)
-                    self.track_storage(key, storage)
-                flops, seconds = self.producer.get(key, (0, 0.0))
-                index = len(self.activations)
-                self.activations.append(_ActivationLog(storage.nbytes(), self.current, flops, seconds))
-                self.activation_of[key] = index
-            return (index, t)
-        finally:
-            self.busy = False
-
-    def unpack(self, packed: Any) -> torch.Tensor:
-        index, t = packed
-        if index >= 0 and self.moments and self.current > self.activations[index].produced_at:
-            self.activations[index].consumed_at.add(self.current)
-        return t
-
-
-class _ParamAccessMode(TorchFunctionMode):
-    """Sees every torch function call; notes the `nn.Parameter` objects among its arguments."""
-
-    def __init__(self, tape: _Tape) -> None:
-        super().__init__()
-        self.tape = tape
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if not self.tape.busy and getattr(func, "__name__", "") != "__get__":
-            for x in (*args, *kwargs.values()):
-                if isinstance(x, nn.Parameter):
-                    self.tape.access(x)
-                elif isinstance(x, (tuple, list)):
-                    for y in x:
-                        if isinstance(y, nn.Parameter):
-                            self.tape.access(y)
-        return func(*args, **kwargs)
-
-
-class _OpMode(TorchDispatchMode):
-    """Sees every aten op (forward and backward): FLOPs, seconds, storages it creates."""
-
-    def __init__(self, tape: _Tape, *, timed: bool) -> None:
-        super().__init__()
-        self.tape, self.timed = tape, timed
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if self.timed:
-            self.tape.sync()
-            start = time.perf_counter()
-            out = func(*args, **kwargs)
-            self.tape.sync()
-            seconds = time.perf_counter() - start
-        else:
-            out, seconds = func(*args, **kwargs), 0.0
-        self.tape.busy = True
-        try:
-            self.tape.on_op(func, args, kwargs, out, seconds)
-        finally:
-            self.tape.busy = False
-        return out
-
-
-# ----------------------------------------------------------------------------- clocks
-
-
-class _Clock:
-    """Timestamps of moment events in the timed iteration: a monotonic clock, or CUDA events."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.marks: list[Any] = []
-
-    def mark(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_seconds(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
 
 # ----------------------------------------------------------------------------- record
@@ -418,8 +169,7 @@ class _Recorder:
 
     def _forward_backward(self, batch: Batch) -> None:
         try:
-            output = _call_model(self.model, batch)
-            loss = self.loss_fn(output, batch)
+            loss = self.loss_fn(self.model, batch)
         except ExecutorError:
             raise
         except Exception as exc:
@@ -439,8 +189,8 @@ class _Recorder:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _iteration(self, on_event: Callable[[MomentEvent], None], *, instrument: _Tape | None = None,
-                   clock: _Clock | None = None, batch: Batch | None = None) -> None:
+    def _iteration(self, on_event: Callable[[MomentEvent], None], *, instrument: Tape | None = None,
+                   clock: Clock | None = None, batch: Batch | None = None) -> None:
         batch = self._next_batch() if batch is None else batch
         self.optimizer.zero_grad(set_to_none=True)
         with MomentHooks(self.model, blocks=self.blocks, units=self.units, on_event=on_event):
@@ -448,7 +198,7 @@ class _Recorder:
                 self._forward_backward(batch)
             else:
                 with (torch.autograd.graph.saved_tensors_hooks(instrument.pack, instrument.unpack),
-                      _ParamAccessMode(instrument), _OpMode(instrument, timed=not self.meta)):
+                      ParamAccessMode(instrument), OpMode(instrument, timed=not self.meta)):
                     self._forward_backward(batch)
         on_event(MomentEvent(MomentKind.OPTIMIZER_STEP, Phase.OPTIMIZER, "", -1))
         self._optimizer_step()
@@ -485,18 +235,18 @@ class _Recorder:
         seconds, cuda_non_model = self._timed(events)
         return self._build(tape, seconds, cuda_non_model, shape)
 
-    def _instrumented(self, batch: Batch | None, sync: Callable[[], None]) -> _Tape:
-        model_keys = {found[0] for p in self.params if (found := _storage_key(p)) is not None}
-        tape = _Tape(self._provisional_ids(), model_keys, sync)
+    def _instrumented(self, batch: Batch | None, sync: Callable[[], None]) -> Tape:
+        model_keys = {found[0] for p in self.params if (found := storage_key(p)) is not None}
+        tape = Tape(self._provisional_ids(), model_keys, sync)
         batch = self._next_batch() if batch is None else batch
         for t in tensors_in(list(batch.values()) if isinstance(batch, dict) else batch):
-            found = _storage_key(t)
+            found = storage_key(t)
             if found is not None and found[0] not in tape.live:
                 tape.track_storage(*found)
         handles = [p.register_post_accumulate_grad_hook(lambda p: tape.became_model_data(p.grad))
                    for p in self.params if p.requires_grad]
         modules = dict(self.model.named_modules())
-        self.block_input_bytes: dict[str, int] = {}
+        self.blockinput_bytes: dict[str, int] = {}
         handles += [modules[name].register_forward_pre_hook(self._capture_input(name, model_keys), with_kwargs=True)
                     for name in self.blocks]
         was_enabled = gc.isenabled()
@@ -513,7 +263,7 @@ class _Recorder:
 
     def _capture_input(self, name: str, model_keys: set[int]) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            self.block_input_bytes.setdefault(name, _input_bytes(args, kwargs, model_keys))
+            self.blockinput_bytes.setdefault(name, input_bytes(args, kwargs, model_keys))
         return hook
 
     def _provisional_ids(self) -> dict[int, int]:
@@ -540,7 +290,7 @@ class _Recorder:
         return seconds, [max(r[1][i] for r in runs) for i in range(len(events))]
 
     def _timed_once(self, events: list[MomentEvent]) -> tuple[list[float], list[int]]:
-        clock = _Clock(self.device)
+        clock = Clock(self.device)
         timed: list[MomentEvent] = []
         peaks: list[int] = []
         cuda = self.device.type == "cuda"
@@ -576,7 +326,7 @@ class _Recorder:
         return total
 
     # -- the trace ------------------------------------------------------------------------------
-    def _build(self, tape: _Tape, seconds: list[float], cuda_non_model: list[int] | None,
+    def _build(self, tape: Tape, seconds: list[float], cuda_non_model: list[int] | None,
                shape: tuple[int, ...]) -> Trace:
         params = list(self.params)
         # tensor ids in first-access order (runtime order, DESIGN.md §4.1), then the never-used ones
@@ -609,7 +359,7 @@ class _Recorder:
         blocks = tuple(
             Block(id=b, module=name, forward_flops=sum(m.flops for m in moments if m.block == b and m.phase is Phase.FORWARD),
                   forward_seconds=sum(m.compute_seconds for m in moments if m.block == b and m.phase is Phase.FORWARD),
-                  input_bytes=self.block_input_bytes.get(name, 0))
+                  input_bytes=self.blockinput_bytes.get(name, 0))
             for b, name in enumerate(self.blocks))
         meta = TraceMeta(
             model_name=self.model_name, model_config=self.model_config, batch_shape=shape,
@@ -649,41 +399,40 @@ class _Recorder:
         return str(self.device)
 
 
-def _input_bytes(args: tuple, kwargs: dict, model_keys: set[int]) -> int:
-    """A block's checkpoint: the storages of its tensor inputs, once each, model data excluded (a param
-    passed in is never copied: executor/activations.py moves exactly these bytes when it is offloaded)."""
-    seen: dict[int, int] = {}
-    for t in tensors_in([list(args), list(kwargs.values())]):
-        found = _storage_key(t)
-        if found is not None and found[0] not in model_keys:
-            seen[found[0]] = found[1].nbytes()
-    return sum(seen.values())
 
-
-def record(model: nn.Module, batch: Batch | Callable[[], Batch], *, loss_fn: Callable[[Any, Batch], torch.Tensor] | None = None,
-           optimizer: str = "adamw", device: str | torch.device | None = None, model_name: str,
+def record(model: nn.Module, batch: Batch | Callable[[], Batch], *,
+           loss_fn: Callable[[nn.Module, Batch], torch.Tensor] | None = None, optimizer: str = "adamw",
+           device: str | torch.device | None = None, model_name: str | None = None,
            model_config: dict[str, Any] | None = None, timing_iterations: int = 5) -> Trace:
     """Record one training iteration of `model` as a `Trace` (see the module docstring).
 
     model: an `nn.Module` in training mode, all parameters on one device: "cpu", "cuda:N" (a real
         run) or "meta" (shapes only: nothing is allocated, times come from FLOPs at plan time).
+        Frozen parameters (`requires_grad=False`) are recorded as not trainable.
     batch: the model's input (a tensor, a tuple of positional args or a dict of kwargs), or a function
         returning one per call (called once per recorded iteration).
-    loss_fn: (output, batch) -> scalar loss; by default the loss inside the output (`default_loss`).
+    loss_fn: (model, batch) -> scalar loss, for any forward signature; by default the loss inside
+        `model(batch)`'s output (`default_loss`: a scalar, `output.loss`, `output["loss"]`).
     optimizer: "adamw", "adam" or "sgd" (the optimizer the schedule will run).
-    device: where to record; the model and every batch are moved there first (default: where the
-        model's parameters are).
+    device: where to record; the model and every batch are moved there first, and the model moved
+        back afterwards (default: where the model's parameters are).
+    model_name: the trace's name for the model (default: its class name).
     timing_iterations: un-instrumented iterations timed on a real device; the moments'
         compute_seconds come from the fastest of them, taken whole.
-    The model is trained for the recorded iterations (2 + timing_iterations optimizer steps on a real device).
+    The model is left bit-identical: parameters, buffers, grads (None stays None) and the RNG
+    states recording used (torch CPU, CUDA when initialized, python `random`, numpy) are restored.
     Raises ExecutorError with one line on bad input; nothing is written (the caller writes the trace).
     """
-    if device is not None:
-        model = model.to(device)
-        batch = _moved(batch, torch.device(device))
-    recorder = _Recorder(model, batch, loss_fn=loss_fn, optimizer=optimizer, model_name=model_name,
-                         model_config=dict(model_config or {}), timing_iterations=timing_iterations)
-    return recorder.run()
+    if not isinstance(model, nn.Module):
+        raise ExecutorError(f"record: model is a {type(model).__name__}; expected a torch.nn.Module")
+    name = model_name or type(model).__name__
+    with ModelSnapshot(model):
+        if device is not None:
+            model.to(device)
+            batch = _moved(batch, torch.device(device))
+        recorder = _Recorder(model, batch, loss_fn=loss_fn, optimizer=optimizer, model_name=name,
+                             model_config=dict(model_config or {}), timing_iterations=timing_iterations)
+        return recorder.run()
 
 
 def _moved(batch: Batch | Callable[[], Batch], device: torch.device) -> Batch | Callable[[], Batch]:
@@ -693,56 +442,7 @@ def _moved(batch: Batch | Callable[[], Batch], device: torch.device) -> Batch | 
     return (lambda: move(batch())) if callable(batch) else move(batch)
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from executor.models import MODELS
-
-    p = subparsers.add_parser(
-        "record", help="record one training iteration of a named model into a trace file",
-        description="Record one training iteration (forward, backward, optimizer step) of a named model "
-                    "and write its trace (msgpack). --meta records shapes only on the meta device.")
-    p.add_argument("model", metavar="MODEL_NAME", help=f"one of: {', '.join(MODELS)}")
-    p.add_argument("-o", "--output", required=True, type=Path, help="trace file to write (.msgpack)")
-    p.add_argument("--meta", action="store_true", help="build the model on the meta device (no memory, no times)")
-    p.add_argument("--device", default="cpu", help="device of a real recording: cpu or cuda[:N] (default cpu)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per batch (default: the model's)")
-    p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: the model's)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="parameter (compute) dtype (default float32)")
-    p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd (default adamw)")
-    p.add_argument("--timing-iterations", type=int, default=5,
-                   help="timed iterations of a real recording; times are per-moment minima (default 5)")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from executor.models import build_model, make_batch, model_spec, parse_dtype
-
-    spec = model_spec(args.model, batch=args.batch, seq=args.seq)
-    device = "meta" if args.meta else args.device
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise ExecutorError(f"--device {device!r}: expected cpu, cuda or cuda:N") from None
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ExecutorError(f"--device {device}: this torch build sees no GPU; record on cpu or with --meta")
-    start = time.perf_counter()
-    model = build_model(spec, device=device, dtype=parse_dtype(args.dtype))
-    batch = make_batch(spec, device=device)
-    config = {"family": spec.family, "batch": spec.batch, "seq": spec.seq, **spec.config}
-    trace = record(model, batch, optimizer=args.optimizer, model_name=args.model, model_config=config,
-                   timing_iterations=args.timing_iterations)
-    trace.write(args.output)
-    elapsed = time.perf_counter() - start
-    print(f"recorded {args.model} ({trace.meta.recording.value}, {trace.meta.device}): {len(trace.moments)} moments, "
-          f"{len(trace.tensors)} tensors ({trace.param_count / 1e6:.1f}M params), {len(trace.blocks)} blocks, "
-          f"{len(trace.activations)} activations -> {args.output} ({elapsed:.1f} s)", file=sys.stderr)
-    return 0
-
-
-__all__ = ["default_loss", "record", "register"]
+__all__ = ["call_model", "default_loss", "loss_in", "record"]
 
 
 def _world_size() -> int:
