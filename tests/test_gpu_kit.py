@@ -88,3 +88,21 @@ def test_a_failing_step_is_recorded_and_the_next_one_runs(tmp_path):
     assert doc["first"]["status"] == "failed" and "no such op" in doc["first"]["error"]
     assert doc["second"] == {**doc["second"], "status": "ok", "x": 1}
     assert doc["third"]["status"] == "skipped" and "first" in doc["third"]["reason"]
+
+
+def test_runners_smoke_on_the_cpu(tmp_path, one_torch_thread):
+    """record -> tide -> plain of bench/gpu/runners.py on a tiny GPT on the CPU: the code a GPU
+    session runs for real goes through once in CI (the DeepSpeed runs need DeepSpeed and a GPU)."""
+    common = ["--workload", "tiny", "--device", "cpu", "--workdir", str(tmp_path / "w")]
+    assert runners.main(["record", *common, "--out", str(tmp_path), "--timing-iterations", "1",
+                         "--result", str(tmp_path / "record.json")]) == 0
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["recorded_on"] == "cpu" and record["params"] > 0
+    assert runners.main(["tide", *common, "--trace", record["trace"], "--hardware", "cpu-emulated", "--budget-gb", "0.0003",
+                         "--steps", "2", "--nvme-dir", str(tmp_path / "n"), "--result", str(tmp_path / "tide.json")]) == 0
+    tide = json.loads((tmp_path / "tide.json").read_text())
+    assert tide["bytes_match"] and tide["predicted_bytes_per_channel"]["H2D"] > 0  # 0.3 MB forces offloading
+    assert tide["steps_done"] == 2 and tide["measured_over_predicted"] > 0 and tide["tflops"] > 0
+    assert runners.main(["plain", *common, "--steps", "2", "--result", str(tmp_path / "plain.json")]) == 0
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert len(plain["losses"]) == 2 and abs(plain["losses"][0] - tide["losses"][0]) < 0.1  # same model, same batch

@@ -48,8 +48,11 @@ GB = 1e9
 WORKLOADS: dict[str, dict[str, Any]] = {
     "gpt-1.3b": dict(n_layer=24, n_head=16, n_embd=2048, batch=8, seq=1024),
     "gpt-6.7b": dict(n_layer=32, n_head=32, n_embd=4096, batch=4, seq=1024),
+    # CI's smoke run of this file on the CPU (--device cpu), not a kit workload
+    "tiny": dict(n_layer=2, n_head=2, n_embd=32, batch=2, seq=16, vocab=64),
 }
 VOCAB = 50257
+DEVICE = "cuda"  # --device: cpu only for the CI smoke run (tests/test_gpu_kit.py)
 LR = 1e-4
 
 
@@ -59,7 +62,7 @@ def workload_spec(name: str):  # noqa: ANN201 - executor.models.ModelSpec
     if name not in WORKLOADS:
         raise SystemExit(f"--workload {name!r}: expected one of {', '.join(WORKLOADS)}")
     w = WORKLOADS[name]
-    config = GPTConfig(n_layer=w["n_layer"], n_head=w["n_head"], n_embd=w["n_embd"], vocab_size=VOCAB,
+    config = GPTConfig(n_layer=w["n_layer"], n_head=w["n_head"], n_embd=w["n_embd"], vocab_size=w.get("vocab", VOCAB),
                        block_size=w["seq"]).to_dict()
     return ModelSpec(family="gpt", config=config, batch=w["batch"], seq=w["seq"])
 
@@ -82,15 +85,26 @@ def model_flops(name: str, params: int | None = None) -> float:
 # ----------------------------------------------------------------------------- measuring
 
 
+def _cuda() -> bool:
+    return DEVICE.startswith("cuda")
+
+
+def _sync() -> None:
+    import torch
+
+    if _cuda():
+        torch.cuda.synchronize()
+
+
 def copy_overlap(step: Any, workdir: Path) -> dict[str, Any]:
     """Run `step()` once under torch.profiler (CUDA activity) and return the copy/compute overlap:
     the share of host<->device copy time during which a compute kernel ran (device timestamps)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _cuda() else [])) as prof:
         step()
-        torch.cuda.synchronize()
+        _sync()
     path = workdir / "profile-trace.json"
     prof.export_chrome_trace(str(path))
     events = json.loads(path.read_text()).get("traceEvents", [])
@@ -142,15 +156,16 @@ def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str,
     (after at least 2 steps). Returns losses, per-step seconds and the peak allocated bytes."""
     import torch
 
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    _sync()
+    if _cuda():
+        torch.cuda.reset_peak_memory_stats()
     losses, times = [], []
     start = time.perf_counter()
     stopped = None
     for i in range(steps):
         t0 = time.perf_counter()
         losses.append(float(step(i)))  # .item() inside: the step's kernels are done
-        torch.cuda.synchronize()
+        _sync()
         times.append(time.perf_counter() - t0)
         print(f"[{name}] step {i}: loss {losses[-1]:.4f} ({times[-1]:.2f} s)", flush=True)
         if not math.isfinite(losses[-1]):
@@ -162,7 +177,7 @@ def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str,
     timed = times[1:] or times
     return {"losses": losses, "step_seconds": times, "iteration_seconds": statistics.median(timed),
             "steps_done": len(losses), "stopped_early": stopped,
-            "max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated())}
+            "max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated()) if _cuda() else 0}
 
 
 def _finish(result: dict[str, Any], workload: str, budget_bytes: int | None) -> dict[str, Any]:
@@ -170,7 +185,7 @@ def _finish(result: dict[str, Any], workload: str, budget_bytes: int | None) -> 
     result["model_flops"] = flops
     if result.get("iteration_seconds"):
         result["tflops"] = flops / result["iteration_seconds"] / 1e12
-    if budget_bytes is not None:
+    if budget_bytes is not None and _cuda():
         result["budget_bytes"] = budget_bytes
         result["peak_within_budget"] = result["max_memory_allocated_bytes"] <= budget_bytes
     return result
@@ -190,11 +205,11 @@ def run_record(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"family": spec.family, "batch": spec.batch, "seq": spec.seq, **spec.config}
-    how, why = "cuda", None
+    how, why = DEVICE, None
     start = time.perf_counter()
     try:
-        model = build_model(spec, device="cuda", dtype=torch.bfloat16)
-        trace = record(model, make_batch(spec, device="cuda"), model_name=args.workload, model_config=config,
+        model = build_model(spec, device=DEVICE, dtype=torch.bfloat16)
+        trace = record(model, make_batch(spec, device=DEVICE), model_name=args.workload, model_config=config,
                        timing_iterations=args.timing_iterations)
     except torch.OutOfMemoryError as exc:
         why = f"real recording ran out of GPU memory ({str(exc).splitlines()[0][:160]}); recorded on meta (FLOPs times)"
@@ -239,12 +254,13 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
     solve_seconds = time.perf_counter() - t0
     nvme_dir = Path(args.nvme_dir) / f"tide-{args.workload}-{args.budget_gb}"
     nvme_dir.mkdir(parents=True, exist_ok=True)
-    model = build_model(spec, device="cuda", dtype=torch.bfloat16)
-    engine = executor.run(model, schedule, lr=LR, nvme_dir=nvme_dir)
-    torch.cuda.empty_cache()
+    model = build_model(spec, device=DEVICE, dtype=torch.bfloat16)
+    engine = executor.run(model, schedule, lr=LR, nvme_dir=nvme_dir, device=DEVICE)
+    if _cuda():
+        torch.cuda.empty_cache()
 
     def step(i: int) -> float:
-        loss = model(**make_batch(spec, device="cuda", seed=i))
+        loss = model(**make_batch(spec, device=DEVICE, seed=i))
         loss.backward()
         engine.step()
         return loss.item()
@@ -281,15 +297,15 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
     from executor.runtime import default_param_groups
 
     spec = workload_spec(args.workload)
-    model = build_model(spec, device="cuda", dtype=torch.float32)
+    model = build_model(spec, device=DEVICE, dtype=torch.float32)
     groups = default_param_groups(model, weight_decay=0.01)
     for g in groups:
         g.pop("param_names", None)
     opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
 
     def step(i: int) -> float:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**make_batch(spec, device="cuda", seed=i))
+        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+            loss = model(**make_batch(spec, device=DEVICE, seed=i))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -396,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing-iterations", type=int, default=2)
     p.add_argument("--nvme-dir", default=tempfile.gettempdir())
     p.add_argument("--workdir", default=None)
+    p.add_argument("--device", default="cuda", help="cuda (default); cpu only for CI's smoke run of this file")
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tide-gpu-")
     if args.system == "tide" and (args.trace is None or args.hardware is None):
         p.error("tide needs --trace and --hardware")
