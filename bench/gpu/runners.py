@@ -357,7 +357,7 @@ def run_deepspeed(args: argparse.Namespace) -> dict[str, Any]:
     from executor.runtime import default_param_groups
 
     spec = workload_spec(args.workload)
-    deepspeed.init_distributed(dist_backend="nccl", auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend="nccl" if _cuda() else "gloo", auto_mpi_discovery=False)
     nvme = Path(args.nvme_dir) / f"{args.system}-{args.workload}"
     nvme.mkdir(parents=True, exist_ok=True)
     largest = max(p.numel() for p in build_model(spec, device="meta").parameters())
