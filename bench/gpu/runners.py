@@ -151,6 +151,22 @@ def _hidden_share(copies: list[tuple[float, float]], kernels: list[tuple[float, 
     return hidden / total
 
 
+def host_memory() -> dict[str, Any]:
+    """Peak RSS and, where torch has them, the pinned allocator's stats: torch's CachingHostAllocator
+    rounds each pinned block up to a power of two, so pinned bytes well above the schedule's HOST peak
+    say how much of it went to rounding."""
+    import resource
+
+    import torch
+
+    out: dict[str, Any] = {"max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    stats = getattr(torch.cuda, "host_memory_stats", None)
+    if _cuda() and stats is not None:
+        with contextlib.suppress(Exception):
+            out["pinned"] = {k: v for k, v in stats().items() if "bytes" in k or "segment" in k}
+    return out
+
+
 def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str, Any]:
     """Call step(i) -> loss (a float) up to `steps` times, stopping once `seconds` have passed
     (after at least 2 steps). Returns losses, per-step seconds and the peak allocated bytes."""
@@ -283,6 +299,7 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
         peak_chunk_bytes_per_tier={t.value: n for t, n in stats.peak_bytes_per_tier.items()},
         engine_device_peak_ok=stats.peak_bytes_per_tier[Tier.DEVICE] <= schedule.budgets.device_bytes,
         uses_nvme=any(Tier.NVME in r.tiers for r in schedule.initial_residency),
+        host_memory=host_memory(),
     )
     engine.detach()
     return _finish(result, args.workload, budget)
