@@ -17,7 +17,7 @@ from bench.gpu import kit, runners  # noqa: E402
 
 
 def test_dry_run_writes_json_and_summary_with_every_gpu_step_skipped(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OUT=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(REPO), OUT=str(tmp_path), PYTHON=sys.executable)
     done = subprocess.run(["bash", str(REPO / "bench/gpu/run.sh"), "--dry", "--part", "all"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
