@@ -330,6 +330,11 @@ def join_ds_build(kit: Kit, op: str, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+        # a build killed mid-way leaves torch.utils.cpp_extension's lock file (and a half-built op):
+        # the DeepSpeed run's own JIT load would wait on that lock forever (seen on the CPU)
+        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+        for lock in root.glob("*/*/lock"):
+            shutil.rmtree(lock.parent, ignore_errors=True)
     if not log.closed:
         log.close()
     status_path = kit.background_status
