@@ -380,14 +380,11 @@ def run_deepspeed(args: argparse.Namespace) -> dict[str, Any]:
     largest = max(p.numel() for p in build_model(spec, device="meta").parameters())
     config = deepspeed_config(args.system, batch=spec.batch, nvme_dir=str(nvme), largest_param=largest)
     t0 = time.perf_counter()
-    # built under zero.Init so that a 6.7B model is partitioned (and offloaded) module by module instead
-    # of first existing whole; no torch.device context and no .to(): zero.Init places the partitions
-    from executor.models import GPT, GPTConfig
-
-    torch.manual_seed(0)
-    with deepspeed.zero.Init(config_dict_or_path=config, remote_device=config["zero_optimization"]["offload_param"]["device"],
-                             pin_memory=True):
-        model = GPT(GPTConfig.from_dict(spec.config)).train()
+    # the same initial weights as tide's and plain PyTorch's runs (build_model, seed 0, on the GPU: one
+    # RNG stream), so the loss curves start together; deepspeed.initialize converts the params to
+    # ZeRO-3 partitions and offloads them (zero.Init would draw other init values). 6.7B in fp32 is
+    # 27 GB on the GPU for a moment.
+    model = build_model(spec, device=DEVICE, dtype=torch.float32)
     # the tied head is used in GPT.forward outside wte's own forward: ZeRO-3 must know to gather it
     deepspeed.zero.register_external_parameter(model, model.wte.weight)
     groups = default_param_groups(model, weight_decay=0.01)
