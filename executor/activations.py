@@ -76,7 +76,7 @@ from torch.utils.checkpoint import _DEFAULT_DETERMINISM_MODE, _checkpoint_withou
 
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
-from schemas.schedule import ActivationMode, ActivationPlan, Channel, Op, Schedule, Tier
+from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Op, Schedule, Tier
 
 __all__ = ["ActivationManager", "ActivationStats", "BlockState"]
 
@@ -500,9 +500,8 @@ class ActivationManager:
         with self._lock:
             self._offloaded[tier] += record.nbytes
             self._offloaded_per_block[b.index] += record.nbytes
-            self._channels[Channel.D2H] += record.nbytes
-            if tier is Tier.NVME:
-                self._channels[Channel.NVME_WRITE] += record.nbytes
+            for channel in COPY_PATH[(Tier.DEVICE, tier)]:  # an NVME swap crosses HOST
+                self._channels[channel] += record.nbytes
 
     def _offload_work(self, b: _Block, record: _Record, src: torch.Tensor, produced: Any) -> None:
         """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
@@ -555,9 +554,8 @@ class ActivationManager:
         with self._lock:
             self._reloaded[tier] += record.nbytes
             self._reloaded_per_block[record.block] += record.nbytes
-            self._channels[Channel.H2D] += record.nbytes
-            if tier is Tier.NVME:
-                self._channels[Channel.NVME_READ] += record.nbytes
+            for channel in COPY_PATH[(tier, Tier.DEVICE)]:
+                self._channels[channel] += record.nbytes
 
     def _reload_work(self, b: _Block, record: _Record, dst: torch.Tensor, allocated: Any) -> Any:
         """Worker thread: (NVME ->) HOST -> DEVICE; the result is the copy's CUDA event (None on the CPU)."""

@@ -155,8 +155,8 @@ from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler, OneStepStaleUpdater, StepWorker
 from executor.stats import EngineStats
-from executor.store import COPY_CHANNELS, TORCH_DTYPES, ChunkStore
-from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, TensorSlot, Tier
+from executor.store import TORCH_DTYPES, ChunkStore
+from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, Op, Schedule, TensorSlot, Tier
 from schemas.trace import DType, MomentKind, Phase
 
 _RERECORD = ("the model no longer does what was recorded: re-record it with `python -m executor record ...` "
@@ -714,7 +714,7 @@ class Engine:
                 if a.dst in tiers:
                     continue  # accumulating in place
                 if tiers:  # accumulating: bring the partial sums back instead of zeros
-                    store.copy(a.list, a.chunk, tiers[0], a.dst, COPY_CHANNELS[(tiers[0], a.dst)], why=f"{why}, accumulated grads")
+                    store.copy(a.list, a.chunk, tiers[0], a.dst, COPY_CHANNEL[(tiers[0], a.dst)], why=f"{why}, accumulated grads")
                     store.evict(a.list, a.chunk, tiers[0], why=f"{why}, accumulated grads moved")
                 else:
                     if a.list is ChunkList.GRAD:

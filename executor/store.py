@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.errors import ExecutorError
-from schemas.schedule import Channel, ChunkLayout, ChunkList, Tier
+from schemas.schedule import COPY_CHANNEL, TIERS, Channel, ChunkLayout, ChunkList, Tier
 from schemas.trace import DType
 
 TORCH_DTYPES: dict[DType, torch.dtype] = {
@@ -38,15 +38,6 @@ TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.BFLOAT16: torch.bfloat16,
     DType.FLOAT16: torch.float16,
 }
-
-# the channel a copy between two tiers travels on (DESIGN.md §2); NVME goes through executor/nvme.py
-COPY_CHANNELS: dict[tuple[Tier, Tier], Channel] = {
-    (Tier.HOST, Tier.DEVICE): Channel.H2D,
-    (Tier.DEVICE, Tier.HOST): Channel.D2H,
-    (Tier.HOST, Tier.NVME): Channel.NVME_WRITE,
-    (Tier.NVME, Tier.HOST): Channel.NVME_READ,
-}
-TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
 
 
 class CopyState(enum.Enum):
@@ -419,7 +410,7 @@ class ChunkStore:
 
     def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str) -> int:
         """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved."""
-        expected = COPY_CHANNELS.get((src, dst))
+        expected = COPY_CHANNEL.get((src, dst))  # NVME copies go through executor/nvme.py
         if expected is None or expected is not channel:
             raise ExecutorError(f"schedule violation: {why} copies {src.value} -> {dst.value} on channel "
                                 f"{channel.value}; this executor copies that pair on {expected}")
