@@ -153,6 +153,7 @@ from executor.activations import ActivationManager, checkpoint_tiers
 from executor.distributed import StoreCollectives, load_sharded, save_sharded
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
+from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler, OneStepStaleUpdater, StepWorker
 from executor.stats import EngineStats
 from executor.store import TORCH_DTYPES, ChunkStore
@@ -362,8 +363,6 @@ class Engine:
         # ---- the chunk store, filled per initial_residency; params move into it
         nvme = None
         if _uses_nvme(schedule):
-            from executor.nvme import NvmeStore, nvme_lists
-
             nvme = NvmeStore(nvme_dir, lists=nvme_lists(layout, schedule.initial_residency, schedule.actions))
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
