@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from executor.store import TORCH_DTYPES, ChunkStore
+from executor.errors import ExecutorError
+from executor.store import ChunkStore
 from schemas.schedule import ChunkList, Schedule, TensorSlot, Tier
-from schemas.trace import DType
 
 # Note "saved params": when the schedule evicts PARAM chunks from DEVICE, tensors autograd saves whose
 # storage is a DEVICE PARAM payload (a weight, `weight.t()`...) are saved as (chunk, offset, size,
@@ -45,44 +45,6 @@ class ChunkRef(NamedTuple):
     offset: int
     size: torch.Size
     stride: tuple[int, ...]
-
-
-def check_model(model: nn.Module, schedule: Schedule, *, compute: DType) -> list[str]:
-    """Every difference between the model's params and the schedule's layout (empty: they match)."""
-    named = list(model.named_parameters(remove_duplicate=False))
-    by_name = dict(named)
-    names_of: dict[int, list[str]] = defaultdict(list)
-    for name, p in named:
-        names_of[id(p)].append(name)
-    allowed = {TORCH_DTYPES[compute], torch.float32}
-    problems: list[str] = []
-    in_layout: set[str] = set()
-    for slot in schedule.layout.tensors:
-        in_layout.update(slot.names)
-        present = [n for n in slot.names if n in by_name]
-        for n in slot.names:
-            if n not in by_name:
-                problems.append(f"param {n!r}: in the schedule, not in the model")
-        if not present:
-            continue
-        p = by_name[present[0]]
-        if any(by_name[n] is not p for n in present) or sorted(names_of[id(p)]) != sorted(slot.names):
-            problems.append(f"param {present[0]!r}: the schedule ties {list(slot.names)}, the model ties "
-                            f"{sorted(names_of[id(p)])}")
-        if tuple(p.shape) != tuple(slot.shape):
-            problems.append(f"param {present[0]!r}: shape {tuple(p.shape)}, the schedule expects {tuple(slot.shape)}")
-        if p.dtype not in allowed:
-            problems.append(f"param {present[0]!r}: dtype {p.dtype}, the schedule computes in {compute.value} "
-                            f"(expected float32 or {compute.value})")
-        if p.requires_grad != slot.trainable:
-            problems.append(f"param {present[0]!r}: requires_grad={p.requires_grad}, the schedule says "
-                            f"trainable={slot.trainable}")
-        if p.device.type == "meta":
-            problems.append(f"param {present[0]!r}: on the meta device; build the model with real weights")
-    for name, _ in named:
-        if name not in in_layout:
-            problems.append(f"param {name!r}: in the model, not in the schedule")
-    return problems
 
 
 class ParamBinding:
@@ -230,3 +192,30 @@ class ParamBinding:
             flat = self.store.tensor(ChunkList.PARAM, packed.chunk, Tier.DEVICE, why="backward (a param saved in forward)")
             return flat.as_strided(packed.size, packed.stride, packed.offset)
         return packed
+
+    # ---- the ChunkSource protocol of executor.state
+    @property
+    def layout(self):  # noqa: ANN201 - schemas.schedule.ChunkLayout
+        return self.schedule.layout
+
+    def read_chunk(self, list: ChunkList, chunk: int) -> torch.Tensor:  # noqa: A002 - the schemas' word
+        """A CPU copy of the chunk's current data, from whichever tier holds a valid copy."""
+        self.store.settle()
+        tiers = self.store.valid_tiers(list, chunk)
+        if not tiers:
+            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
+        if tiers[0] is Tier.NVME:
+            return self.store.read_nvme(list, chunk)
+        return self.store.tensor(list, chunk, tiers[0], why="read_chunk").detach().to("cpu", copy=True)
+
+    def write_chunk(self, list: ChunkList, chunk: int, tensor: torch.Tensor) -> None:  # noqa: A002
+        """Write the chunk into every valid copy (stale copies stay stale: the schedule refreshes them)."""
+        self.store.settle()
+        tiers = self.store.valid_tiers(list, chunk)
+        if not tiers:
+            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
+        for tier in tiers:
+            if tier is Tier.NVME:
+                self.store.write_nvme(list, chunk, tensor.reshape(-1))
+            else:
+                self.store.tensor(list, chunk, tier, why="write_chunk").copy_(tensor.reshape(-1))

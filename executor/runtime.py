@@ -38,23 +38,20 @@ import torch
 from torch import nn
 
 from executor import state as state_io
-from executor.activations import ActivationManager, checkpoint_tiers
-from executor.binding import ChunkRef, ParamBinding, check_model
-from executor.distributed import StoreCollectives, load_sharded, save_sharded
+from executor.activations import ActivationManager
+from executor.attach import RERECORD, check_attach, check_model, resolve_device, uses_nvme
+from executor.binding import ChunkRef, ParamBinding
+from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
-from executor.stats import EngineStats
+from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
 from executor.store import TORCH_DTYPES, ChunkStore
-from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, Op, Schedule, Tier
+from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
-_RERECORD = ("the model no longer does what was recorded: re-record it with `python -m executor record ...` "
-             "and re-solve with `python -m planner solve ...`")
-_PRECISIONS = {"fp32": DType.FLOAT32, "float32": DType.FLOAT32, "bf16": DType.BFLOAT16, "bfloat16": DType.BFLOAT16,
-               "fp16": DType.FLOAT16, "float16": DType.FLOAT16}
 
 
 class EngineState(enum.Enum):
@@ -104,26 +101,10 @@ class Engine(ParamBinding, OptimizerSteps):
         self.model = model
         layout = schedule.layout
         compute = layout.list_dtypes[ChunkList.PARAM]
-        # ---- arguments and the schedule's own demands, all checked before anything is touched
-        if precision is not None:
-            wanted = _PRECISIONS.get(str(precision).lower())
-            if wanted is None:
-                raise ExecutorError(f"precision={precision!r}: expected one of fp32, bf16, fp16 (or None: the schedule's)")
-            if wanted is not compute:
-                raise ExecutorError(f"precision={precision!r}: the schedule computes in {compute.value}; record and "
-                                    f"solve with that precision, or pass precision=None")
-        if optimizer not in ("adamw", "adam"):
-            raise ExecutorError(f"optimizer={optimizer!r}: expected 'adamw' or 'adam'")
-        if grad_accumulation_steps < 1:
-            raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps}: expected 1 or more")
-        if grad_clip_norm is not None and not grad_clip_norm > 0:
-            raise ExecutorError(f"grad_clip_norm={grad_clip_norm}: expected a positive number or None")
-        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir)
-        problems = check_model(model, schedule, compute=compute)
-        if problems:
-            raise ExecutorError(f"the model does not match the schedule ({len(problems)} differences): "
-                                + "; ".join(problems) + f". {_RERECORD}")
-        self.device = _resolve_device(device)
+        # ---- arguments, the schedule's own demands and the model, all checked before anything is touched
+        check_attach(model, schedule, precision=precision, optimizer=optimizer, grad_clip_norm=grad_clip_norm,
+                     grad_accumulation_steps=grad_accumulation_steps, nvme_dir=nvme_dir)
+        self.device = resolve_device(device)
         # before any param is re-pointed: find_blocks weighs modules by their params' sizes
         self._blocks = find_blocks(model)
         self._units = find_units(model, self._blocks)
@@ -161,7 +142,7 @@ class Engine(ParamBinding, OptimizerSteps):
 
         # ---- the chunk store, filled per initial_residency; params move into it
         nvme = None
-        if _uses_nvme(schedule):
+        if uses_nvme(schedule):
             nvme = NvmeStore(nvme_dir, lists=nvme_lists(layout, schedule.initial_residency, schedule.actions))
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
@@ -192,7 +173,7 @@ class Engine(ParamBinding, OptimizerSteps):
         self._step_chunks = frozenset(a.chunk for a in schedule.actions if a.op is Op.OPTIMIZER_STEP
                                       and (self.comm is None or self.comm.runs_here(a)))
         self._lost: list[tuple[ChunkList, int]] = []  # chunks left without a valid copy by a failure
-        self._stats = _Counters()
+        self._stats = IterationCounters()
         self._last_event_seconds = 0.0
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._saved_hooks_on = False
@@ -212,7 +193,7 @@ class Engine(ParamBinding, OptimizerSteps):
             self.hooks.remove()
             self._refuse_handle.remove()
             raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
-                                f"the model. {_RERECORD}")
+                                f"the model. {RERECORD}")
         self.activations = ActivationManager.from_schedule(
             model, schedule,
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
@@ -349,7 +330,7 @@ class Engine(ParamBinding, OptimizerSteps):
         self._close_cpu_steps()
         self.store.settle()
         # several ranks: every rank calls detach(); the owners' PARAM chunks are gathered everywhere
-        full = self._gather_params_everywhere() if self.comm is not None else None
+        full = all_gather_params(self, self.comm.collectives) if self.comm is not None else None
         for chunk, places in self._places.items():
             flat = full[chunk] if full is not None else self.read_chunk(ChunkList.PARAM, chunk)
             for place in places:
@@ -359,82 +340,7 @@ class Engine(ParamBinding, OptimizerSteps):
         self.store.close()
         self._enter(EngineState.DETACHED)
 
-    def _gather_params_everywhere(self) -> dict[int, torch.Tensor]:
-        """Every PARAM chunk on every rank (CPU tensors), each from its owner: one all-gather per comm group."""
-        coll = self.comm.collectives
-        device = torch.device("cuda", torch.cuda.current_device()) if coll.backend == "nccl" else torch.device("cpu")
-        out: dict[int, torch.Tensor] = {}
-        for g in range(coll.n_groups):
-            mine = self.read_chunk(ChunkList.PARAM, coll.owned_chunk(g))
-            shard = torch.zeros(coll.capacity_elements(g), dtype=mine.dtype, device=device)
-            shard[:mine.numel()].copy_(mine)
-            parts = [torch.empty_like(shard) for _ in range(coll.world_size)]
-            torch.distributed.all_gather(parts, shard, group=coll.process_group)
-            for chunk, part in zip(coll.group_chunks(g), parts, strict=True):
-                out[chunk] = part[:self.store.numel(chunk)].to("cpu")
-        return out
-
-    # ---- the ChunkSource protocol of executor.state
-    @property
-    def layout(self):  # noqa: ANN201 - schemas.schedule.ChunkLayout
-        return self.schedule.layout
-
-    def read_chunk(self, list: ChunkList, chunk: int) -> torch.Tensor:  # noqa: A002 - the schemas' word
-        """A CPU copy of the chunk's current data, from whichever tier holds a valid copy."""
-        self.store.settle()
-        tiers = self.store.valid_tiers(list, chunk)
-        if not tiers:
-            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
-        if tiers[0] is Tier.NVME:
-            return self.store.read_nvme(list, chunk)
-        return self.store.tensor(list, chunk, tiers[0], why="read_chunk").detach().to("cpu", copy=True)
-
-    def write_chunk(self, list: ChunkList, chunk: int, tensor: torch.Tensor) -> None:  # noqa: A002
-        """Write the chunk into every valid copy (stale copies stay stale: the schedule refreshes them)."""
-        self.store.settle()
-        tiers = self.store.valid_tiers(list, chunk)
-        if not tiers:
-            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
-        for tier in tiers:
-            if tier is Tier.NVME:
-                self.store.write_nvme(list, chunk, tensor.reshape(-1))
-            else:
-                self.store.tensor(list, chunk, tier, why="write_chunk").copy_(tensor.reshape(-1))
-
     # ------------------------------------------------------------------------------ attach
-    @staticmethod
-    def _check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
-                                  nvme_dir: str | Path | None) -> None:
-        nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
-        if nvme_blocks and nvme_dir is None:
-            raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "
-                                "(a directory on the SSD) to executor.run")
-        if _uses_nvme(schedule) and nvme_dir is None:
-            raise ExecutorError("the schedule puts chunks on NVME: pass nvme_dir= (a directory on the SSD) to "
-                                "executor.run")
-        # offloaded recompute checkpoints: the manager moves each block's whole input (its `input_bytes`,
-        # executor/activations.py), so an ACT_OFFLOAD / ACT_RELOAD carrying other bytes cannot be replayed
-        plans = {p.block: p for p in schedule.activation_plans}
-        checkpoints = checkpoint_tiers(schedule)
-        if any(tier is Tier.NVME for tier in checkpoints.values()) and nvme_dir is None:
-            raise ExecutorError(f"the schedule offloads the recompute checkpoints of blocks "
-                                f"{sorted(b for b, t in checkpoints.items() if t is Tier.NVME)} to NVME: pass nvme_dir= "
-                                "(a directory on the SSD) to executor.run")
-        odd = sorted({(a.block, a.bytes) for a in schedule.actions
-                      if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD) and a.block in checkpoints
-                      and a.bytes != plans[a.block].input_bytes})
-        if odd:
-            block, nbytes = odd[0]
-            raise ExecutorError(f"the schedule moves {nbytes} bytes of the recompute checkpoint of block {block}, but "
-                                f"its input (what the executor moves) is {plans[block].input_bytes} bytes "
-                                f"(activation_plans[{block}].input_bytes; {len(odd)} such actions): re-solve with "
-                                "`python -m planner solve ... --no-checkpoint-offload`")
-        optimizer_moment = next((m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER), len(schedule.moments))
-        overlapped = any(a.op is Op.OPTIMIZER_STEP and a.moment < optimizer_moment for a in schedule.actions)
-        if overlapped and (grad_clip_norm is not None or compute is DType.FLOAT16):
-            why = "grad-norm clipping" if grad_clip_norm is not None else "fp16 loss scaling"
-            raise ExecutorError(f"the schedule overlaps CPU optimizer steps with backward, but {why} needs every grad "
-                                "before the first step: re-solve with `python -m planner solve ... --no-optimizer-overlap`")
 
 
     # ------------------------------------------------------------------------------ replay
@@ -447,7 +353,7 @@ class Engine(ParamBinding, OptimizerSteps):
             return
         moments = self.schedule.moments
         if m >= len(moments):
-            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {_RERECORD}")
+            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {RERECORD}")
         ref = moments[m]
         if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
             hint = ""
@@ -456,7 +362,7 @@ class Engine(ParamBinding, OptimizerSteps):
             elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
                 hint = " (one forward and one backward per iteration, then engine.step())"
             self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
-                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {_RERECORD}")
+                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
         if m == 0:
             self._enter(EngineState.REPLAYING)
             self._stats.begin_iteration(self)
@@ -700,52 +606,6 @@ class Engine(ParamBinding, OptimizerSteps):
                                 f"{self.state.value} at moment {self.cursor}")
 
 
-class _Counters:
-    """Counters of the iteration in progress and of the last complete one."""
-
-    def __init__(self) -> None:
-        self.bytes_at_start: dict[Any, int] = {}
-        self.stall_at_start = 0.0
-        self.iteration_start = 0.0
-        self.phase_seconds: dict[Phase, float] = defaultdict(float)
-        self.optimizer_seconds: dict[Tier, float] = defaultdict(float)
-        self.last: dict[str, Any] = {}
-
-    def begin_iteration(self, engine: Engine) -> None:
-        self.bytes_at_start = engine.bytes_per_channel()
-        self.stall_at_start = engine.stall_seconds()
-        self.iteration_start = time.perf_counter()
-        self.phase_seconds = defaultdict(float)
-        self.optimizer_seconds = defaultdict(float)
-
-    def add_phase(self, phase: Phase, seconds: float, *, last_backward: bool) -> None:
-        if not last_backward:  # from root post_backward to engine.step() is the user's time
-            self.phase_seconds[phase] += seconds
-
-    def end_iteration(self, engine: Engine) -> None:
-        self.last = {
-            "bytes_per_channel": {ch: n - self.bytes_at_start.get(ch, 0) for ch, n in engine.bytes_per_channel().items()},
-            "stall_seconds": engine.stall_seconds() - self.stall_at_start,
-            "iteration_seconds": time.perf_counter() - self.iteration_start,
-            "seconds_per_phase": dict(self.phase_seconds),
-            "optimizer_seconds_per_tier": dict(self.optimizer_seconds),
-        }
-
-    def snapshot(self, engine: Engine) -> EngineStats:
-        last = self.last
-        return EngineStats(
-            iterations=engine.iterations,
-            bytes_per_channel={ch: n for ch, n in last.get("bytes_per_channel", {}).items() if n},
-            total_bytes_per_channel={ch: n for ch, n in engine.bytes_per_channel().items() if n},
-            stall_seconds=last.get("stall_seconds", 0.0),
-            peak_bytes_per_tier={tier: pool.peak_bytes for tier, pool in engine.store.pools.items()},
-            seconds_per_phase=last.get("seconds_per_phase", {}),
-            optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
-            iteration_seconds=last.get("iteration_seconds", 0.0),
-            peak_activation_bytes=engine.activations.stats().peak_live_bytes,
-        )
-
-
 def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Engine:
     """Attach `model` to `schedule` (a Schedule or a schedule file) and return the engine; see `Engine`.
 
@@ -764,20 +624,8 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
     return Engine(model, schedule, **kwargs)
 
 
-def _uses_nvme(schedule: Schedule) -> bool:
-    return any(Tier.NVME in r.tiers for r in schedule.initial_residency) or any(
-        Tier.NVME in (a.src, a.dst) for a in schedule.actions if a.op not in (Op.ACT_OFFLOAD, Op.ACT_RELOAD))
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ExecutorError(f"device={device!r}: no CUDA device here; pass device='cpu' (emulated DEVICE) or 'auto'")
-    if dev.type not in ("cpu", "cuda"):
-        raise ExecutorError(f"device={device!r}: expected 'auto', 'cpu' or 'cuda[:i]'")
-    return dev
 
 
 def _describe(event: MomentEvent) -> str:
