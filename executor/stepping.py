@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from executor.errors import ExecutorError
-from executor.optim import ChunkAdamW, DynamicLossScaler, OneStepStaleUpdater, StepWorker
+from executor.cpu_steps import OneStepStaleUpdater, StepWorker
+from executor.optim import ChunkAdamW, DynamicLossScaler
 from executor.store import ChunkStore
 from schemas.schedule import ChunkList, Op, Schedule, Tier
 from schemas.trace import Phase
