@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from executor.activations import checkpoint_tiers
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
-from executor.store import TORCH_DTYPES
 from schemas.schedule import ActivationMode, ChunkList, Op, Schedule, Tier
 from schemas.trace import DType, Phase
 

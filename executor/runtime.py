@@ -42,13 +42,14 @@ from executor.activations import ActivationManager
 from executor.attach import RERECORD, check_attach, check_model, resolve_device, uses_nvme
 from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
-from executor.store import TORCH_DTYPES, ChunkStore
+from executor.store import ChunkStore
 from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 

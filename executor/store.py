@@ -27,17 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 from executor.copies import CpuCopyEngine, CudaCopyEngine, Ready
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.nvme import NvmeStore, aligned_empty
 from schemas.schedule import COPY_CHANNEL, TIERS, Channel, ChunkLayout, ChunkList, Tier
-from schemas.trace import DType
-
-TORCH_DTYPES: dict[DType, torch.dtype] = {
-    DType.FLOAT32: torch.float32,
-    DType.BFLOAT16: torch.bfloat16,
-    DType.FLOAT16: torch.float16,
-}
-
 
 class CopyState(enum.Enum):
     """State of one chunk payload on one tier."""
