@@ -50,7 +50,7 @@ from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
 from executor.store import ChunkStore
-from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, Op, Schedule, Tier
+from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, MomentRef, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
 
@@ -353,17 +353,7 @@ class Engine(ParamBinding, OptimizerSteps):
         if self.state is EngineState.DETACHED:
             return
         moments = self.schedule.moments
-        if m >= len(moments):
-            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {RERECORD}")
-        ref = moments[m]
-        if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
-            hint = ""
-            if m == self._first_optimizer_moment and event.phase is not Phase.OPTIMIZER:
-                hint = " (call engine.step() after every loss.backward())"
-            elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
-                hint = " (one forward and one backward per iteration, then engine.step())"
-            self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
-                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
+        ref = self._check_event(m, event)
         if m == 0:
             self._enter(EngineState.REPLAYING)
             self._stats.begin_iteration(self)
@@ -382,6 +372,22 @@ class Engine(ParamBinding, OptimizerSteps):
             raise
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
+
+    def _check_event(self, m: int, event: MomentEvent) -> MomentRef:
+        """The schedule's moment m if the event is it; else the engine FAILS and raises, changing nothing else."""
+        moments = self.schedule.moments
+        if m >= len(moments):
+            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {RERECORD}")
+        ref = moments[m]
+        if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
+            hint = ""
+            if m == self._first_optimizer_moment and event.phase is not Phase.OPTIMIZER:
+                hint = " (call engine.step() after every loss.backward())"
+            elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
+                hint = " (one forward and one backward per iteration, then engine.step())"
+            self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
+                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
+        return ref
 
     # Note [gradient accumulation]
     # Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
