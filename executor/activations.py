@@ -1,214 +1,49 @@
 """The activation plan: per block KEEP, RECOMPUTE, SWAP_HOST or SWAP_NVME on an unmodified model
 (DESIGN.md §5 "Activations"; Fuyou §4.4 pipelined activation swapping).
 
-`ActivationManager(model, modes)` puts thin forward pre/post hooks on the blocks (`find_blocks`):
-
-- KEEP: the block's forward runs under our `saved_tensors_hooks`, which only count what it saves
-  (the tensors stay where they are, on DEVICE, until backward).
-- RECOMPUTE: non-reentrant activation checkpointing of the block, the way
-  `torch.distributed._composable.checkpoint` does it -- the forward hooks drive
-  `torch.utils.checkpoint._checkpoint_without_reentrant_generator` -- so only the block's input is
-  saved (through our hooks: counted like KEEP) and the forward reruns inside the block's backward,
-  with the RNG state of the original forward. Every tensor of the input, positional or keyword,
-  also inside tuples, lists and dicts (`torch.utils._pytree`), is saved that way: a keyword tensor
-  would otherwise be held by the checkpoint's closure, out of the hooks' reach.
-- SWAP_HOST / SWAP_NVME: each tensor the block saves is copied, whole storage at a time, to HOST
-  (pinned memory when DEVICE is CUDA) by ONE copy worker thread (plus a side CUDA stream on a GPU,
-  created once; a future -- and on CUDA an event -- travels with every in-flight buffer), and the
-  manager drops its DEVICE reference once the copy is done. SWAP_NVME continues from HOST into a
-  file per block under `nvme_dir` (4096-aligned offsets, buffered I/O) and frees the HOST copy.
-  Reloads are prefetched: `prefetch(block)` starts bringing a block back, and (with
-  `auto_prefetch`) it is called for the next swapped block in backward order as soon as a block's
-  backward begins (the grad of its output arrives) and for the first one when the backward of the
-  whole model begins, so reloads overlap the backward of later blocks; an unpack waits for its
-  reload (or starts it, if nobody prefetched).
-- RECOMPUTE with an offloaded checkpoint (`checkpoint_tiers={block: HOST | NVME}`; the engine takes
-  them from the schedule's ACT_OFFLOAD actions on RECOMPUTE blocks): the block's input, its
-  checkpoint, is swapped and reloaded like a SWAP block's saved tensors. Its records are the
-  block's own, deduplicated within the block only: a storage some other block saves as well (the
-  previous block's output that block saved itself, a mask every block receives) is copied once for
-  each block it is an input of, never shared with the other block's record. So the block moves
-  exactly what the recorder counts as its `input_bytes` (the storages of its tensor inputs, model
-  data excluded), which is what the planner's ACT_OFFLOAD / ACT_RELOAD carry.
-
-Saved tensors are deduplicated by storage exactly as the recorder (`executor/record.py`) counts
-activations: one record per storage, owned by the first block that saves it, its bytes the whole
-storage; model data (params) is never an activation (an offloaded checkpoint's records are the
-exception above). The engine passes `alias_pack(tensor) ->
-token | None` / `alias_unpack(token) -> tensor`: a tensor for which alias_pack returns a token is
-stored as that token (a param in its chunk: never copied, never swapped). Without alias_pack, a
-tensor sharing a storage with one of the model's params is kept as is.
-
-Byte counters (`stats()`): bytes offloaded per destination tier and reloaded per source tier, per
-block and per channel (an NVME swap moves its bytes over D2H then NVME_WRITE, and back over
-NVME_READ then H2D, as the planner counts them), saved bytes per block, and the live bytes the
-manager holds on DEVICE with their peak. Live bytes: a KEEP/RECOMPUTE record from its pack until
-autograd releases it; a swapped record (SWAP, offloaded checkpoint) from its pack until its offload
-copy is done, and again from its reload until autograd releases it.
-
-A failure in the copy worker (a copy, a file write or read) is stored with the buffer's future and
-raised as `ExecutorError` at the block's post_forward (for offloads already finished by then), at
-`wait_offloaded`, or at the unpack that needs the data -- never a hang. `close()` waits for the
-worker, removes the NVMe files and their directory, and removes the hooks.
+`ActivationManager(model, modes)` puts thin forward pre/post hooks on the blocks (`find_blocks`)
+and saved-tensor hooks around their forward; what each mode does, how saved storages are counted,
+the byte counters and the copy worker's failures are the notes [activation modes], [saved-tensor
+dedup], [activation counters] and [copy worker failures] below.
 """
 
 from __future__ import annotations
 
-import enum
-import errno
 import functools
 import os
-import shutil
 import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import _DEFAULT_DETERMINISM_MODE, _checkpoint_without_reentrant_generator
 
+from executor.activation_records import (
+    ActivationStats,
+    Alias,
+    Block,
+    BlockState,
+    Record,
+    Saved,
+    checkpoint_tiers,
+    cleanup,
+    in_backward,
+    positional_call,
+    recompute_contexts,
+    resolve_checkpoint_tiers,
+)
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
-from schemas.schedule import ActivationMode, ActivationPlan, Channel, Op, Schedule, Tier
+from executor.nvme import ALIGN_BYTES
+from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
-__all__ = ["ActivationManager", "ActivationStats", "BlockState"]
-
-ALIGN_BYTES = 4096  # NVMe offsets: one page per storage start, so a later switch to O_DIRECT keeps the layout
-_SWAP_TIER = {ActivationMode.SWAP_HOST: Tier.HOST, ActivationMode.SWAP_NVME: Tier.NVME}
-
-
-class BlockState(enum.Enum):
-    IDLE = enum.auto()  # entered at construction; nothing captured yet
-    CAPTURING = enum.auto()  # pre_forward: the block's forward runs under our saved-tensor hooks
-    SAVED = enum.auto()  # post_forward: its saved tensors are held / on their way to the tier / only its input
-    RELOADING = enum.auto()  # prefetch(): copies back to DEVICE started
-    BACKWARD = enum.auto()  # the grad of the block's output arrived: its backward runs
-
-
-_TRANSITIONS = {
-    (BlockState.IDLE, BlockState.CAPTURING),
-    (BlockState.CAPTURING, BlockState.SAVED),
-    (BlockState.CAPTURING, BlockState.IDLE),  # the forward raised
-    (BlockState.SAVED, BlockState.RELOADING),
-    (BlockState.SAVED, BlockState.BACKWARD),
-    (BlockState.RELOADING, BlockState.BACKWARD),
-    # the next forward (next iteration, or a block called again in the same forward)
-    (BlockState.SAVED, BlockState.CAPTURING),
-    (BlockState.RELOADING, BlockState.CAPTURING),
-    (BlockState.BACKWARD, BlockState.CAPTURING),
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActivationStats:
-    """Counters since construction or the last `reset_stats()`."""
-
-    offloaded_bytes: dict[Tier, int]
-    """bytes sent away from DEVICE, per destination tier (HOST, NVME)"""
-    reloaded_bytes: dict[Tier, int]
-    """bytes brought back to DEVICE, per source tier"""
-    bytes_per_channel: dict[Channel, int]
-    """D2H/H2D for every swap, NVME_WRITE/NVME_READ in addition for SWAP_NVME"""
-    saved_bytes_per_block: tuple[int, ...]
-    """bytes of the storages each block saved (deduplicated; the recorder's activation bytes)"""
-    offloaded_bytes_per_block: tuple[int, ...]
-    reloaded_bytes_per_block: tuple[int, ...]
-    live_bytes: int
-    """bytes the manager holds on DEVICE now"""
-    peak_live_bytes: int
-    stall_seconds: float
-    """time unpacks waited for a reload"""
-
-
-# ----------------------------------------------------------------------------- saved records
-
-
-class _Alias:
-    """A tensor stored as the engine's token (a param in its chunk) or, without alias_pack, as itself."""
-
-    __slots__ = ("token", "tensor")
-
-    def __init__(self, token: Any, tensor: torch.Tensor | None) -> None:
-        self.token, self.tensor = token, tensor
-
-
-class _Record:
-    """One storage a block saved, deduplicated; where its bytes are and the copies in flight.
-
-    `device` is a 1-D uint8 tensor over the DEVICE bytes (the original storage, or its reload), None
-    while the bytes are only on HOST/NVME. `tier` is where it is swapped to (None: it stays on
-    DEVICE). `offload` / `reload` are the futures of the copies (their result: None on the CPU, the
-    CUDA event of the copy on a GPU)."""
-
-    __slots__ = ("manager", "block", "mode", "tier", "nbytes", "home", "device", "host", "nvme_offset",
-                 "offload", "reload", "live", "__weakref__")
-
-    def __init__(self, manager: ActivationManager, block: int, mode: ActivationMode, tier: Tier | None,
-                 storage: Any, device: torch.device) -> None:
-        self.manager, self.block, self.mode, self.tier = manager, block, mode, tier
-        self.nbytes = storage.nbytes()
-        self.home = device  # the DEVICE the tensor was saved on (reloads go back there)
-        self.device = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
-        self.host: torch.Tensor | None = None
-        self.nvme_offset = -1
-        self.offload: Future | None = None
-        self.reload: Future | None = None
-        # DEVICE copies counted in the manager's live bytes: the original until its offload is done,
-        # the reload from its start; both can overlap when the worker is behind
-        self.live = 0
-
-    def __del__(self) -> None:
-        manager = self.manager
-        if manager is not None and self.live:
-            manager._hold(self, -self.live)
-
-
-class _Saved:
-    """What autograd holds instead of a swapped or counted tensor: its record and its view."""
-
-    __slots__ = ("record", "dtype", "offset", "size", "stride")
-
-    def __init__(self, record: _Record, t: torch.Tensor) -> None:
-        self.record, self.dtype = record, t.dtype
-        self.offset, self.size, self.stride = t.storage_offset(), t.size(), t.stride()
-
-
-class _Block:
-    __slots__ = ("index", "name", "module", "mode", "swap_tier", "state", "records", "generator", "hooks_ctx",
-                 "own", "nvme_cursor", "nvme_fd", "nvme_path")
-
-    def __init__(self, index: int, name: str, module: nn.Module, mode: ActivationMode,
-                 checkpoint_tier: Tier | None) -> None:
-        self.index, self.name, self.module, self.mode = index, name, module, mode
-        # where what the block saves goes: SWAP modes' tier, or an offloaded checkpoint's; None: stays
-        self.swap_tier = _SWAP_TIER.get(mode, checkpoint_tier)
-        self.state = BlockState.IDLE
-        self.records: list[weakref.ref[_Record]] = []  # weak: autograd owns the records
-        self.generator: Any = None  # RECOMPUTE: the checkpoint generator between pre and post forward
-        self.hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
-        # an offloaded checkpoint while it is saved: storage key -> the block's own record
-        self.own: dict[int, weakref.ref[_Record]] | None = None
-        self.nvme_cursor = 0  # next free byte in this block's NVMe file
-        self.nvme_fd = -1
-        self.nvme_path: Path | None = None
-
-    def move(self, to: BlockState) -> None:
-        if (self.state, to) not in _TRANSITIONS:
-            raise ExecutorError(f"activations of block {self.index} ({self.name!r}): cannot go from "
-                                f"{self.state.name} to {to.name}; this is a bug in the caller's hook order")
-        self.state = to
-
-    def live_records(self) -> list[_Record]:
-        out = [r for ref in self.records if (r := ref()) is not None]
-        self.records = [weakref.ref(r) for r in out]
-        return out
+__all__ = ["ActivationManager", "ActivationStats", "BlockState", "checkpoint_tiers"]
 
 
 def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -219,8 +54,39 @@ def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- the manager
 
 
+# Note [activation modes]
+# The hooks per mode:
+# - KEEP: the block's forward runs under our `saved_tensors_hooks`, which only count what it saves
+#   (the tensors stay where they are, on DEVICE, until backward).
+# - RECOMPUTE: non-reentrant activation checkpointing of the block, the way
+#   `torch.distributed._composable.checkpoint` does it -- the forward hooks drive
+#   `torch.utils.checkpoint._checkpoint_without_reentrant_generator` -- so only the block's input is
+#   saved (through our hooks: counted like KEEP) and the forward reruns inside the block's backward,
+#   with the RNG state of the original forward. Every tensor of the input, positional or keyword,
+#   also inside tuples, lists and dicts (`torch.utils._pytree`), is saved that way: a keyword tensor
+#   would otherwise be held by the checkpoint's closure, out of the hooks' reach.
+# - SWAP_HOST / SWAP_NVME: each tensor the block saves is copied, whole storage at a time, to HOST
+#   (pinned memory when DEVICE is CUDA) by ONE copy worker thread (plus a side CUDA stream on a GPU,
+#   created once; a future -- and on CUDA an event -- travels with every in-flight buffer), and the
+#   manager drops its DEVICE reference once the copy is done. SWAP_NVME continues from HOST into a
+#   file per block under `nvme_dir` (4096-aligned offsets, buffered I/O) and frees the HOST copy.
+#   Reloads are prefetched: `prefetch(block)` starts bringing a block back, and (with
+#   `auto_prefetch`) it is called for the next swapped block in backward order as soon as a block's
+#   backward begins (the grad of its output arrives) and for the first one when the backward of the
+#   whole model begins, so reloads overlap the backward of later blocks; an unpack waits for its
+#   reload (or starts it, if nobody prefetched).
+# - RECOMPUTE with an offloaded checkpoint (`checkpoint_tiers={block: HOST | NVME}`; the engine takes
+#   them from the schedule's ACT_OFFLOAD actions on RECOMPUTE blocks): the block's input, its
+#   checkpoint, is swapped and reloaded like a SWAP block's saved tensors. Its records are the
+#   block's own, deduplicated within the block only: a storage some other block saves as well (the
+#   previous block's output that block saved itself, a mask every block receives) is copied once for
+#   each block it is an input of, never shared with the other block's record. So the block moves
+#   exactly what the recorder counts as its `input_bytes` (the storages of its tensor inputs, model
+#   data excluded), which is what the planner's ACT_OFFLOAD / ACT_RELOAD carry.
+
+
 class ActivationManager:
-    """Applies a per-block ActivationMode to `model` (see the module docstring).
+    """Applies a per-block ActivationMode to `model` (Note [activation modes]).
 
     model: the unmodified model; blocks: fqn of its blocks (default `find_blocks(model)`).
     modes: one ActivationMode per block (a sequence in block order, or a mapping by block fqn --
@@ -264,13 +130,13 @@ class ActivationManager:
             if len(mode_list) != len(names):
                 raise ExecutorError(f"activation plan: {len(mode_list)} modes for {len(names)} blocks; give one "
                                     "ActivationMode per block, in block order")
-        tiers = _checkpoint_tiers(names, mode_list, checkpoint_tiers or {})
+        tiers = resolve_checkpoint_tiers(names, mode_list, checkpoint_tiers or {})
         if (alias_pack is None) != (alias_unpack is None):
             raise ExecutorError("activation plan: pass alias_pack and alias_unpack together (or neither)")
         if prefetch_ahead < 1:
             raise ExecutorError(f"activation plan: prefetch_ahead={prefetch_ahead}; expected at least 1 block")
         self.model = model
-        self.blocks = [_Block(i, n, modules[n], m, tiers[i])
+        self.blocks = [Block(i, n, modules[n], m, tiers[i])
                        for i, (n, m) in enumerate(zip(names, mode_list, strict=True))]
         self._alias_pack, self._alias_unpack = alias_pack, alias_unpack
         self.auto_prefetch, self.prefetch_ahead = auto_prefetch, prefetch_ahead
@@ -291,12 +157,12 @@ class ActivationManager:
         self._offloading = 0  # live bytes whose offload copy is in flight
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-activations")
         self._lock = threading.Lock()
-        self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[_Record]]] = {}
+        self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[Record]]] = {}
         self._param_storages: set[int] = set()
         self._root_backward_seen = False
         self._handles: list[Any] = []
         self._closed = False
-        self._finalizer = weakref.finalize(self, _cleanup, self._worker, self._nvme_dir,
+        self._finalizer = weakref.finalize(self, cleanup, self._worker, self._nvme_dir,
                                            [b for b in self.blocks if b.swap_tier is Tier.NVME])
         self.reset_stats()
         if install:
@@ -357,8 +223,8 @@ class ActivationManager:
         self.close()
 
     # -- hooks (thin) ---------------------------------------------------------------------------
-    def _pre_forward(self, b: _Block, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if _in_backward():
+    def _pre_forward(self, b: Block, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if in_backward():
             return  # a recomputation inside backward: its saved tensors are transient
         b.move(BlockState.CAPTURING)
         self._log("capture", b.index)
@@ -370,17 +236,17 @@ class ActivationManager:
         if b.mode is ActivationMode.RECOMPUTE:
             # saves the block input through our hooks (counted; swapped when the checkpoint is
             # offloaded), then pushes the checkpoint's own hooks
-            rerun, tensors = _positional(module, args, kwargs)
+            rerun, tensors = positional_call(module, args, kwargs)
             b.own = {} if b.swap_tier is not None else None
             try:
                 b.generator = _checkpoint_without_reentrant_generator(
-                    rerun, True, _recompute_contexts, _DEFAULT_DETERMINISM_MODE, False, True, *tensors)
+                    rerun, True, recompute_contexts, _DEFAULT_DETERMINISM_MODE, False, True, *tensors)
                 next(b.generator)
             finally:
                 b.own = None
 
-    def _post_forward(self, b: _Block, module: nn.Module, args: tuple, output: Any) -> None:
-        if b.state is not BlockState.CAPTURING or _in_backward():
+    def _post_forward(self, b: Block, module: nn.Module, args: tuple, output: Any) -> None:
+        if b.state is not BlockState.CAPTURING or in_backward():
             return
         gen, b.generator = b.generator, None
         ctx, b.hooks_ctx = b.hooks_ctx, None
@@ -405,7 +271,7 @@ class ActivationManager:
                     t.register_hook(functools.partial(self._block_grad_arrived, b))
 
     def _root_post_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if _in_backward() or not torch.is_grad_enabled():
+        if in_backward() or not torch.is_grad_enabled():
             return
         self._root_backward_seen = False
         for t in tensors_in(output):
@@ -419,7 +285,7 @@ class ActivationManager:
         if self.auto_prefetch:
             self._prefetch_before(len(self.blocks))
 
-    def _block_grad_arrived(self, b: _Block, grad: torch.Tensor) -> None:
+    def _block_grad_arrived(self, b: Block, grad: torch.Tensor) -> None:
         if b.state not in (BlockState.SAVED, BlockState.RELOADING):
             return  # another output of the same block: its backward began already
         if self.auto_prefetch:
@@ -429,40 +295,48 @@ class ActivationManager:
         if self.auto_prefetch:
             self._prefetch_before(b.index)  # comes back while this block's backward runs
 
+    # Note [saved-tensor dedup]
+    # Saved tensors are deduplicated by storage exactly as the recorder (`executor/record.py`) counts
+    # activations: one record per storage, owned by the first block that saves it, its bytes the whole
+    # storage; model data (params) is never an activation (an offloaded checkpoint's records are the
+    # exception above). The engine passes `alias_pack(tensor) ->
+    # token | None` / `alias_unpack(token) -> tensor`: a tensor for which alias_pack returns a token is
+    # stored as that token (a param in its chunk: never copied, never swapped). Without alias_pack, a
+    # tensor sharing a storage with one of the model's params is kept as is.
     # -- pack / unpack ---------------------------------------------------------------------------
-    def _pack(self, b: _Block, t: torch.Tensor) -> Any:
+    def _pack(self, b: Block, t: torch.Tensor) -> Any:
         if self._alias_pack is not None:
             token = self._alias_pack(t)
             if token is not None:
-                return _Alias(token, None)
+                return Alias(token, None)
         if t.layout is not torch.strided or t.device.type == "meta":
-            return _Alias(None, t)  # nothing we can copy byte for byte: kept as is, not counted
+            return Alias(None, t)  # nothing we can copy byte for byte: kept as is, not counted
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):
-            return _Alias(None, t)
+            return Alias(None, t)
         key = storage._cdata
         if key in self._param_storages:
-            return _Alias(None, t)  # model data is never an activation
-        if b.own is not None:  # an offloaded checkpoint: the block's own copy (module docstring)
+            return Alias(None, t)  # model data is never an activation
+        if b.own is not None:  # an offloaded checkpoint: the block's own copy (Note [activation modes])
             found_own = b.own.get(key)
             record = found_own() if found_own is not None else None
             if record is None:
                 record = self._capture(b, storage, t.device)
                 b.own[key] = weakref.ref(record)
-            return _Saved(record, t)
+            return Saved(record, t)
         found = self._by_storage.get(key)
         record = found[1]() if found is not None and found[0]() is storage else None
         if record is None:
             record = self._capture(b, storage, t.device)
             ref = weakref.ref(storage, functools.partial(self._forget, key))
             self._by_storage[key] = (ref, weakref.ref(record))
-        return _Saved(record, t)
+        return Saved(record, t)
 
     def _unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, _Alias):
+        if isinstance(packed, Alias):
             return packed.tensor if packed.token is None else self._alias_unpack(packed.token)
-        record: _Record = packed.record
+        record: Record = packed.record
         raw = self._device_bytes(record)
         out = torch.empty(0, dtype=packed.dtype, device=raw.device)
         return out.set_(raw.untyped_storage(), packed.offset, packed.size, packed.stride)
@@ -473,16 +347,16 @@ class ActivationManager:
             del self._by_storage[key]
 
     # -- the unit of work: capture, offload, reload ------------------------------------------------
-    def _capture(self, b: _Block, storage: Any, device: torch.device) -> _Record:
-        record = _Record(self, b.index, b.mode, b.swap_tier, storage, device)
+    def _capture(self, b: Block, storage: Any, device: torch.device) -> Record:
+        record = Record(self, b.index, b.mode, b.swap_tier, storage, device)
         b.records.append(weakref.ref(record))
         self._saved_per_block[b.index] += record.nbytes
-        self._hold(record, 1)
+        self.hold(record, 1)
         if record.tier is not None:
             self._offload(b, record)
         return record
 
-    def _offload(self, b: _Block, record: _Record) -> None:
+    def _offload(self, b: Block, record: Record) -> None:
         tier = record.tier
         cuda = record.device.device.type == "cuda"
         record.host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=cuda)
@@ -500,11 +374,10 @@ class ActivationManager:
         with self._lock:
             self._offloaded[tier] += record.nbytes
             self._offloaded_per_block[b.index] += record.nbytes
-            self._channels[Channel.D2H] += record.nbytes
-            if tier is Tier.NVME:
-                self._channels[Channel.NVME_WRITE] += record.nbytes
+            for channel in COPY_PATH[(Tier.DEVICE, tier)]:  # an NVME swap crosses HOST
+                self._channels[channel] += record.nbytes
 
-    def _offload_work(self, b: _Block, record: _Record, src: torch.Tensor, produced: Any) -> None:
+    def _offload_work(self, b: Block, record: Record, src: torch.Tensor, produced: Any) -> None:
         """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
         host = record.host
         if produced is not None:
@@ -518,9 +391,9 @@ class ActivationManager:
         del src
         with self._lock:
             self._offloading -= record.nbytes
-        self._hold(record, -1)
+        self.hold(record, -1)
         if record.tier is Tier.NVME:
-            self._nvme_write(b, record.nvme_offset, host)
+            b.nvme_write(self._nvme_dir, record.nvme_offset, host)
             record.host = None  # the file holds it now
 
     def prefetch(self, block: int) -> None:
@@ -541,7 +414,7 @@ class ActivationManager:
             if record.offload is not None:
                 self._result(record.offload, record, "offload")
 
-    def _reload(self, record: _Record) -> None:
+    def _reload(self, record: Record) -> None:
         if record.reload is not None or record.device is not None:
             return
         tier = record.tier
@@ -550,16 +423,15 @@ class ActivationManager:
         if dst.device.type == "cuda":
             allocated = torch.cuda.Event()
             allocated.record()  # dst may reuse memory the compute stream still reads: copy after it
-        self._hold(record, 1)
+        self.hold(record, 1)
         record.reload = self._worker.submit(self._reload_work, self.blocks[record.block], record, dst, allocated)
         with self._lock:
             self._reloaded[tier] += record.nbytes
             self._reloaded_per_block[record.block] += record.nbytes
-            self._channels[Channel.H2D] += record.nbytes
-            if tier is Tier.NVME:
-                self._channels[Channel.NVME_READ] += record.nbytes
+            for channel in COPY_PATH[(tier, Tier.DEVICE)]:
+                self._channels[channel] += record.nbytes
 
-    def _reload_work(self, b: _Block, record: _Record, dst: torch.Tensor, allocated: Any) -> Any:
+    def _reload_work(self, b: Block, record: Record, dst: torch.Tensor, allocated: Any) -> Any:
         """Worker thread: (NVME ->) HOST -> DEVICE; the result is the copy's CUDA event (None on the CPU)."""
         offload = record.offload
         if offload is not None and offload.exception() is not None:  # FIFO: it is done; re-raise its failure
@@ -567,7 +439,7 @@ class ActivationManager:
         host = record.host
         if record.tier is Tier.NVME:
             host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=dst.device.type == "cuda")
-            self._nvme_read(b, record.nvme_offset, host)
+            b.nvme_read(self._nvme_dir, record.nvme_offset, host)
         record.device = dst
         if allocated is not None:
             stream = self._stream()
@@ -582,7 +454,7 @@ class ActivationManager:
         record.host = None
         return None
 
-    def _device_bytes(self, record: _Record) -> torch.Tensor:
+    def _device_bytes(self, record: Record) -> torch.Tensor:
         """The record's bytes on DEVICE, waiting for (or starting) the reload."""
         if record.tier is not None:
             if record.reload is None:
@@ -599,7 +471,12 @@ class ActivationManager:
                     self._stall += time.perf_counter() - start
         return record.device
 
-    def _result(self, future: Future, record: _Record, what: str) -> Any:
+    # Note [copy worker failures]
+    # A failure in the copy worker (a copy, a file write or read) is stored with the buffer's future and
+    # raised as `ExecutorError` at the block's post_forward (for offloads already finished by then), at
+    # `wait_offloaded`, or at the unpack that needs the data -- never a hang. `close()` waits for the
+    # worker, removes the NVMe files and their directory, and removes the hooks.
+    def _result(self, future: Future, record: Record, what: str) -> Any:
         try:
             return future.result()
         except ExecutorError as exc:
@@ -616,47 +493,20 @@ class ActivationManager:
                 self._on_failure(str(error))
             raise error from exc
 
-    def _raise_failed(self, b: _Block) -> None:
+    def _raise_failed(self, b: Block) -> None:
         for record in b.live_records():
             f = record.offload
             if f is not None and f.done() and f.exception() is not None:
                 self._result(f, record, "offload")
 
-    # -- NVMe files (buffered I/O at page-aligned offsets, one file per block) ----------------------
-    def _nvme_fd(self, b: _Block) -> int:
-        if b.nvme_fd < 0:
-            b.nvme_path = self._nvme_dir / f"block{b.index}.act"
-            try:
-                b.nvme_fd = os.open(b.nvme_path, os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError as exc:
-                raise ExecutorError(f"activation file {b.nvme_path}: cannot open ({exc.strerror}); pass a "
-                                    "writable nvme_dir with free space") from exc
-        return b.nvme_fd
 
-    def _nvme_write(self, b: _Block, offset: int, host: torch.Tensor) -> None:
-        fd, view, done = self._nvme_fd(b), memoryview(host.numpy()), 0
-        try:
-            while done < len(view):
-                done += os.pwrite(fd, view[done:], offset + done)
-        except OSError as exc:
-            fix = ("make nvme_dir writable or pass another one" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                   else "free space on the SSD or pass another nvme_dir")
-            raise ExecutorError(f"activation file {b.nvme_path}: write of {len(view)} bytes at {offset} failed "
-                                f"({exc.strerror}); {fix}") from exc
-
-    def _nvme_read(self, b: _Block, offset: int, host: torch.Tensor) -> None:
-        fd, view, done = self._nvme_fd(b), memoryview(host.numpy()), 0
-        try:
-            while done < len(view):
-                n = os.preadv(fd, [view[done:]], offset + done)
-                if n == 0:
-                    raise ExecutorError(f"activation file {b.nvme_path}: short read ({done} of {len(view)} bytes at "
-                                        f"{offset}); the file was changed by someone else")
-                done += n
-        except OSError as exc:
-            raise ExecutorError(f"activation file {b.nvme_path}: read of {len(view)} bytes at {offset} failed "
-                                f"({exc.strerror})") from exc
-
+    # Note [activation counters]
+    # Byte counters (`stats()`): bytes offloaded per destination tier and reloaded per source tier, per
+    # block and per channel (an NVME swap moves its bytes over D2H then NVME_WRITE, and back over
+    # NVME_READ then H2D, as the planner counts them), saved bytes per block, and the live bytes the
+    # manager holds on DEVICE with their peak. Live bytes: a KEEP/RECOMPUTE record from its pack until
+    # autograd releases it; a swapped record (SWAP, offloaded checkpoint) from its pack until its offload
+    # copy is done, and again from its reload until autograd releases it.
     # -- counters ------------------------------------------------------------------------------
     def reset_stats(self) -> None:
         n = len(self.blocks)
@@ -690,7 +540,7 @@ class ActivationManager:
         """The part of `live_bytes` whose offload copy is in flight (released when it lands)."""
         return self._offloading
 
-    def _hold(self, record: _Record, copies: int) -> None:
+    def hold(self, record: Record, copies: int) -> None:
         """`copies` more (or fewer) DEVICE copies of `record` are held."""
         with self._lock:
             record.live += copies
@@ -735,66 +585,3 @@ class ActivationManager:
         return self._nvme_dir
 
 
-def checkpoint_tiers(schedule: Schedule) -> dict[int, Tier]:
-    """RECOMPUTE blocks of `schedule` whose checkpoint an ACT_OFFLOAD moves, and to which tier."""
-    recompute = {p.block for p in schedule.activation_plans if p.mode is ActivationMode.RECOMPUTE}
-    return {a.block: a.dst for a in schedule.actions if a.op is Op.ACT_OFFLOAD and a.block in recompute}
-
-
-def _checkpoint_tiers(names: Sequence[str], modes: Sequence[ActivationMode],
-                      given: Mapping[int | str, Tier]) -> list[Tier | None]:
-    out: list[Tier | None] = [None] * len(names)
-    index = {n: i for i, n in enumerate(names)}
-    for key, tier in given.items():
-        i = index.get(key) if isinstance(key, str) else key
-        if not isinstance(i, int) or not 0 <= i < len(names):
-            raise ExecutorError(f"activation plan: checkpoint_tiers names block {key!r}, which is not one of the "
-                                f"{len(names)} blocks; give block indices or names from find_blocks(model)")
-        if modes[i] is not ActivationMode.RECOMPUTE:
-            raise ExecutorError(f"activation plan: checkpoint_tiers offloads the checkpoint of block {i} "
-                                f"({names[i]!r}), which is {modes[i].value}, not RECOMPUTE; only a RECOMPUTE "
-                                "block has a checkpoint")
-        if Tier(tier) not in (Tier.HOST, Tier.NVME):
-            raise ExecutorError(f"activation plan: checkpoint of block {i} ({names[i]!r}) offloaded to "
-                                f"{Tier(tier).value}; expected HOST or NVME")
-        out[i] = Tier(tier)
-    return out
-
-
-def _positional(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Callable[..., Any], list[torch.Tensor]]:
-    """The block's call as f(*tensors): every tensor of its input, keyword and nested ones too, goes
-    positionally through the checkpoint's save of its inputs (our hooks); the rest stays in f."""
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in where]
-    for i in where:
-        leaves[i] = None  # f must not hold the tensors: the hooks decide where they live
-
-    def rerun(*ts: torch.Tensor) -> Any:
-        filled = list(leaves)
-        for i, t in zip(where, ts, strict=True):
-            filled[i] = t
-        a, kw = pytree.tree_unflatten(filled, spec)
-        return module(*a, **kw)
-
-    return rerun, tensors
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
-
-
-def _recompute_contexts() -> tuple[Any, Any]:
-    import contextlib
-
-    return contextlib.nullcontext(), contextlib.nullcontext()
-
-
-def _cleanup(worker: ThreadPoolExecutor, nvme_dir: Path | None, nvme_blocks: list[_Block]) -> None:
-    worker.shutdown(wait=True)
-    for b in nvme_blocks:
-        if b.nvme_fd >= 0:
-            os.close(b.nvme_fd)
-            b.nvme_fd = -1
-    if nvme_dir is not None:
-        shutil.rmtree(nvme_dir, ignore_errors=True)

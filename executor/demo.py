@@ -21,7 +21,10 @@ from pathlib import Path
 
 import torch
 
+import executor
 from executor.errors import ExecutorError
+from executor.models import build_model, make_batch, model_spec
+from executor.recorder import record
 from schemas import Schedule
 from schemas.schedule import BYTE_CHANNELS, Tier
 
@@ -54,10 +57,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace, workdir: Path) -> int:
-    import executor
-    from executor.models import build_model, make_batch, model_spec
-    from executor.recorder import record
-
     torch.manual_seed(0)
     spec = model_spec(args.model)
     model = build_model(spec)

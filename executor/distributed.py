@@ -34,15 +34,14 @@ from torch import Tensor, nn
 
 from executor import state
 from executor.collectives import CollectiveWork, CommGroupCollectives, GroupState
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.optim import ChunkAdamW
 from schemas.schedule import Action, ChunkLayout, ChunkList, Op, Tier
-from schemas.trace import DType
 
-__all__ = ["OwnedChunks", "StoreCollectives", "gather_full_chunks", "load_sharded", "owned_view", "runs_on_rank",
-           "save_sharded"]
+__all__ = ["OwnedChunks", "StoreCollectives", "all_gather_params", "gather_full_chunks", "load_sharded", "owned_view",
+           "runs_on_rank", "save_sharded"]
 
-TORCH_DTYPE = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 _STATE_LISTS = (ChunkList.PARAM, ChunkList.MASTER, ChunkList.M, ChunkList.V)  # GRAD is not state
 
 
@@ -53,7 +52,7 @@ class OwnedChunks:
         self.layout = layout
         self.rank = rank
         self.buffers: dict[tuple[ChunkList, int], Tensor] = {
-            (lst, c.id): torch.zeros(c.elements, dtype=TORCH_DTYPE[layout.list_dtypes[lst]], device=device)
+            (lst, c.id): torch.zeros(c.elements, dtype=TORCH_DTYPES[layout.list_dtypes[lst]], device=device)
             for lst in layout.lists for c in layout.chunks if c.owner_rank == rank
         }
 
@@ -84,7 +83,7 @@ class _OwnedView:
         c = self.layout.chunks[chunk]
         if c.owner_rank == self.rank:
             return self.local.read_chunk(lst, chunk)
-        return torch.zeros(c.elements, dtype=TORCH_DTYPE[self.layout.list_dtypes[lst]])
+        return torch.zeros(c.elements, dtype=TORCH_DTYPES[self.layout.list_dtypes[lst]])
 
     def write_chunk(self, lst: ChunkList, chunk: int, tensor: Tensor) -> None:
         if self.layout.chunks[chunk].owner_rank == self.rank:
@@ -142,6 +141,22 @@ def gather_full_chunks(local: state.ChunkSource, collectives: CommGroupCollectiv
                 for r, part in enumerate(parts):
                     out[(lst, g * ws + r)] = part.to("cpu")
     return out if rank == dst else None
+
+
+def all_gather_params(local: state.ChunkSource, collectives: CommGroupCollectives) -> dict[int, Tensor]:
+    """Every rank calls this and gets every PARAM chunk (CPU tensors), each from its owner: one
+    all-gather per comm group (`Engine.detach` gives every rank plain params back)."""
+    device = _comm_device(collectives)
+    out: dict[int, Tensor] = {}
+    for g in range(collectives.n_groups):
+        mine = local.read_chunk(ChunkList.PARAM, collectives.owned_chunk(g))
+        shard = torch.zeros(collectives.capacity_elements(g), dtype=mine.dtype, device=device)
+        shard[:mine.numel()].copy_(mine)
+        parts = [torch.empty_like(shard) for _ in range(collectives.world_size)]
+        torch.distributed.all_gather(parts, shard, group=collectives.process_group)
+        for chunk, part in zip(collectives.group_chunks(g), parts, strict=True):
+            out[chunk] = part[:collectives.layout.chunks[chunk].elements].to("cpu")
+    return out
 
 
 class _StepsOnly:

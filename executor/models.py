@@ -209,7 +209,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def build_gpt2(config: dict[str, Any]) -> nn.Module:
     """HF `GPT2LMHeadModel` from a config dict (no download; eager attention, no dropout)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel  # lazy: transformers takes seconds to import
 
     cfg = GPT2Config(**{"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "use_cache": False,
                         "bos_token_id": None, "eos_token_id": None, **config})
@@ -221,7 +221,7 @@ def build_gpt2(config: dict[str, Any]) -> nn.Module:
 
 def build_llama(config: dict[str, Any]) -> nn.Module:
     """HF `LlamaForCausalLM` from a config dict (no download; eager attention, tied embeddings)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM  # lazy: transformers takes seconds to import
 
     cfg = LlamaConfig(**{"tie_word_embeddings": True, "use_cache": False, "bos_token_id": None,
                          "eos_token_id": None, "pad_token_id": None, **config})

@@ -38,17 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from schemas.schedule import Action, ChunkLayout, ChunkList, Residency, Tier
-from schemas.trace import DType
 
 __all__ = ["ALIGN_BYTES", "NvmeStore", "StoreState", "aligned_empty", "nvme_lists"]
 
 ALIGN_BYTES = 4096  # O_DIRECT needs offsets, lengths and buffer addresses aligned to the logical block size; 4 KiB covers all
 _MAX_IO_BYTES = 1 << 30  # Linux moves at most ~2 GiB per call; keep each call well under
-
-
-_TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
 
 def nvme_lists(layout: ChunkLayout, initial_residency: Sequence[Residency], actions: Sequence[Action]
@@ -66,7 +63,7 @@ def nvme_lists(layout: ChunkLayout, initial_residency: Sequence[Residency], acti
     for a in actions:
         if a.list is not None and a.chunk >= 0 and Tier.NVME in (a.src, a.dst):
             touched.setdefault(a.list, set()).add(a.chunk)
-    return {lst: (_TORCH_DTYPES[layout.list_dtypes[lst]], [c.elements if c.id in chunks else 0 for c in layout.chunks])
+    return {lst: (TORCH_DTYPES[layout.list_dtypes[lst]], [c.elements if c.id in chunks else 0 for c in layout.chunks])
             for lst, chunks in sorted(touched.items())}
 
 

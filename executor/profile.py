@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from executor.errors import ExecutorError
+from executor.nvme import NvmeStore, aligned_empty
 from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
 from schemas.schedule import ChunkList
 
@@ -94,8 +95,6 @@ def adamw_params_per_s(device: torch.device, *, numel: int, seconds: float = 0.5
 
 def nvme_gb_per_s(directory: Path, *, total_bytes: int, chunk_bytes: int, workers: int = 4) -> tuple[float, float, bool]:
     """(read, write) GB/s through NvmeStore, and whether it used O_DIRECT."""
-    from executor.nvme import NvmeStore, aligned_empty
-
     n = max(1, total_bytes // chunk_bytes)
     elements = chunk_bytes // 4
     bufs = [aligned_empty(elements, torch.float32).normal_() for _ in range(min(n, workers))]

@@ -10,159 +10,49 @@
 Attach (`Engine.__init__`): the model's params (names incl. tied names, shapes, dtypes) are compared
 with `schedule.layout`; on any difference ALL of them are listed and nothing is touched. Then the
 chunk store is built per `initial_residency`, the params are copied into their chunks, and every
-`param.data` points into its PARAM chunk on DEVICE, or at an empty placeholder while the chunk is
-elsewhere (PatrickStar §6.2, Algorithms 1-2); the original storage is freed.
+`param.data` points into its PARAM chunk (executor/binding.py); the original storage is freed.
 
 Replay: `MomentHooks` (executor/hooks.py) report every moment; the engine checks the event against
 `schedule.moments[m]` (phase, kind, module) and raises `ExecutorError` BEFORE changing any state when
 they differ, then applies the actions of moment m in list order (ACTION SEMANTICS in
 schemas/schedule.py) and waits for the PARAM chunks moment m's work touches. The engine never decides.
 
-Grads: a post-accumulate-grad hook per Parameter (tied params are one Parameter) adds `param.grad`
-into the param's slot of its GRAD chunk on DEVICE and sets `param.grad = None`.
-
-Saved tensors: when the schedule evicts PARAM chunks from DEVICE, tensors autograd saves whose
-storage is a DEVICE PARAM payload (a weight, `weight.t()`...) are saved as (chunk, offset, size,
-stride) through `torch.autograd.graph.saved_tensors_hooks` and rebuilt from the chunk's DEVICE payload
-of the moment backward needs them, so they never pin (or read a reused buffer of) an evicted chunk.
-
-Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
-(KEEP, RECOMPUTE via non-reentrant checkpointing driven by block hooks, SWAP_HOST and SWAP_NVME via
-saved-tensor hooks; `nvme_dir=` is required when a block swaps to NVME). A RECOMPUTE block with an
-ACT_OFFLOAD in the schedule has its checkpoint (its input, `ActivationPlan.input_bytes`: the block's
-own copy of each input storage, params excluded) swapped to the action's tier the same way; an
-ACT_OFFLOAD / ACT_RELOAD of a checkpoint carrying other bytes than `input_bytes` is refused at
-attach. The engine hands it its param aliasing (a saved tensor living in a DEVICE PARAM chunk is
-stored as a `_ChunkRef`, never copied or swapped) and turns off its own reload heuristics
-(`auto_prefetch=False`): the offload copy starts when the tensor is saved, so ACT_OFFLOAD does
-nothing (a failed copy is raised at the block's post_forward), and ACT_RELOAD (the offload's
-deadline) waits for the block's offload copies and starts its prefetch, so a checkpoint is back
-before the block's backward reruns its forward; an unpack waits for its reload. The activation
-bytes held on DEVICE count against the DEVICE budget together with the chunks: every chunk
-allocation and every moment checks chunk bytes + activation bytes <= the budget and raises
-`ExecutorError` ("DEVICE budget exceeded") otherwise (bytes whose offload copy is in flight count as
-gone, as the schedule counts them).
-
-NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
-O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
-actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. The files are
-removed by `detach()` (or when the engine is collected).
-
-Several ranks (`schedule.header.world_size > 1`, launched by torchrun, the default process group
-initialized before `executor.run`): `executor.distributed.StoreCollectives` runs the schedule's
-ALL_GATHER / REDUCE_SCATTER over this rank's store (gloo on the CPU, NCCL on GPUs). A rank holds the
-chunks it owns (`Chunk.owner_rank`: their HOST/NVME copies, OS and optimizer steps) plus the PARAM
-chunks on DEVICE; it performs the actions `runs_on_rank` gives it, waits for a group's collective
-before touching its chunks, releases the group when it is evicted from DEVICE, and lands what is
-left after the OPTIMIZER moment. Grads are averaged by the reduce-scatter (each rank's batch is its
-share of the global batch). Clipping: the owned grads' squared norms, summed over the ranks.
-`save()` / `load()` (called on every rank) write and read ONE plain checkpoint
-(`save_sharded` / `load_sharded`) that loads into any world size; `state_dict()` is refused (a rank
-holds only its chunks); `detach()` all-gathers the PARAM chunks so every rank gets plain params back.
-fp16 loss scaling: a rank checks its owned (reduced) grads for inf/nan and the flag is all-reduced
-(max), so every rank skips or steps together and the loss scales stay equal. Gradient accumulation:
-see below. Stats: INTER_GPU bytes are this rank's.
-
-Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
-raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
-earlier ..."); `engine.failure` says where. Nothing in memory is lost: a chunk is never evicted from
-HOST before its NVME write landed, and a copy that failed is dropped, not used. `state_dict()` /
-`save()` still work after a failure when the state is CONSISTENT: every trainable chunk has taken
-the same number of optimizer steps (`engine.failure.steps` of them), i.e. the failure came before
-the first OPTIMIZER_STEP of its iteration or after the last one. A failure between them leaves the
-step TORN (some chunks updated, the others not; each chunk itself is intact, old or new): then
-`state_dict()` / `save()` refuse, naming the chunks, and the last checkpoint is the state to go back
-to. Making every step transactional would need a second copy of the model's OS, which is what
-offloading exists to avoid.
-
-CPU optimizer steps overlapped with backward (Fuyou §4.3): an OPTIMIZER_STEP on HOST that the
-schedule places at a backward moment (`planner solve --no-optimizer-overlap` places none there) runs
-on the engine's optimizer worker -- ONE thread, created at attach like the store's copy worker --
-while backward goes on. Its completion is a `Ready` carried by the chunk's HOST payloads
-(`ChunkStore.in_place`): PARAM/MASTER/M/V are ARRIVING with it and GRAD lists it as a user, so every
-later action on them is ordered after it: a copy (the H2D of the updated PARAM, a WRITE_BACK to NVME)
-waits for it off the training thread (emulated DEVICE: queued on the copy thread once the step ended,
-so the copies behind it are not held up; on a GPU an H2D copy is still issued after a host-side wait
-for the step, so a schedule that re-fetches a stepped PARAM during backward waits there); an EVICT
-of the grads does not wait (the buffer is reused after the step); an EVICT of PARAM/OS from HOST
-waits (it follows their NVME write, whose failure must leave the HOST copy: the delayed write-back
-of the previous group therefore waits at the next group's step, and a step still queued then is run
-by the training thread itself); state_dict(), save() and detach() wait. The OPTIMIZER moment waits
-for every step: engine.step() returns with all done. The training thread's waits for steps count as
-stalls in `stats()`. Everything a step uses (the skipped tensors, the grad scale, every param
-group's lr/betas/eps/weight decay) is taken when it is submitted, so the result is bit-identical to
-the inline step whatever the timing. A step that fails
-raises one `ExecutorError` on the training thread (at the next moment, at the next use of its chunk,
-or in engine.step()) and the engine enters FAILED. DEVICE steps (kernels on the compute stream) and
-the HOST steps of the OPTIMIZER moment run inline; with world_size > 1 every step runs inline.
-Threads: with torch's OpenMP backend the intra-op thread count belongs to the calling thread, so the
-worker sets its own (`optimizer_threads=`; default: `torch.get_num_threads()` when DEVICE is a GPU,
-whose training thread mostly waits, and half of it on an emulated DEVICE, where backward computes on
-the same cores) and the training thread keeps its count. `torch.set_num_threads` also records the
-count as the default for threads torch initializes later (its autograd device threads); none exist
-on a CPU-only run, and on a GPU they launch kernels. On an emulated DEVICE the worker also runs at
-the lowest CPU priority (Linux thread nice 19), so steps take only the cycles backward leaves instead
-of stretching its parallel regions; and at the OPTIMIZER moment the training thread runs the steps
-not started yet itself, with all its threads (`executor.optim.StepWorker.run_queued`), rather than
-waiting. The fused CPU kernels are element-wise, so which thread runs a step (and with how many
-intra-op threads) does not change a bit of its result.
-
-Asynchronous mode (`stale_optimizer=True`, Angel-PTM Algorithm 2; it CHANGES CONVERGENCE): the HOST
-step of a chunk in iteration t is queued with a copy of its grads and runs in the background during
-iteration t+1; the chunk's step of iteration t+1 publishes it into PARAM. The forward of iteration
-t+1 thus sees updates 1..t-1 only: exactly one step of staleness, deterministic
-(`executor.optim.OneStepStaleUpdater`; tests/test_executor_overlap.py measures the drift from the
-synchronous engine). The OS of HOST-stepped chunks must stay on HOST (checked at attach); DEVICE steps
-stay synchronous; not with world_size > 1. state_dict(), save(), load() and detach() first apply the
-outstanding update, so a checkpoint is the synchronous state after the last step (and training on
-from it is one update less stale once).
-
-Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
-every micro-step replays ALL moments of the schedule, including the OPTIMIZER moment, and only the
-last of N runs the OPTIMIZER_STEP actions. Grads accumulate in the GRAD chunks: on the first N-1
-micro-steps an EVICT that would drop the last copy of a GRAD chunk keeps it (a DEVICE copy is first
-written back to HOST) and the next ALLOCATE brings the accumulated chunk back instead of zeros.
-Those extra copies are counted on their channels, so with N > 1 the bytes per micro-step exceed the
-prediction by exactly that traffic (with N = 1 they equal it). Several ranks (DDP `no_sync`): on the
-first N-1 micro-steps the REDUCE_SCATTERs are skipped and every rank keeps the full grads of every
-group (the GRAD EVICTs above keep non-owned chunks too); the last micro-step reduce-scatters the
-accumulated sums. The reduce-scatter averages over the ranks and the loop divides each micro-step's
-loss by N (as with one rank), so the step sees the mean over ranks x micro-steps: the grads of one
-process running the whole global batch as ws x N parts, each loss divided by ws x N. Per micro-step
-the bytes differ from the prediction by exactly the accumulation traffic: the kept GRAD copies on
-D2H/H2D, and on INTER_GPU the skipped reduce-scatters (the first N-1 micro-steps move the
-prediction minus the schedule's REDUCE_SCATTER bytes, the last one the prediction).
+The engine dispatches; its parts live beside it: the param/grad/saved-tensor binding to the chunks
+in executor/binding.py, optimizer steps, clipping and loss scaling in executor/stepping.py, the
+chunk store in executor/store.py, activations in executor/activations.py. The notes below (Note
+[activations], [NVME tier], [several ranks], [failures], [gradient accumulation]) sit next to the
+code they explain.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import nn
 
 from executor import state as state_io
-from executor.activations import ActivationManager, checkpoint_tiers
-from executor.distributed import StoreCollectives, load_sharded, save_sharded
+from executor.activations import ActivationManager
+from executor.attach import RERECORD, check_attach, check_model, resolve_device, uses_nvme
+from executor.binding import ChunkRef, ParamBinding
+from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
-from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler, OneStepStaleUpdater, StepWorker
-from executor.stats import EngineStats
-from executor.store import COPY_CHANNELS, TORCH_DTYPES, ChunkStore
-from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, TensorSlot, Tier
+from executor.nvme import NvmeStore, nvme_lists
+from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
+from executor.stats import EngineStats, IterationCounters
+from executor.stepping import OptimizerSteps, default_param_groups
+from executor.store import ChunkStore
+from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, MomentRef, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
-_RERECORD = ("the model no longer does what was recorded: re-record it with `python -m executor record ...` "
-             "and re-solve with `python -m planner solve ...`")
-_PRECISIONS = {"fp32": DType.FLOAT32, "float32": DType.FLOAT32, "bf16": DType.BFLOAT16, "bfloat16": DType.BFLOAT16,
-               "fp16": DType.FLOAT16, "float16": DType.FLOAT16}
 
 
 class EngineState(enum.Enum):
@@ -184,7 +74,7 @@ _ENGINE_TRANSITIONS = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineFailure:
-    """Where the replay failed and what state it left (see "Failures" in the module docstring)."""
+    """Where the replay failed and what state it left (see Note [failures] in executor/runtime.py)."""
 
     message: str  # the ExecutorError line
     iteration: int  # micro-steps completed before it
@@ -199,76 +89,8 @@ class EngineFailure:
         return bool(self.updated_chunks) and bool(self.pending_chunks)
 
 
-class _Place(NamedTuple):
-    """A param's place in its chunk."""
-
-    param: nn.Parameter
-    slot: TensorSlot
-
-
-class _ChunkRef(NamedTuple):
-    """A saved tensor that lives in a PARAM chunk: rebuilt from the chunk's DEVICE payload on unpack."""
-
-    chunk: int
-    offset: int
-    size: torch.Size
-    stride: tuple[int, ...]
-
-
-def default_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
-    """The common AdamW grouping: decay on matrices, none on norms, biases and other 1-D params."""
-    decay, no_decay = [], []
-    seen: set[int] = set()
-    for name, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append((name, p))
-    groups = [{"params": [p for _, p in g], "param_names": [n for n, _ in g], "weight_decay": wd}
-              for g, wd in ((decay, weight_decay), (no_decay, 0.0)) if g]
-    return groups
-
-
-def check_model(model: nn.Module, schedule: Schedule, *, compute: DType) -> list[str]:
-    """Every difference between the model's params and the schedule's layout (empty: they match)."""
-    named = list(model.named_parameters(remove_duplicate=False))
-    by_name = dict(named)
-    names_of: dict[int, list[str]] = defaultdict(list)
-    for name, p in named:
-        names_of[id(p)].append(name)
-    allowed = {TORCH_DTYPES[compute], torch.float32}
-    problems: list[str] = []
-    in_layout: set[str] = set()
-    for slot in schedule.layout.tensors:
-        in_layout.update(slot.names)
-        present = [n for n in slot.names if n in by_name]
-        for n in slot.names:
-            if n not in by_name:
-                problems.append(f"param {n!r}: in the schedule, not in the model")
-        if not present:
-            continue
-        p = by_name[present[0]]
-        if any(by_name[n] is not p for n in present) or sorted(names_of[id(p)]) != sorted(slot.names):
-            problems.append(f"param {present[0]!r}: the schedule ties {list(slot.names)}, the model ties "
-                            f"{sorted(names_of[id(p)])}")
-        if tuple(p.shape) != tuple(slot.shape):
-            problems.append(f"param {present[0]!r}: shape {tuple(p.shape)}, the schedule expects {tuple(slot.shape)}")
-        if p.dtype not in allowed:
-            problems.append(f"param {present[0]!r}: dtype {p.dtype}, the schedule computes in {compute.value} "
-                            f"(expected float32 or {compute.value})")
-        if p.requires_grad != slot.trainable:
-            problems.append(f"param {present[0]!r}: requires_grad={p.requires_grad}, the schedule says "
-                            f"trainable={slot.trainable}")
-        if p.device.type == "meta":
-            problems.append(f"param {present[0]!r}: on the meta device; build the model with real weights")
-    for name, _ in named:
-        if name not in in_layout:
-            problems.append(f"param {name!r}: in the model, not in the schedule")
-    return problems
-
-
-class Engine:
-    """Replays one schedule on one model; see the module docstring. Build it with `executor.run`."""
+class Engine(ParamBinding, OptimizerSteps):
+    """Replays one schedule on one model; see the module docstring and its notes. Build it with `executor.run`."""
 
     def __init__(self, model: nn.Module, schedule: Schedule, *, params: Iterable[Any] | None = None,
                  optimizer: str = "adamw", lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -280,26 +102,10 @@ class Engine:
         self.model = model
         layout = schedule.layout
         compute = layout.list_dtypes[ChunkList.PARAM]
-        # ---- arguments and the schedule's own demands, all checked before anything is touched
-        if precision is not None:
-            wanted = _PRECISIONS.get(str(precision).lower())
-            if wanted is None:
-                raise ExecutorError(f"precision={precision!r}: expected one of fp32, bf16, fp16 (or None: the schedule's)")
-            if wanted is not compute:
-                raise ExecutorError(f"precision={precision!r}: the schedule computes in {compute.value}; record and "
-                                    f"solve with that precision, or pass precision=None")
-        if optimizer not in ("adamw", "adam"):
-            raise ExecutorError(f"optimizer={optimizer!r}: expected 'adamw' or 'adam'")
-        if grad_accumulation_steps < 1:
-            raise ExecutorError(f"grad_accumulation_steps={grad_accumulation_steps}: expected 1 or more")
-        if grad_clip_norm is not None and not grad_clip_norm > 0:
-            raise ExecutorError(f"grad_clip_norm={grad_clip_norm}: expected a positive number or None")
-        self._check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir)
-        problems = check_model(model, schedule, compute=compute)
-        if problems:
-            raise ExecutorError(f"the model does not match the schedule ({len(problems)} differences): "
-                                + "; ".join(problems) + f". {_RERECORD}")
-        self.device = _resolve_device(device)
+        # ---- arguments, the schedule's own demands and the model, all checked before anything is touched
+        check_attach(model, schedule, precision=precision, optimizer=optimizer, grad_clip_norm=grad_clip_norm,
+                     grad_accumulation_steps=grad_accumulation_steps, nvme_dir=nvme_dir)
+        self.device = resolve_device(device)
         # before any param is re-pointed: find_blocks weighs modules by their params' sizes
         self._blocks = find_blocks(model)
         self._units = find_units(model, self._blocks)
@@ -319,31 +125,7 @@ class Engine:
 
         # ---- the layout, per chunk and per moment
         by_name = dict(model.named_parameters(remove_duplicate=False))
-        self._slots = {s.tensor: s for s in layout.tensors}
-        self._places: dict[int, list[_Place]] = defaultdict(list)
-        for s in layout.tensors:
-            self._places[s.chunk].append(_Place(by_name[s.names[0]], s))
-        self._trainable = {s.tensor for s in layout.tensors if s.trainable}
-        slot_of_name = {n: s for s in layout.tensors for n in s.names}
-        self._clip_order = [slot_of_name[n] for n, p in model.named_parameters() if p.requires_grad]
-        self._trainable_by_chunk: dict[int, list[int]] = defaultdict(list)
-        for s in layout.tensors:
-            if s.trainable:
-                self._trainable_by_chunk[s.chunk].append(s.tensor)
-        # per chunk, the element ranges no trainable tensor covers (padding, frozen params)
-        self._grad_gaps: dict[int, list[tuple[int, int]]] = {}
-        for c in layout.chunks:
-            spans = sorted((self._slots[t].offset_elements, self._slots[t].offset_elements + self._slots[t].numel)
-                           for t in self._trainable_by_chunk.get(c.id, ()))
-            gaps, pos = [], 0
-            for start, end in spans:
-                if start > pos:
-                    gaps.append((pos, start))
-                pos = max(pos, end)
-            if pos < c.elements:
-                gaps.append((pos, c.elements))
-            self._grad_gaps[c.id] = gaps
-        self._unfilled: dict[int, set[int]] = {}  # GRAD chunks allocated without zeros -> slots not yet written
+        self._bind_layout(model, by_name)
         self._actions: list[list[tuple[int, Any]]] = [[] for _ in schedule.moments]
         for i, a in enumerate(schedule.actions):
             self._actions[a.moment].append((i, a))
@@ -361,9 +143,7 @@ class Engine:
 
         # ---- the chunk store, filled per initial_residency; params move into it
         nvme = None
-        if _uses_nvme(schedule):
-            from executor.nvme import NvmeStore, nvme_lists
-
+        if uses_nvme(schedule):
             nvme = NvmeStore(nvme_dir, lists=nvme_lists(layout, schedule.initial_residency, schedule.actions))
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
@@ -394,16 +174,11 @@ class Engine:
         self._step_chunks = frozenset(a.chunk for a in schedule.actions if a.op is Op.OPTIMIZER_STEP
                                       and (self.comm is None or self.comm.runs_here(a)))
         self._lost: list[tuple[ChunkList, int]] = []  # chunks left without a valid copy by a failure
-        self._stats = _Counters()
+        self._stats = IterationCounters()
         self._last_event_seconds = 0.0
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._saved_hooks_on = False
-        self._grad_handles = []
-        for places in self._places.values():
-            for place in places:
-                if place.slot.trainable and place.param is by_name[place.slot.names[0]]:
-                    self._grad_handles.append(place.param.register_post_accumulate_grad_hook(
-                        lambda p, slot=place.slot: self._grad_ready(p, slot)))
+        self._grad_handles = self._register_grad_hooks(by_name)
         # registered after the grad hooks, so a unit's post_backward (which may fire from a param
         # grad hook) always sees its grads already in the GRAD chunk
         # first of all forward hooks: after a failure the model's next forward stops here, before the
@@ -419,12 +194,52 @@ class Engine:
             self.hooks.remove()
             self._refuse_handle.remove()
             raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
-                                f"the model. {_RERECORD}")
+                                f"the model. {RERECORD}")
         self.activations = ActivationManager.from_schedule(
             model, schedule,
-            alias_pack=lambda t: (r if isinstance(r := self._pack(t), _ChunkRef) else None),
+            alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
             alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
+
+    # Note [activations]
+    # Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
+    # (KEEP, RECOMPUTE via non-reentrant checkpointing driven by block hooks, SWAP_HOST and SWAP_NVME via
+    # saved-tensor hooks; `nvme_dir=` is required when a block swaps to NVME). A RECOMPUTE block with an
+    # ACT_OFFLOAD in the schedule has its checkpoint (its input, `ActivationPlan.input_bytes`: the block's
+    # own copy of each input storage, params excluded) swapped to the action's tier the same way; an
+    # ACT_OFFLOAD / ACT_RELOAD of a checkpoint carrying other bytes than `input_bytes` is refused at
+    # attach. The engine hands it its param aliasing (a saved tensor living in a DEVICE PARAM chunk is
+    # stored as a `ChunkRef`, never copied or swapped) and turns off its own reload heuristics
+    # (`auto_prefetch=False`): the offload copy starts when the tensor is saved, so ACT_OFFLOAD does
+    # nothing (a failed copy is raised at the block's post_forward), and ACT_RELOAD (the offload's
+    # deadline) waits for the block's offload copies and starts its prefetch, so a checkpoint is back
+    # before the block's backward reruns its forward; an unpack waits for its reload. The activation
+    # bytes held on DEVICE count against the DEVICE budget together with the chunks: every chunk
+    # allocation and every moment checks chunk bytes + activation bytes <= the budget and raises
+    # `ExecutorError` ("DEVICE budget exceeded") otherwise (bytes whose offload copy is in flight count as
+    # gone, as the schedule counts them).
+    #
+    # Note [NVME tier]
+    # NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
+    # O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
+    # actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. The files are
+    # removed by `detach()` (or when the engine is collected).
+    #
+    # Note [several ranks]
+    # Several ranks (`schedule.header.world_size > 1`, launched by torchrun, the default process group
+    # initialized before `executor.run`): `executor.distributed.StoreCollectives` runs the schedule's
+    # ALL_GATHER / REDUCE_SCATTER over this rank's store (gloo on the CPU, NCCL on GPUs). A rank holds the
+    # chunks it owns (`Chunk.owner_rank`: their HOST/NVME copies, OS and optimizer steps) plus the PARAM
+    # chunks on DEVICE; it performs the actions `runs_on_rank` gives it, waits for a group's collective
+    # before touching its chunks, releases the group when it is evicted from DEVICE, and lands what is
+    # left after the OPTIMIZER moment. Grads are averaged by the reduce-scatter (each rank's batch is its
+    # share of the global batch). Clipping: the owned grads' squared norms, summed over the ranks.
+    # `save()` / `load()` (called on every rank) write and read ONE plain checkpoint
+    # (`save_sharded` / `load_sharded`) that loads into any world size; `state_dict()` is refused (a rank
+    # holds only its chunks); `detach()` all-gathers the PARAM chunks so every rank gets plain params back.
+    # fp16 loss scaling: a rank checks its owned (reduced) grads for inf/nan and the flag is all-reduced
+    # (max), so every rank skips or steps together and the loss scales stay equal. Gradient accumulation:
+    # see below. Stats: INTER_GPU bytes are this rank's.
 
     # ------------------------------------------------------------------------------ the loop API
     def step(self) -> None:
@@ -516,7 +331,7 @@ class Engine:
         self._close_cpu_steps()
         self.store.settle()
         # several ranks: every rank calls detach(); the owners' PARAM chunks are gathered everywhere
-        full = self._gather_params_everywhere() if self.comm is not None else None
+        full = all_gather_params(self, self.comm.collectives) if self.comm is not None else None
         for chunk, places in self._places.items():
             flat = full[chunk] if full is not None else self.read_chunk(ChunkList.PARAM, chunk)
             for place in places:
@@ -526,111 +341,8 @@ class Engine:
         self.store.close()
         self._enter(EngineState.DETACHED)
 
-    def _gather_params_everywhere(self) -> dict[int, torch.Tensor]:
-        """Every PARAM chunk on every rank (CPU tensors), each from its owner: one all-gather per comm group."""
-        coll = self.comm.collectives
-        device = torch.device("cuda", torch.cuda.current_device()) if coll.backend == "nccl" else torch.device("cpu")
-        out: dict[int, torch.Tensor] = {}
-        for g in range(coll.n_groups):
-            mine = self.read_chunk(ChunkList.PARAM, coll.owned_chunk(g))
-            shard = torch.zeros(coll.capacity_elements(g), dtype=mine.dtype, device=device)
-            shard[:mine.numel()].copy_(mine)
-            parts = [torch.empty_like(shard) for _ in range(coll.world_size)]
-            torch.distributed.all_gather(parts, shard, group=coll.process_group)
-            for chunk, part in zip(coll.group_chunks(g), parts, strict=True):
-                out[chunk] = part[:self.store.numel(chunk)].to("cpu")
-        return out
-
-    # ---- the ChunkSource protocol of executor.state
-    @property
-    def layout(self):  # noqa: ANN201 - schemas.schedule.ChunkLayout
-        return self.schedule.layout
-
-    def read_chunk(self, list: ChunkList, chunk: int) -> torch.Tensor:  # noqa: A002 - the schemas' word
-        """A CPU copy of the chunk's current data, from whichever tier holds a valid copy."""
-        self.store.settle()
-        tiers = self.store.valid_tiers(list, chunk)
-        if not tiers:
-            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
-        if tiers[0] is Tier.NVME:
-            return self.store.read_nvme(list, chunk)
-        return self.store.tensor(list, chunk, tiers[0], why="read_chunk").detach().to("cpu", copy=True)
-
-    def write_chunk(self, list: ChunkList, chunk: int, tensor: torch.Tensor) -> None:  # noqa: A002
-        """Write the chunk into every valid copy (stale copies stay stale: the schedule refreshes them)."""
-        self.store.settle()
-        tiers = self.store.valid_tiers(list, chunk)
-        if not tiers:
-            raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
-        for tier in tiers:
-            if tier is Tier.NVME:
-                self.store.write_nvme(list, chunk, tensor.reshape(-1))
-            else:
-                self.store.tensor(list, chunk, tier, why="write_chunk").copy_(tensor.reshape(-1))
-
     # ------------------------------------------------------------------------------ attach
-    @staticmethod
-    def _check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
-                                  nvme_dir: str | Path | None) -> None:
-        nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
-        if nvme_blocks and nvme_dir is None:
-            raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "
-                                "(a directory on the SSD) to executor.run")
-        if _uses_nvme(schedule) and nvme_dir is None:
-            raise ExecutorError("the schedule puts chunks on NVME: pass nvme_dir= (a directory on the SSD) to "
-                                "executor.run")
-        # offloaded recompute checkpoints: the manager moves each block's whole input (its `input_bytes`,
-        # executor/activations.py), so an ACT_OFFLOAD / ACT_RELOAD carrying other bytes cannot be replayed
-        plans = {p.block: p for p in schedule.activation_plans}
-        checkpoints = checkpoint_tiers(schedule)
-        if any(tier is Tier.NVME for tier in checkpoints.values()) and nvme_dir is None:
-            raise ExecutorError(f"the schedule offloads the recompute checkpoints of blocks "
-                                f"{sorted(b for b, t in checkpoints.items() if t is Tier.NVME)} to NVME: pass nvme_dir= "
-                                "(a directory on the SSD) to executor.run")
-        odd = sorted({(a.block, a.bytes) for a in schedule.actions
-                      if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD) and a.block in checkpoints
-                      and a.bytes != plans[a.block].input_bytes})
-        if odd:
-            block, nbytes = odd[0]
-            raise ExecutorError(f"the schedule moves {nbytes} bytes of the recompute checkpoint of block {block}, but "
-                                f"its input (what the executor moves) is {plans[block].input_bytes} bytes "
-                                f"(activation_plans[{block}].input_bytes; {len(odd)} such actions): re-solve with "
-                                "`python -m planner solve ... --no-checkpoint-offload`")
-        optimizer_moment = next((m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER), len(schedule.moments))
-        overlapped = any(a.op is Op.OPTIMIZER_STEP and a.moment < optimizer_moment for a in schedule.actions)
-        if overlapped and (grad_clip_norm is not None or compute is DType.FLOAT16):
-            why = "grad-norm clipping" if grad_clip_norm is not None else "fp16 loss scaling"
-            raise ExecutorError(f"the schedule overlaps CPU optimizer steps with backward, but {why} needs every grad "
-                                "before the first step: re-solve with `python -m planner solve ... --no-optimizer-overlap`")
 
-    def _fill_store(self, by_name: dict[str, nn.Parameter]) -> None:
-        layout = self.schedule.layout
-        resident: dict[tuple[ChunkList, int], tuple[Tier, ...]] = {(r.list, r.chunk): r.tiers
-                                                                    for r in self.schedule.initial_residency}
-        # read every original before the first `place` re-points a param (MASTER needs the fp32 values)
-        originals = {place.slot.tensor: place.param.detach() for places in self._places.values() for place in places}
-        for chunk in layout.chunks:
-            places = self._places.get(chunk.id, [])
-            for lst in layout.lists:
-                tiers = resident.get((lst, chunk.id), ())
-                if not tiers:
-                    continue
-                data = None
-                if lst in (ChunkList.PARAM, ChunkList.MASTER):
-                    data = torch.zeros(chunk.elements, dtype=self.store.dtypes[lst])
-                    for place in places:
-                        s = place.slot
-                        data[s.offset_elements:s.offset_elements + s.numel].copy_(originals[s.tensor].reshape(-1))
-                for tier in tiers:
-                    # several ranks: a rank holds the chunks it owns, plus every PARAM chunk on DEVICE
-                    if (self.comm is None or (tier is Tier.DEVICE and lst is ChunkList.PARAM)
-                            or chunk.owner_rank == self.rank):
-                        self.store.place(lst, chunk.id, tier, data)
-        # a param whose PARAM chunk starts off DEVICE was not re-pointed by `place`: free it now
-        for chunk, places in self._places.items():
-            if self.store.device_tensor(ChunkList.PARAM, chunk) is None:
-                for place in places:
-                    place.param.data = self._placeholder[self.compute_dtype]
 
     # ------------------------------------------------------------------------------ replay
     def _on_event(self, event: MomentEvent) -> None:
@@ -641,17 +353,7 @@ class Engine:
         if self.state is EngineState.DETACHED:
             return
         moments = self.schedule.moments
-        if m >= len(moments):
-            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {_RERECORD}")
-        ref = moments[m]
-        if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
-            hint = ""
-            if m == self._first_optimizer_moment and event.phase is not Phase.OPTIMIZER:
-                hint = " (call engine.step() after every loss.backward())"
-            elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
-                hint = " (one forward and one backward per iteration, then engine.step())"
-            self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
-                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {_RERECORD}")
+        ref = self._check_event(m, event)
         if m == 0:
             self._enter(EngineState.REPLAYING)
             self._stats.begin_iteration(self)
@@ -671,6 +373,38 @@ class Engine:
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
 
+    def _check_event(self, m: int, event: MomentEvent) -> MomentRef:
+        """The schedule's moment m if the event is it; else the engine FAILS and raises, changing nothing else."""
+        moments = self.schedule.moments
+        if m >= len(moments):
+            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {RERECORD}")
+        ref = moments[m]
+        if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
+            hint = ""
+            if m == self._first_optimizer_moment and event.phase is not Phase.OPTIMIZER:
+                hint = " (call engine.step() after every loss.backward())"
+            elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
+                hint = " (one forward and one backward per iteration, then engine.step())"
+            self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
+                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
+        return ref
+
+    # Note [gradient accumulation]
+    # Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
+    # every micro-step replays ALL moments of the schedule, including the OPTIMIZER moment, and only the
+    # last of N runs the OPTIMIZER_STEP actions. Grads accumulate in the GRAD chunks: on the first N-1
+    # micro-steps an EVICT that would drop the last copy of a GRAD chunk keeps it (a DEVICE copy is first
+    # written back to HOST) and the next ALLOCATE brings the accumulated chunk back instead of zeros.
+    # Those extra copies are counted on their channels, so with N > 1 the bytes per micro-step exceed the
+    # prediction by exactly that traffic (with N = 1 they equal it). Several ranks (DDP `no_sync`): on the
+    # first N-1 micro-steps the REDUCE_SCATTERs are skipped and every rank keeps the full grads of every
+    # group (the GRAD EVICTs above keep non-owned chunks too); the last micro-step reduce-scatters the
+    # accumulated sums. The reduce-scatter averages over the ranks and the loop divides each micro-step's
+    # loss by N (as with one rank), so the step sees the mean over ranks x micro-steps: the grads of one
+    # process running the whole global batch as ws x N parts, each loss divided by ws x N. Per micro-step
+    # the bytes differ from the prediction by exactly the accumulation traffic: the kept GRAD copies on
+    # D2H/H2D, and on INTER_GPU the skipped reduce-scatters (the first N-1 micro-steps move the
+    # prediction minus the schedule's REDUCE_SCATTER bytes, the last one the prediction).
     def _apply(self, m: int) -> None:
         store = self.store
         if self._steps_in_flight:
@@ -714,7 +448,7 @@ class Engine:
                 if a.dst in tiers:
                     continue  # accumulating in place
                 if tiers:  # accumulating: bring the partial sums back instead of zeros
-                    store.copy(a.list, a.chunk, tiers[0], a.dst, COPY_CHANNELS[(tiers[0], a.dst)], why=f"{why}, accumulated grads")
+                    store.copy(a.list, a.chunk, tiers[0], a.dst, COPY_CHANNEL[(tiers[0], a.dst)], why=f"{why}, accumulated grads")
                     store.evict(a.list, a.chunk, tiers[0], why=f"{why}, accumulated grads moved")
                 else:
                     if a.list is ChunkList.GRAD:
@@ -746,177 +480,6 @@ class Engine:
                 comm.wait(ChunkList.PARAM, chunk)
             store.tensor(ChunkList.PARAM, chunk, Tier.DEVICE, why=f"the work of moment {m}")
 
-    def _optimizer_step(self, chunk: int, tier: Tier, *, why: str) -> None:
-        store = self.store
-        self._fill_gaps(chunk)
-        start = time.perf_counter()
-        lists = [ChunkList.PARAM, ChunkList.M, ChunkList.V] + ([ChunkList.MASTER] if self._has_master else [])
-        for lst in lists:
-            store.drop_readers(lst, chunk, tier)  # a write-back still reading the old values
-        payload = {lst: store.tensor(lst, chunk, tier, why=why) for lst in [*lists, ChunkList.GRAD]}
-        skip = [t for t in self._trainable_by_chunk.get(chunk, ()) if t not in self._grad_seen]
-        grad_scale = self._grad_scale
-        if self._clip_coefficient is not None and payload[ChunkList.GRAD].dtype == torch.float32:
-            # what clip_grad_norm_ does (grads *= coefficient), so fp32 clipping stays bit-identical
-            payload[ChunkList.GRAD].mul_(self._clip_coefficient)
-            grad_scale = self.scaler.inv_scale if self.scaler is not None else 1.0
-        self.optimizer.step_chunk(chunk, param=payload[ChunkList.PARAM], grad=payload[ChunkList.GRAD],
-                                  master=payload.get(ChunkList.MASTER), exp_avg=payload[ChunkList.M],
-                                  exp_avg_sq=payload[ChunkList.V], grad_scale=grad_scale, skip_tensors=skip)
-        self._stepped.add(chunk)  # before `updated`, which may raise a failed copy of another tier
-        for lst in lists:
-            store.updated(lst, chunk, tier)
-        self._stats.optimizer_seconds[tier] += time.perf_counter() - start
-
-    # ---- CPU optimizer steps off the training thread (module docstring, "CPU optimizer steps")
-    def _setup_cpu_steps(self, schedule: Schedule, *, stale: bool, threads: int | None) -> None:
-        """Checked before anything is touched: the optimizer worker for overlapped HOST steps, or the
-        one-step-stale updater (`stale_optimizer=True`)."""
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ExecutorError(f"optimizer_threads={threads!r}: expected a positive int or None (the default)")
-        if threads is None:
-            # a GPU leaves the cores to the CPU optimizer; an emulated DEVICE computes backward on
-            # them, so the worker takes half and the training thread keeps its own count
-            threads = torch.get_num_threads() if self.device.type == "cuda" else max(1, torch.get_num_threads() // 2)
-        self.optimizer_threads = threads
-        self._step_worker = None
-        self._steps_in_flight: list[Any] = []
-        self._failed_steps: list[int] = []  # chunks whose CPU step failed (appended on the worker)
-        self._step_stall_seconds = 0.0
-        self._stats_lock = threading.Lock()
-        self._stale: OneStepStaleUpdater | None = None
-        host_steps = [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP and a.dst is Tier.HOST]
-        optimizer_moment = next(m.id for m in schedule.moments if m.phase is Phase.OPTIMIZER)
-        if stale:
-            if schedule.header.world_size > 1:
-                raise ExecutorError("stale_optimizer=True with world_size > 1: not supported; train synchronously")
-            host_chunks = {a.chunk for a in host_steps}
-            os_lists = {ChunkList.M, ChunkList.V, ChunkList.MASTER}
-            resident = {(r.list, r.chunk): r.tiers for r in schedule.initial_residency}
-            moved = sorted({a.chunk for a in schedule.actions if a.list in os_lists and a.chunk in host_chunks}
-                           | {c for c in host_chunks for lst in os_lists & set(schedule.layout.lists)
-                              if Tier.HOST not in resident.get((lst, c), ())})
-            if moved:
-                raise ExecutorError(
-                    f"stale_optimizer=True: the optimizer state of chunks {moved} does not stay on HOST (a stale "
-                    "update runs during the next iteration and needs it there); solve with the OS on HOST, or train "
-                    "synchronously (stale_optimizer=False)")
-            self._stale = OneStepStaleUpdater(self.optimizer, threads=threads)
-            return
-        if schedule.header.world_size == 1 and any(a.moment < optimizer_moment for a in host_steps):
-            # created once, like the store's copy worker; on an emulated DEVICE backward computes on
-            # the same cores, so the steps take what it leaves (the training thread does the rest)
-            self._step_worker = StepWorker(threads=threads, background=self.device.type != "cuda")
-
-    def _submit_step(self, chunk: int, *, why: str) -> None:
-        """A HOST step placed during backward: runs on the optimizer worker while backward goes on.
-
-        Same arguments as the inline step, decided now on the training thread (skipped tensors,
-        grad scale, the param groups' settings); the store orders every later use of the chunk's
-        payloads after it (ChunkStore.in_place)."""
-        store = self.store
-        self._fill_gaps(chunk)
-        lists = [ChunkList.PARAM, ChunkList.M, ChunkList.V] + ([ChunkList.MASTER] if self._has_master else [])
-        skip = frozenset(t for t in self._trainable_by_chunk.get(chunk, ()) if t not in self._grad_seen)
-        grad_scale, hyper = self._grad_scale, self.optimizer.hyperparameters()
-        optimizer, stats = self.optimizer, self._stats
-
-        def run(t: dict[ChunkList, torch.Tensor]) -> None:
-            start = time.perf_counter()
-            optimizer.step_chunk(chunk, param=t[ChunkList.PARAM], grad=t[ChunkList.GRAD],
-                                 master=t.get(ChunkList.MASTER), exp_avg=t[ChunkList.M], exp_avg_sq=t[ChunkList.V],
-                                 grad_scale=grad_scale, skip_tensors=skip, hyperparameters=hyper)
-            with self._stats_lock:
-                stats.optimizer_seconds[Tier.HOST] += time.perf_counter() - start
-
-        def submit(job: Any) -> Any:
-            def guarded() -> None:
-                try:
-                    job()
-                except Exception as exc:  # noqa: BLE001 - re-raised on the training thread as one line
-                    self._failed_steps.append(chunk)
-                    raise ExecutorError(f"{why}: the CPU optimizer step of chunk {chunk} failed: {exc}") from exc
-            return self._step_worker.submit(guarded)
-
-        ready = store.in_place(chunk, Tier.HOST, writes=lists, reads=[ChunkList.GRAD], submit=submit, run=run)
-        self._steps_in_flight.append(ready)
-        self._stepped.add(chunk)  # before `updated`, which may raise a failed copy of another tier
-        for lst in lists:
-            store.updated(lst, chunk, Tier.HOST)
-
-    def _poll_steps(self) -> None:
-        """Re-raise a CPU step that failed; forget the ones done."""
-        still = []
-        for ready in self._steps_in_flight:
-            if ready.done():
-                ready.wait()  # raises the step's ExecutorError
-            else:
-                still.append(ready)
-        self._steps_in_flight = still
-
-    def _settle_steps(self) -> None:
-        """After a failure: every CPU step in flight ends (failed or not); the chunks whose step failed
-        are not counted as stepped (`EngineFailure.updated_chunks` says what really changed)."""
-        in_flight, self._steps_in_flight = self._steps_in_flight, []
-        for ready in in_flight:
-            try:
-                ready.wait()
-            except Exception:  # noqa: BLE001 - the failure being reported, or one more of the same kind
-                pass
-        self._stepped.difference_update(self._failed_steps)
-
-    def _wait_steps(self) -> None:
-        """Every CPU step in flight ends; the time waited is a stall."""
-        in_flight, self._steps_in_flight = self._steps_in_flight, []
-        for ready in in_flight:
-            self._step_stall_seconds += ready.wait()
-
-    def _stale_step(self, chunk: int, *, why: str) -> None:
-        """stale_optimizer=True: queue this iteration's update of the chunk, and publish (copy into
-        PARAM) the previous iteration's, which ran in the background since (Angel-PTM Algorithm 2)."""
-        store = self.store
-        self._fill_gaps(chunk)
-        lists = [ChunkList.PARAM, ChunkList.GRAD, ChunkList.M, ChunkList.V] + (
-            [ChunkList.MASTER] if self._has_master else [])
-        t = {lst: store.tensor(lst, chunk, Tier.HOST, why=why) for lst in lists}
-        skip = [s for s in self._trainable_by_chunk.get(chunk, ()) if s not in self._grad_seen]
-        self._stale.submit(chunk, param=t[ChunkList.PARAM], grad=t[ChunkList.GRAD], master=t.get(ChunkList.MASTER),
-                           exp_avg=t[ChunkList.M], exp_avg_sq=t[ChunkList.V], grad_scale=self._grad_scale,
-                           skip_tensors=skip)
-        store.drop_readers(ChunkList.PARAM, chunk, Tier.HOST)  # a copy still reading the old values
-        start = time.perf_counter()
-        try:
-            self._stale.publish(chunk, t[ChunkList.PARAM])
-        except Exception as exc:  # noqa: BLE001 - the previous update failed on the worker
-            raise ExecutorError(f"{why}: the stale optimizer update of chunk {chunk} failed: {exc}") from exc
-        self._step_stall_seconds += time.perf_counter() - start
-        self._stepped.add(chunk)
-        store.updated(ChunkList.PARAM, chunk, Tier.HOST)
-
-    def _drain_stale(self) -> None:
-        """stale_optimizer=True, before state leaves or is replaced: apply every outstanding update now
-        and publish it into every valid PARAM copy (the synchronous state after the last step)."""
-        if self._stale is None or not self._stale.outstanding:
-            return
-        chunks = self._stale.outstanding
-        params = {c: self.read_chunk(ChunkList.PARAM, c) for c in chunks}
-        self._stale.drain(params)
-        for c in chunks:
-            self.write_chunk(ChunkList.PARAM, c, params[c])
-
-    def _restart_stale(self) -> None:
-        """After a load: a fresh updater (its fp32 masters are taken again from the loaded PARAM chunks)."""
-        if self._stale is not None:
-            self._stale.close()
-            self._stale = OneStepStaleUpdater(self.optimizer, threads=self.optimizer_threads)
-
-    def _close_cpu_steps(self) -> None:
-        if self._stale is not None:
-            self._stale.close()
-        if self._step_worker is not None:
-            self.store.settle()  # the steps in flight end (their payloads wait for them)
-            self._step_worker.shutdown()
-            self._step_worker = None
 
     def _step_now(self) -> None:
         """The OPTIMIZER moment(s), driven by optimizer.step()."""
@@ -960,115 +523,6 @@ class Engine:
         self._enter(EngineState.IDLE)
         self._stats.end_iteration(self)
 
-    def _prepare_step(self) -> None:
-        """Before the first OPTIMIZER_STEP of the window: loss-scale overflow and the clip coefficient."""
-        if self.scaler is None and self.grad_clip_norm is None:
-            return
-        inv_scale = self.scaler.inv_scale if self.scaler is not None else 1.0
-        flats: dict[int, torch.Tensor] = {}
-        for chunk in self._trainable_by_chunk:
-            if self.comm is not None:
-                if not self.comm.collectives.owns(chunk):
-                    continue  # its owner holds the reduced grads
-                self.comm.wait(ChunkList.GRAD, chunk)  # a reduce-scatter still filling it
-            self._fill_gaps(chunk)
-            tiers = self.store.valid_tiers(ChunkList.GRAD, chunk)
-            if not tiers:
-                raise ExecutorError(f"schedule violation: GRAD chunk {chunk} has no valid copy at the optimizer moment")
-            flats[chunk] = self.store.tensor(ChunkList.GRAD, chunk, tiers[0], why="the optimizer moment")
-            if self.scaler is not None:
-                self.scaler.check(flats[chunk])
-        self._found_inf = self.scaler.found_inf() if self.scaler is not None else False
-        if self.scaler is not None and self.comm is not None:
-            # a rank sees only its owned reduced grads: the ranks agree on "any inf anywhere", so
-            # every rank skips (or steps) together and their loss scales stay equal
-            flag = torch.tensor(1.0 if self._found_inf else 0.0, dtype=torch.float32)
-            self._found_inf = bool(self.comm.collectives.all_reduce_scalar(flag, op="max").item())
-        coefficient = 1.0
-        if self.grad_clip_norm is not None and not self._found_inf:
-            # per-tensor norms in model.parameters() order, combined as clip_grad_norm_ does, so the
-            # coefficient is the plain loop's to the last bit wherever the GRAD chunks live
-            groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-            for slot in self._clip_order:
-                if slot.tensor in self._grad_seen and slot.chunk in flats:
-                    view = flats[slot.chunk][slot.offset_elements:slot.offset_elements + slot.numel]
-                    groups[(view.device, view.dtype)].append(view)
-            norms = [n.float().to(self.device) for views in groups.values() for n in torch._foreach_norm(views, 2.0)]
-            if self.comm is not None:  # the owned grads' squared norm, summed over the ranks
-                squared = torch.stack(norms).square().sum() if norms else torch.zeros((), device=self.device)
-                norms = [self.comm.collectives.all_reduce_scalar(squared, op="sum").to(self.device).sqrt()]
-            if norms:
-                total = torch.linalg.vector_norm(torch.stack(norms), 2.0) * inv_scale
-                coefficient = float(torch.clamp(self.grad_clip_norm / (total + 1e-6), max=1.0))
-        self._clip_coefficient = coefficient if self.grad_clip_norm is not None else None
-        self._grad_scale = coefficient * inv_scale
-
-    # ------------------------------------------------------------------------------ hooks' work
-    def _grad_ready(self, param: nn.Parameter, slot: TensorSlot) -> None:
-        grad = param.grad
-        if grad is None:
-            return
-        param.grad = None
-        flat = self.store.tensor(ChunkList.GRAD, slot.chunk, Tier.DEVICE, why=f"the grad of {slot.names[0]!r}")
-        view = flat[slot.offset_elements:slot.offset_elements + slot.numel].view(slot.shape)
-        unfilled = self._unfilled.get(slot.chunk)
-        if unfilled is not None and slot.tensor in unfilled:
-            view.copy_(grad)  # the slot's first grad since ALLOCATE (0 + g == g)
-            unfilled.discard(slot.tensor)
-        else:
-            view.add_(grad)
-        self._grad_seen.add(slot.tensor)
-
-    def _fill_gaps(self, chunk: int) -> None:
-        """Zero what no grad was copied into since ALLOCATE: unused params' slots, frozen params', padding."""
-        unfilled = self._unfilled.pop(chunk, None)
-        if unfilled is None:
-            return
-        tiers = self.store.valid_tiers(ChunkList.GRAD, chunk)
-        flat = self.store.tensor(ChunkList.GRAD, chunk, tiers[0], why="zeroing grads no param produced")
-        for start, end in self._grad_gaps[chunk]:
-            flat[start:end].zero_()
-        for tensor in unfilled:
-            s = self._slots[tensor]
-            flat[s.offset_elements:s.offset_elements + s.numel].zero_()
-
-    def _on_device_change(self, lst: ChunkList, chunk: int, tensor: torch.Tensor | None) -> None:
-        if lst is not ChunkList.PARAM:
-            return
-        if tensor is None:
-            self._device_storage = {k: v for k, v in self._device_storage.items() if v != chunk}
-            for place in self._places.get(chunk, ()):
-                place.param.data = self._placeholder[self.compute_dtype]
-            return
-        self._device_storage[tensor.untyped_storage().data_ptr()] = chunk
-        for place in self._places.get(chunk, ()):
-            s = place.slot
-            place.param.data = tensor[s.offset_elements:s.offset_elements + s.numel].view(s.shape)
-
-    def _push_saved_hooks(self) -> None:
-        if not self._evicts_params or self._saved_hooks_on:
-            return
-        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        self._saved_hooks.__enter__()
-        self._saved_hooks_on = True
-
-    def _pop_saved_hooks(self) -> None:
-        if self._saved_hooks_on:
-            self._saved_hooks.__exit__(None, None, None)
-            self._saved_hooks_on = False
-
-    def _pack(self, tensor: torch.Tensor) -> Any:
-        if tensor.device == self.device and tensor.dtype == self.compute_dtype:
-            chunk = self._device_storage.get(tensor.untyped_storage().data_ptr())
-            if chunk is not None:
-                return _ChunkRef(chunk, tensor.storage_offset(), tensor.size(), tensor.stride())
-        return tensor
-
-    def _unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, _ChunkRef):
-            flat = self.store.tensor(ChunkList.PARAM, packed.chunk, Tier.DEVICE, why="backward (a param saved in forward)")
-            return flat.as_strided(packed.size, packed.stride, packed.offset)
-        return packed
 
     def _activation_device_bytes(self) -> int:
         """Activation bytes on DEVICE as the schedule counts them: an offload copy in flight counts as
@@ -1083,6 +537,19 @@ class Engine:
             self._fail(f"DEVICE budget exceeded at moment {m}: {pool.in_use_bytes} chunk bytes + {live} activation "
                        f"bytes > {pool.capacity_bytes}; the schedule does not fit its own budget (re-solve it with "
                        "`python -m planner solve`, and check it with `python -m planner simulate`)")
+
+    # Note [failures]
+    # Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
+    # raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
+    # earlier ..."); `engine.failure` says where. Nothing in memory is lost: a chunk is never evicted from
+    # HOST before its NVME write landed, and a copy that failed is dropped, not used. `state_dict()` /
+    # `save()` still work after a failure when the state is CONSISTENT: every trainable chunk has taken
+    # the same number of optimizer steps (`engine.failure.steps` of them), i.e. the failure came before
+    # the first OPTIMIZER_STEP of its iteration or after the last one. A failure between them leaves the
+    # step TORN (some chunks updated, the others not; each chunk itself is intact, old or new): then
+    # `state_dict()` / `save()` refuse, naming the chunks, and the last checkpoint is the state to go back
+    # to. Making every step transactional would need a second copy of the model's OS, which is what
+    # offloading exists to avoid.
 
     # ------------------------------------------------------------------------------ states
     def _enter(self, to: EngineState) -> None:
@@ -1125,7 +592,7 @@ class Engine:
             self._mark_failed(message)
 
     def _require_consistent(self, what: str) -> None:
-        """Between iterations, or after a failure that left a consistent state (module docstring)."""
+        """Between iterations, or after a failure that left a consistent state (Note [failures])."""
         if self.state is not EngineState.FAILED:
             self._require_idle(what)
             return
@@ -1146,52 +613,6 @@ class Engine:
                                 f"{self.state.value} at moment {self.cursor}")
 
 
-class _Counters:
-    """Counters of the iteration in progress and of the last complete one."""
-
-    def __init__(self) -> None:
-        self.bytes_at_start: dict[Any, int] = {}
-        self.stall_at_start = 0.0
-        self.iteration_start = 0.0
-        self.phase_seconds: dict[Phase, float] = defaultdict(float)
-        self.optimizer_seconds: dict[Tier, float] = defaultdict(float)
-        self.last: dict[str, Any] = {}
-
-    def begin_iteration(self, engine: Engine) -> None:
-        self.bytes_at_start = engine.bytes_per_channel()
-        self.stall_at_start = engine.stall_seconds()
-        self.iteration_start = time.perf_counter()
-        self.phase_seconds = defaultdict(float)
-        self.optimizer_seconds = defaultdict(float)
-
-    def add_phase(self, phase: Phase, seconds: float, *, last_backward: bool) -> None:
-        if not last_backward:  # from root post_backward to engine.step() is the user's time
-            self.phase_seconds[phase] += seconds
-
-    def end_iteration(self, engine: Engine) -> None:
-        self.last = {
-            "bytes_per_channel": {ch: n - self.bytes_at_start.get(ch, 0) for ch, n in engine.bytes_per_channel().items()},
-            "stall_seconds": engine.stall_seconds() - self.stall_at_start,
-            "iteration_seconds": time.perf_counter() - self.iteration_start,
-            "seconds_per_phase": dict(self.phase_seconds),
-            "optimizer_seconds_per_tier": dict(self.optimizer_seconds),
-        }
-
-    def snapshot(self, engine: Engine) -> EngineStats:
-        last = self.last
-        return EngineStats(
-            iterations=engine.iterations,
-            bytes_per_channel={ch: n for ch, n in last.get("bytes_per_channel", {}).items() if n},
-            total_bytes_per_channel={ch: n for ch, n in engine.bytes_per_channel().items() if n},
-            stall_seconds=last.get("stall_seconds", 0.0),
-            peak_bytes_per_tier={tier: pool.peak_bytes for tier, pool in engine.store.pools.items()},
-            seconds_per_phase=last.get("seconds_per_phase", {}),
-            optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
-            iteration_seconds=last.get("iteration_seconds", 0.0),
-            peak_activation_bytes=engine.activations.stats().peak_live_bytes,
-        )
-
-
 def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Engine:
     """Attach `model` to `schedule` (a Schedule or a schedule file) and return the engine; see `Engine`.
 
@@ -1201,29 +622,17 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
     schedule's), grad_accumulation_steps, nvme_dir (a directory for the NVME tier: chunks and SWAP_NVME activations; required when
     the schedule uses NVME), device ("auto" |
     "cpu" | "cuda[:i]"; "cpu" emulates DEVICE with a CPU pool of the schedule's budget),
-    optimizer_threads (intra-op threads of the CPU optimizer worker; None: see the module docstring),
+    optimizer_threads (intra-op threads of the CPU optimizer worker; None: Note [CPU optimizer steps] in executor/stepping.py),
     stale_optimizer (False; True: the one-step-stale asynchronous mode, which CHANGES CONVERGENCE --
-    module docstring, "Asynchronous mode").
+    Note [asynchronous mode] in executor/stepping.py).
     """
     if not isinstance(schedule, Schedule):
         schedule = Schedule.read(schedule)
     return Engine(model, schedule, **kwargs)
 
 
-def _uses_nvme(schedule: Schedule) -> bool:
-    return any(Tier.NVME in r.tiers for r in schedule.initial_residency) or any(
-        Tier.NVME in (a.src, a.dst) for a in schedule.actions if a.op not in (Op.ACT_OFFLOAD, Op.ACT_RELOAD))
 
 
-def _resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ExecutorError(f"device={device!r}: no CUDA device here; pass device='cpu' (emulated DEVICE) or 'auto'")
-    if dev.type not in ("cpu", "cuda"):
-        raise ExecutorError(f"device={device!r}: expected 'auto', 'cpu' or 'cuda[:i]'")
-    return dev
 
 
 def _describe(event: MomentEvent) -> str:

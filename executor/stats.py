@@ -1,8 +1,12 @@
-"""What the engine measured, next to what the schedule predicted (DESIGN.md §5 "Counters")."""
+"""What the engine measured, next to what the schedule predicted (DESIGN.md §5 "Counters"), and
+the per-iteration counters the engine keeps to fill it."""
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.schedule import BYTE_CHANNELS, Channel, Schedule, Tier
 from schemas.trace import Phase
@@ -53,4 +57,51 @@ class EngineStats:
         return "\n".join(lines)
 
 
-__all__ = ["EngineStats"]
+class IterationCounters:
+    """Counters of the iteration in progress and of the last complete one; `engine` is the
+    `executor.runtime.Engine` they count (its byte, stall and peak counters)."""
+
+    def __init__(self) -> None:
+        self.bytes_at_start: dict[Any, int] = {}
+        self.stall_at_start = 0.0
+        self.iteration_start = 0.0
+        self.phase_seconds: dict[Phase, float] = defaultdict(float)
+        self.optimizer_seconds: dict[Tier, float] = defaultdict(float)
+        self.last: dict[str, Any] = {}
+
+    def begin_iteration(self, engine: Any) -> None:
+        self.bytes_at_start = engine.bytes_per_channel()
+        self.stall_at_start = engine.stall_seconds()
+        self.iteration_start = time.perf_counter()
+        self.phase_seconds = defaultdict(float)
+        self.optimizer_seconds = defaultdict(float)
+
+    def add_phase(self, phase: Phase, seconds: float, *, last_backward: bool) -> None:
+        if not last_backward:  # from root post_backward to engine.step() is the user's time
+            self.phase_seconds[phase] += seconds
+
+    def end_iteration(self, engine: Any) -> None:
+        self.last = {
+            "bytes_per_channel": {ch: n - self.bytes_at_start.get(ch, 0) for ch, n in engine.bytes_per_channel().items()},
+            "stall_seconds": engine.stall_seconds() - self.stall_at_start,
+            "iteration_seconds": time.perf_counter() - self.iteration_start,
+            "seconds_per_phase": dict(self.phase_seconds),
+            "optimizer_seconds_per_tier": dict(self.optimizer_seconds),
+        }
+
+    def snapshot(self, engine: Any) -> EngineStats:
+        last = self.last
+        return EngineStats(
+            iterations=engine.iterations,
+            bytes_per_channel={ch: n for ch, n in last.get("bytes_per_channel", {}).items() if n},
+            total_bytes_per_channel={ch: n for ch, n in engine.bytes_per_channel().items() if n},
+            stall_seconds=last.get("stall_seconds", 0.0),
+            peak_bytes_per_tier={tier: pool.peak_bytes for tier, pool in engine.store.pools.items()},
+            seconds_per_phase=last.get("seconds_per_phase", {}),
+            optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
+            iteration_seconds=last.get("iteration_seconds", 0.0),
+            peak_activation_bytes=engine.activations.stats().peak_live_bytes,
+        )
+
+
+__all__ = ["EngineStats", "IterationCounters"]

@@ -1,15 +1,14 @@
-"""The chunk store: chunk payloads per tier, the DEVICE pool with its hard byte budget, the copy engine.
+"""The chunk store: chunk payloads per tier and the DEVICE pool with its hard byte budget.
 
 Every (chunk list, chunk) has at most one payload per tier, each in an explicit `CopyState`
 changed only through `ChunkStore._move` (a guarded transition). The store never decides anything:
 the runtime calls it once per schedule action and it raises `ExecutorError` when the action is
 impossible (a copy from a tier holding no valid copy, an allocation beyond the DEVICE budget...).
 
-DEVICE is the GPU when there is one (two CUDA streams created once, a CUDA event travels with every
-in-flight buffer, HOST payloads pinned). On a CPU-only machine DEVICE is emulated: a CPU pool whose
-capacity is the schedule's DEVICE budget (a hard limit) and copies DEVICE<->HOST are real copies on
-ONE worker thread, a future travelling with every in-flight buffer, so ordering, overlap, budgets
-and byte counts run in CI exactly as on a GPU.
+DEVICE is the GPU when there is one (HOST payloads pinned). On a CPU-only machine DEVICE is
+emulated: a CPU pool whose capacity is the schedule's DEVICE budget (a hard limit). Either way the
+DEVICE<->HOST copies go through the copy engine (executor/copies.py) and HOST<->NVME ones through
+`executor.nvme.NvmeStore`; a `Ready` travels with every in-flight buffer.
 
 A CPU optimizer step overlapped with backward writes HOST payloads in place on the engine's
 optimizer worker (`in_place`): its completion is a `Ready` like a copy's, carried by the payloads it
@@ -20,34 +19,18 @@ from __future__ import annotations
 
 import enum
 import functools
-import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from executor.copies import CpuCopyEngine, CudaCopyEngine, Ready
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
-from schemas.schedule import Channel, ChunkLayout, ChunkList, Tier
-from schemas.trace import DType
-
-TORCH_DTYPES: dict[DType, torch.dtype] = {
-    DType.FLOAT32: torch.float32,
-    DType.BFLOAT16: torch.bfloat16,
-    DType.FLOAT16: torch.float16,
-}
-
-# the channel a copy between two tiers travels on (DESIGN.md §2); NVME goes through executor/nvme.py
-COPY_CHANNELS: dict[tuple[Tier, Tier], Channel] = {
-    (Tier.HOST, Tier.DEVICE): Channel.H2D,
-    (Tier.DEVICE, Tier.HOST): Channel.D2H,
-    (Tier.HOST, Tier.NVME): Channel.NVME_WRITE,
-    (Tier.NVME, Tier.HOST): Channel.NVME_READ,
-}
-TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
-
+from executor.nvme import NvmeStore, aligned_empty
+from schemas.schedule import COPY_CHANNEL, TIERS, Channel, ChunkLayout, ChunkList, Tier
 
 class CopyState(enum.Enum):
     """State of one chunk payload on one tier."""
@@ -65,43 +48,6 @@ _TRANSITIONS: dict[CopyState, frozenset[CopyState]] = {
     CopyState.VALID: frozenset({CopyState.ABSENT, CopyState.STALE, CopyState.ARRIVING}),
     CopyState.STALE: frozenset({CopyState.ABSENT, CopyState.ARRIVING, CopyState.VALID}),
 }
-
-
-class Ready:
-    """Completion of one in-flight copy: a future (emulated DEVICE) or a CUDA event."""
-
-    __slots__ = ("_future", "_event")
-
-    def __init__(self, *, future: Future | None = None, event: torch.cuda.Event | None = None) -> None:
-        self._future, self._event = future, event
-
-    def done(self) -> bool:
-        if self._future is not None:
-            return self._future.done()
-        return self._event is None or self._event.query()
-
-    def wait_on_device(self) -> None:
-        """Make the compute stream wait for the copy without blocking the host (CUDA); else `wait`."""
-        if self._event is not None:
-            torch.cuda.current_stream().wait_event(self._event)
-        else:
-            self.wait()
-
-    def wait(self) -> float:
-        """Block the calling (host) thread until the copy landed; returns the seconds waited (a stall)."""
-        if self.done():
-            if self._future is not None:
-                self._future.result()  # re-raise a failed copy
-            return 0.0
-        start = time.perf_counter()
-        if self._future is not None:
-            run_here = getattr(self._future, "run_here", None)
-            if run_here is not None:  # a CPU optimizer step still queued: the training thread runs it
-                run_here()
-            self._future.result()
-        elif self._event is not None:
-            self._event.synchronize()
-        return time.perf_counter() - start
 
 
 @dataclass(slots=True)
@@ -159,8 +105,6 @@ class Pool:
             if self.capacity_bytes is not None:
                 self._trim(self.capacity_bytes - self.in_use_bytes - nbytes)
             if self.aligned:
-                from executor.nvme import aligned_empty
-
                 tensor = aligned_empty(numel, dtype, pin_memory=self.pin)
             else:
                 tensor = torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin)
@@ -199,94 +143,11 @@ class Pool:
                 self._cached_bytes -= tensor.numel() * tensor.element_size()
 
 
-class CpuCopyEngine:
-    """Emulated DEVICE: DEVICE<->HOST copies are real memcpys on ONE worker thread (a DMA engine)."""
-
-    def __init__(self) -> None:
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-copy")
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, after: list[Ready]) -> Ready:
-        # `after`: what still writes src (an earlier copy on this FIFO worker, an NVME read on the
-        # NVME store's threads, a CPU optimizer step on its worker): waited for off the training thread
-        if not after:
-            return Ready(future=self._worker.submit(dst.copy_, src))
-
-        def copy_after() -> None:
-            for ready in after:
-                ready.wait()  # re-raises a failed one: this copy fails too
-            dst.copy_(src)
-
-        waiting = [r for r in after if not r.done() and r._future is not None]
-        if not waiting:
-            return Ready(future=self._worker.submit(copy_after))
-        # src is written on ANOTHER thread (a step, an NVME read): queue the copy only when that ends,
-        # so it does not hold up the copies queued behind it on this FIFO worker (head-of-line blocking)
-        outer: Future = Future()
-        left = [len(waiting)]
-        lock = threading.Lock()
-
-        def on_done(_: Future) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                try:
-                    inner = self._worker.submit(copy_after)
-                except RuntimeError as exc:  # the worker is shut down: the engine is closing
-                    outer.set_exception(exc)
-                    return
-                inner.add_done_callback(lambda f: _forward(f, outer))
-
-        for r in waiting:
-            r._future.add_done_callback(on_done)
-        return Ready(future=outer)
-
-    def close(self) -> None:
-        self._worker.shutdown(wait=True)
-
-
-def _forward(inner: Future, outer: Future) -> None:
-    exc = inner.exception()
-    if exc is not None:
-        outer.set_exception(exc)
-    else:
-        outer.set_result(inner.result())
-
-
-class CudaCopyEngine:
-    """Real DEVICE: one stream per direction, created once; a CUDA event travels with each copy."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._streams = {Channel.H2D: torch.cuda.Stream(device), Channel.D2H: torch.cuda.Stream(device)}
-
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, *, after: list[Ready], channel: Channel) -> Ready:
-        stream = self._streams[channel]
-        for ready in after:  # src is itself still arriving: on another stream, or from NVME
-            if ready._event is not None:
-                stream.wait_event(ready._event)
-            else:
-                ready.wait()
-        # the copy must see everything the compute stream wrote to src (grads, optimizer updates)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
-            for t in (src, dst):  # the caching allocator must not hand these out before the copy ends
-                if t.is_cuda:
-                    t.record_stream(stream)
-            event = torch.cuda.Event()
-            event.record(stream)
-        return Ready(event=event)
-
-    def close(self) -> None:
-        torch.cuda.synchronize(self.device)
-
-
 class ChunkStore:
     """Payloads of every (chunk list, chunk) on every tier, with byte counters per channel."""
 
     def __init__(self, layout: ChunkLayout, *, device_capacity_bytes: int, device: torch.device,
-                 nvme: object | None = None) -> None:
+                 nvme: NvmeStore | None = None) -> None:
         self.layout = layout
         self.device = device
         self.on_gpu = device.type == "cuda"
@@ -419,7 +280,7 @@ class ChunkStore:
 
     def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str) -> int:
         """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved."""
-        expected = COPY_CHANNELS.get((src, dst))
+        expected = COPY_CHANNEL.get((src, dst))  # NVME copies go through executor/nvme.py
         if expected is None or expected is not channel:
             raise ExecutorError(f"schedule violation: {why} copies {src.value} -> {dst.value} on channel "
                                 f"{channel.value}; this executor copies that pair on {expected}")

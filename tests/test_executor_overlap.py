@@ -337,7 +337,7 @@ def two_chunk_store():
 
 
 def test_a_step_in_flight_orders_the_copies_and_evicts_of_its_payloads():
-    from executor.optim import StepWorker
+    from executor.cpu_steps import StepWorker
     from executor.store import CopyState
 
     store = two_chunk_store()

@@ -8,7 +8,8 @@ import copy
 import pytest
 import torch
 
-from executor.optim import ChunkAdamW, OneStepStaleUpdater
+from executor.cpu_steps import OneStepStaleUpdater
+from executor.optim import ChunkAdamW
 from schemas.schedule import ChunkList
 from test_optim_support import FakeStore, TinyLM, bind, grads_to_chunks, layout_for, lm_loss
 

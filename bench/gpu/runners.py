@@ -215,7 +215,7 @@ def run_record(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from executor.models import build_model, make_batch
-    from executor.record import record
+    from executor import record
 
     spec = workload_spec(args.workload)
     out = Path(args.out)
