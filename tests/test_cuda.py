@@ -265,7 +265,7 @@ def test_cuda_oom_when_the_budget_lies_names_the_moment_and_loses_nothing():
 
 def test_cuda_recording_times_moments_with_cuda_events():
     """A real recording on the GPU: per-moment times from CUDA events, the non-model peak from
-    torch.cuda.max_memory_allocated (executor/record.py)."""
+    torch.cuda.max_memory_allocated (executor/recorder.py)."""
     from executor import record
 
     model = gpt_model().cuda()

@@ -240,7 +240,7 @@ def step_wheels(kit: Kit) -> dict[str, Any]:
 
 def step_imports(kit: Kit) -> dict[str, Any]:
     """The kit's scripts and what they import from the project load, and the shell scripts parse."""
-    modules = ["bench.gpu.runners", "executor.runtime", "executor.profile", "executor.record", "executor.models",
+    modules = ["bench.gpu.runners", "executor.runtime", "executor.profile", "executor.recorder", "executor.models",
                "schemas", "planner.solve"]
     loaded = []
     for m in modules:
