@@ -33,19 +33,46 @@ simulate, the reference decision sets, bounds: all unchanged) with its MIP step 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from planner.placement import PlacementInfeasible, PlacementInput, PlacementModel, PlacementSolution
+from planner.placement import PlacementInfeasible, PlacementInput, PlacementModel, PlacementSolution, _is_zero, _runs
 
 log = logging.getLogger(__name__)
 
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there
 RELEASE_STAGES = 6  # second try: groups used within this many stages of a fractional variable are freed
 FLAG_EPSILON = 1e-6  # as planner.solve: an LP value above this pins a mechanism switch on
+
+
+class SparsePlacementModel(PlacementModel):
+    """PlacementModel with the DEVICE rows kept sparse (the same LP, reformulated).
+
+    Measured (bench/bench_depth.py, hidden 4096, chunk 67257720 elements): the DEVICE rows held
+    20,916 nonzeros over 520 rows at 128 blocks and 74,548 over 1,032 at 256 (40 -> 72 per row:
+    quadratic in depth), half of the model's nonzeros. The cause: a chunk arriving in stage k
+    counts in every DEVICE row from k to its use, and the wrap gap's arrivals in the optimizer
+    stage (updated params coming back up) stay until the block's forward in the next iteration,
+    so the forward stage s row carries one term per block after s. Here those intervals go
+    through running sums (`_interval_sums`, as the kept chunks already do): O(1) terms per row.
+    """
+
+    def _build_memory_terms(self) -> None:
+        super()._build_memory_terms()
+        n = len(self.data.stages)
+        items: list[tuple[int, int, Any]] = []
+        for gi, g in enumerate(self.data.groups):
+            for i, gap in enumerate(self.gaps[gi]):
+                pos = {s: j for j, s in enumerate(gap.stages)}
+                for k, s_in in enumerate(gap.lookahead):
+                    for first, last in _runs(gap.stages[pos[s_in]:]):
+                        items.append((first, last, self.incoming[gi][i][k] * g.param_bytes))
+        running = self._interval_sums("arrived_params", items)
+        self.arrived = [[running[s]] if not _is_zero(running[s]) else [] for s in range(n)]
 
 
 def _pinned(lp_flags: dict[str, float]) -> dict[str, int]:
@@ -65,24 +92,32 @@ def _group_of(name: str) -> int | None:
 
 
 def solve_mip_fixed(data: PlacementInput, lp_flags: dict[str, float], budget: float,
-                    lp_modes: tuple | None = None, *, stats: dict[str, Any] | None = None) -> PlacementSolution:
-    """Same contract as planner.solve._solve_mip: the pinned placement MIP, solved by LP-integral fixing."""
+                    lp_modes: tuple | None = None, *, stats: dict[str, Any] | None = None,
+                    lp_values: dict[str, float] | None = None) -> PlacementSolution:
+    """Same contract as planner.solve._solve_mip: the pinned placement MIP, solved by LP-integral
+    fixing. `lp_values` (by variable name): the unpinned LP's solution where the caller has it
+    (planner.solve's chunk-size search solved it already); else, or when fixing to it leaves no
+    plan, the LP of the pinned model is solved here."""
     started = time.perf_counter()
     flags = _pinned(lp_flags)
     stats = stats if stats is not None else {}
-    try:
-        lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=lp_modes)
-        lp.solve(time_limit_seconds=max(1.0, budget))
-    except PlacementInfeasible:
-        lp = None  # the pins leave no plan: today's fallbacks decide
-    if lp is not None:
-        values = _lp_values(lp)
-        model = PlacementModel(data, fixed_flags=flags, fixed_modes=lp_modes)
-        integer = [v for v in model.solver.model.variables() if v.integer and v.name in values]
-        bounds = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
-        fractional = [v.name for v in integer if abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
+    model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=lp_modes)
+    integer = [v for v in model.solver.model.variables() if v.integer]
+    bounds = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
+    for source in ("search LP", "pinned LP"):
+        values = lp_values if source == "search LP" else None
+        if source == "search LP" and values is None:
+            continue
+        if values is None:
+            try:
+                lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=lp_modes)
+                lp.solve(time_limit_seconds=max(1.0, budget - (time.perf_counter() - started)))
+            except PlacementInfeasible:
+                break  # the pins leave no plan: today's fallbacks decide
+            values = _lp_values(lp)
+        fractional = [v.name for v in integer
+                      if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
         stats["fractional"] = len(fractional)
-        stats["lp_seconds"] = time.perf_counter() - started
         skip = set(fractional)
         near = _groups_near(data, fractional)
         for attempt, free_groups in (("fix integral", set()), ("release near", near)):
@@ -92,7 +127,7 @@ def solve_mip_fixed(data: PlacementInput, lp_flags: dict[str, float], budget: fl
             fixed = 0
             for v in integer:
                 lo, hi = bounds[v.name]
-                x = float(round(values[v.name]))
+                x = float(round(values.get(v.name, math.nan))) if v.name in values else math.nan
                 if v.name in skip or _group_of(v.name) in free_groups or not lo <= x <= hi:
                     v.lower_bound, v.upper_bound = lo, hi
                     continue
@@ -101,15 +136,34 @@ def solve_mip_fixed(data: PlacementInput, lp_flags: dict[str, float], budget: fl
             try:
                 sol = model.solve(time_limit_seconds=max(0.5, left))
             except PlacementInfeasible as exc:
-                log.info("LP-integral fixing (%s, %d fixed): %s", attempt, fixed, exc)
+                log.info("LP-integral fixing (%s, %s, %d fixed): %s", source, attempt, fixed, exc)
                 continue
-            stats.update(attempt=attempt, fixed=fixed, nodes=model.result.solve_stats.node_count,
+            stats.update(attempt=f"{source}, {attempt}", fixed=fixed, nodes=model.result.solve_stats.node_count,
                          seconds=time.perf_counter() - started)
             return sol
     from planner.solve import _solve_mip
 
-    stats.update(attempt="today's pinned MIP")
+    stats.update(attempt="today's pinned MIP", seconds=math.nan)
     return _solve_mip(data, lp_flags, max(1.0, budget - (time.perf_counter() - started)), lp_modes)
+
+
+class _SearchLP(PlacementModel):
+    """planner.solve's PlacementModel, remembering the values of the chunk-size LPs it solves (by
+    the input object) so that the MIP step fixes to them without solving the LP again."""
+
+    stash: dict[int, tuple[PlacementInput, dict[str, float], float]] = {}
+
+    def solve(self, **kwargs: Any) -> PlacementSolution:
+        sol = super().solve(**kwargs)
+        if self.relax and self.capacity is None:
+            _SearchLP.stash[id(self.original)] = (self.original, _lp_values(self), sol.bound_seconds)
+        return sol
+
+
+def _stashed(data: PlacementInput) -> tuple[dict[str, float] | None, float]:
+    """The search LP's values and its (valid) lower bound for `data`; (None, 0) if not solved."""
+    found = _SearchLP.stash.get(id(data))
+    return (found[1], found[2]) if found is not None and found[0] is data else (None, 0.0)
 
 
 def _groups_near(data: PlacementInput, names: list[str]) -> set[int]:
@@ -127,12 +181,13 @@ def _groups_near(data: PlacementInput, names: list[str]) -> set[int]:
 def _mip_step(replacement) -> Iterator[None]:
     import planner.solve as solve_mod
 
-    saved = solve_mod._solve_mip
-    solve_mod._solve_mip = replacement
+    saved = solve_mod._solve_mip, solve_mod.PlacementModel
+    solve_mod._solve_mip, solve_mod.PlacementModel = replacement, _SearchLP
     try:
         yield
     finally:
-        solve_mod._solve_mip = saved
+        solve_mod._solve_mip, solve_mod.PlacementModel = saved
+        _SearchLP.stash.clear()
 
 
 class ScaledReport:
@@ -163,7 +218,11 @@ def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_li
     def step(data, lp_flags, budget, lp_modes=None):
         stats: dict[str, Any] = {}
         mips.append(stats)
-        return solve_mip_fixed(data, lp_flags, budget, lp_modes, stats=stats)
+        values, lp_bound = _stashed(data)
+        sol = solve_mip_fixed(data, lp_flags, budget, lp_modes, stats=stats, lp_values=values)
+        # the MIP's own bound holds for the pinned, partly fixed model only: the valid lower bound
+        # of this chunk size is the unpinned LP's (planner.solve keeps the larger of the two)
+        return dataclasses.replace(sol, bound_seconds=min(sol.bound_seconds, lp_bound))
 
     started = time.perf_counter()
     with _mip_step(step):
