@@ -110,12 +110,20 @@ def main() -> int:
     parser.add_argument("--preset", default="a100-80g-12ssd")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--scaled", action="store_true", help="also run planner.placement_scaled")
+    parser.add_argument("--named", default="", help="traces of bench/bench_solve.py instead (e.g. 175b)")
     parser.add_argument("--no-solve", action="store_true", help="skip today's solve_report (only --scaled)")
     args = parser.parse_args()
     _instrument()
     hw = resolve_hardware(args.preset)
-    for n in (int(x) for x in args.blocks.split(",")):
-        trace, digest = depth_trace(n)
+    runs = args.named.split(",") if args.named else [int(x) for x in args.blocks.split(",")]
+    for n in runs:
+        if isinstance(n, str):
+            sys.path.insert(0, str(REPO / "bench"))
+            from bench_solve import load
+
+            trace, digest, _ = load(n)
+        else:
+            trace, digest = depth_trace(n)
         if not args.no_solve:
             TIMES.clear()
             COUNTS.clear()
@@ -130,7 +138,7 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 (a bench prints what happened)
                 outcome = f"FAILED {type(exc).__name__}: {str(exc)[:160]}"
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            print(f"\n== {n} blocks, {args.preset}: today's solve {wall:.2f} s wall, {cpu:.2f} s CPU; {outcome}")
+            print(f"\n== {n} {'blocks' if isinstance(n, int) else ''}, {args.preset}: today's solve {wall:.2f} s wall, {cpu:.2f} s CPU; {outcome}")
             for key in sorted(TIMES, key=lambda k: -TIMES[k]):
                 print(f"   {key:36s} {TIMES[key]:8.2f} s CPU  x{COUNTS[key]}")
             for line in MIPS:
@@ -144,7 +152,7 @@ def main() -> int:
             wall, cpu = time.perf_counter(), time.process_time()
             rep = solve_scaled_report(trace, hw, trace_digest=digest, time_limit_s=args.time_limit)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            print(f"\n== {n} blocks, {args.preset}: scaled solve {wall:.2f} s wall, {cpu:.2f} s CPU; {rep.summary()}")
+            print(f"\n== {n} {'blocks' if isinstance(n, int) else ''}, {args.preset}: scaled solve {wall:.2f} s wall, {cpu:.2f} s CPU; {rep.summary()}")
             for key in sorted(TIMES, key=lambda k: -TIMES[k]):
                 print(f"   {key:36s} {TIMES[key]:8.2f} s CPU  x{COUNTS[key]}")
             for line in MIPS:
