@@ -1,33 +1,44 @@
 """Placement MIP that scales with depth (issue 18, prototype; imported by nothing in the planner yet).
 
-Measured diagnosis (bench/bench_depth.py, a100-80g-12ssd, hidden 4096, batch 8): the time of a deep
-solve goes into HiGHS branching on the *second* chunk size's MIP. Its LP relaxation is tight (the
-MIP's proven bound equals the LP's to 0.1%) but a few dozen of its count variables are fractional;
-the blocks are nearly interchangeable (which of 64 identical blocks keeps one more chunk on DEVICE
-changes the objective by microseconds), so branch and bound meets plateaus of equal nodes and
-the primal heuristics find no incumbent within 1%: 749 nodes and 19 s at 64 blocks (stopped by its
-share of the time limit), 1 node and 1.7 s at 96 (the LP was integral there). Time to the first
-incumbent, not the bound, is what is erratic; the LP, building the model, materialize and simulate
-grow about linearly.
+Measured diagnosis (`python bench/bench_depth.py`, a100-80g-12ssd, hidden 4096, batch 8, CPU
+seconds on the shared 2-core box, load 8-14 during most runs: ratios, not absolutes):
+
+- 64 blocks is slow because of the *second* chunk size's MIP: HiGHS branched 749 nodes and stopped
+  FEASIBLE at its share of the time limit (19.4 s of 23.4 s CPU); at 32 blocks the same MIP took
+  107 nodes (1.7 s), at 96 and 128 one node. The LP of these models leaves 150-470 integer count
+  variables fractional (353/466 at 64 blocks, 344/436 at 96): the erratic part is the search
+  for an incumbent within 1% among them, not the bound and not the model's size.
+- 256 and 512 blocks fail ("no integral plan ... raise --time-limit"): the LPs of three chunk sizes
+  and their model builds use up the wall-clock limit (256: build 5.1 + LP 7.0 s CPU; 512: 15.1 +
+  11.3 s), the first MIP gets the 1 s floor of `_search`'s budget and finds no incumbent in it.
+- Building the model grows faster than linearly (LP build per chunk size 0.31/0.5/1.7/5.0 s at
+  96/128/256/512 blocks): the DEVICE rows hold 40 nonzeros per row at 128 blocks and 72 at 256
+  (quadratic), because a chunk arriving in the optimizer stage counts in every DEVICE row until
+  its forward use in the next iteration. `SparsePlacementModel` routes those through running sums
+  (same LP, 75,315 instead of 138,781 nonzeros at 256 blocks, build 1.07 instead of 1.74 s); GLOP
+  however needs twice the pivots on it (18,836 vs 9,234), so only the MIP uses it.
 
 The remedy here is *LP-integral fixing* (a relax-and-fix dive, Wolsey 1998 §12.5), with the
 mechanism switches and the activation modes pinned to the LP as today (`planner.solve._solve_mip`):
 
-1. solve the LP of the pinned model (GLOP);
-2. fix every integer variable whose LP value is integral (within FIX_TOLERANCE) to that value; what
-   stays free is the fractional part of the plan, a few variables per stage window, decoupled along
-   the iteration, which HiGHS closes at its root;
-3. if that leaves no plan, release the groups (all of their variables) whose use stages lie within
-   RELEASE_STAGES of a fractional variable, then everything (today's pinned MIP), in that order.
+1. take the chunk-size search's LP solution (or solve the pinned LP where there is none);
+2. fix every integer variable whose LP value is integral (within FIX_TOLERANCE); the fractional
+   rest is closed by HiGHS at its root (1-5 nodes measured at 32-512 blocks);
+3. if that leaves no plan, release the groups used within RELEASE_STAGES of a fractional variable,
+   then the pinned LP, then today's pinned MIP, in that order.
 
-The pinned LP's value is a lower bound of the pinned MIP only; the valid bound of the model is
-the unpinned LP (`planner.solve._search`'s relaxation), which the report below keeps using.
+Bounds: a MIP with pinned switches, modes or fixed counts bounds only its restriction, so the bound
+of a chunk size is the unpinned LP's, or HiGHS's root node of the unpinned model (node limit 1:
+deterministic) where neither the LP nor the physical bound is within ROOT_BOUND_GAP of the plan.
+(Today's header takes the larger of the LP and the pinned MIP's dual bound, which is not a valid
+bound of the model: 32 blocks reports 2.2177 s where the unpinned root proves 2.2164 s.)
 Deterministic: GLOP and HiGHS single-threaded with seed 0 (planner.placement._MathOpt), variables
-visited in model order.
+visited in model order, a node limit rather than a time limit for the root bound.
 
 `solve_scaled_report` runs today's `planner.solve.solve_report` (chunk sizes, LPs, materialize,
-simulate, the reference decision sets, bounds: all unchanged) with its MIP step replaced by
-`solve_mip_fixed`; porting it means replacing the body of `_solve_mip` by it.
+simulate, the reference decision sets: all unchanged) with its MIP step replaced by
+`solve_mip_fixed` and the search's LP values remembered; porting it means replacing the body of
+`_solve_mip` by it and keeping the LP model's values in `_search`.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ log = logging.getLogger(__name__)
 
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there
 RELEASE_STAGES = 6  # second try: groups used within this many stages of a fractional variable are freed
+ROOT_BOUND_GAP = 0.03  # below this model gap the LP (or physical) bound is kept; above, the root node's is computed
 MIN_FIXED_SECONDS = 10.0  # wall-clock floor of a fixed MIP's time limit (see solve_mip_fixed)
 FLAG_EPSILON = 1e-6  # as planner.solve: an LP value above this pins a mechanism switch on
 
@@ -92,61 +104,108 @@ def _group_of(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
+def _tries(data: PlacementInput, lp_flags: dict[str, float], lp_modes: tuple | None) -> list[tuple[dict[str, int], tuple | None]]:
+    """The pins in planner.solve._solve_mip's order: switches and modes, switches only, then the
+    switches released one at a time, least used by the LP first."""
+    from planner.solve import PIN_MODES_BLOCKS
+
+    pinned = _pinned(lp_flags)
+    tries: list[tuple[dict[str, int], tuple | None]] = []
+    if lp_modes is not None and len(data.blocks) >= PIN_MODES_BLOCKS:
+        tries.append((dict(pinned), lp_modes))
+    tries.append((dict(pinned), None))
+    for _, name in sorted((v, k) for k, v in lp_flags.items() if pinned[k]):
+        pinned[name] = 0
+        tries.append((dict(pinned), None))
+    return tries
+
+
 def solve_mip_fixed(data: PlacementInput, lp_flags: dict[str, float], budget: float,
                     lp_modes: tuple | None = None, *, stats: dict[str, Any] | None = None,
                     lp_values: dict[str, float] | None = None) -> PlacementSolution:
     """Same contract as planner.solve._solve_mip: the pinned placement MIP, solved by LP-integral
-    fixing. `lp_values` (by variable name): the unpinned LP's solution where the caller has it
-    (planner.solve's chunk-size search solved it already); else, or when fixing to it leaves no
-    plan, the LP of the pinned model is solved here."""
+    fixing, for each of _solve_mip's pins in turn. `lp_values` (by variable name): the unpinned
+    LP's solution where the caller has it (planner.solve's chunk-size search solved it already);
+    else the LP of the pinned model is solved here."""
     started = time.perf_counter()
-    flags = _pinned(lp_flags)
     stats = stats if stats is not None else {}
-    model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=lp_modes)
-    integer = [v for v in model.solver.model.variables() if v.integer]
-    bounds = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
-    for source in ("search LP", "pinned LP"):
-        values = lp_values if source == "search LP" else None
-        if source == "search LP" and values is None:
-            continue
-        if values is None:
-            try:
-                lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=lp_modes)
-                lp.solve(time_limit_seconds=max(1.0, budget - (time.perf_counter() - started)))
-            except PlacementInfeasible:
-                break  # the pins leave no plan: today's fallbacks decide
-            values = _lp_values(lp)
-        fractional = [v.name for v in integer
-                      if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
-        stats["fractional"] = len(fractional)
-        skip = set(fractional)
-        near = _groups_near(data, fractional)
-        for attempt, free_groups in (("fix integral", set()), ("release near", near)):
-            # the fixed MIP closes at its root in about a second of CPU (bench_depth: 0.4-2.7 s at
-            # 64-512 blocks): it gets that much even where the caller's budget is spent, so that a
-            # loaded machine does not turn a deterministic plan into the fallback's time limit
-            left = max(MIN_FIXED_SECONDS, budget - (time.perf_counter() - started))
-            fixed = 0
-            for v in integer:
-                lo, hi = bounds[v.name]
-                x = float(round(values.get(v.name, math.nan))) if v.name in values else math.nan
-                if v.name in skip or _group_of(v.name) in free_groups or not lo <= x <= hi:
-                    v.lower_bound, v.upper_bound = lo, hi
-                    continue
-                v.lower_bound = v.upper_bound = x
-                fixed += 1
-            try:
-                sol = model.solve(time_limit_seconds=left)
-            except PlacementInfeasible as exc:
-                log.info("LP-integral fixing (%s, %s, %d fixed): %s", source, attempt, fixed, exc)
-                continue
-            stats.update(attempt=f"{source}, {attempt}", fixed=fixed, nodes=model.result.solve_stats.node_count,
-                         seconds=time.perf_counter() - started)
+    for n_try, (flags, modes) in enumerate(_tries(data, lp_flags, lp_modes)):
+        sol = _fixed(data, flags, modes, lp_values, budget, started, stats)
+        if sol is not None:
+            stats["pins"] = f"try {n_try}: {'modes pinned' if modes is not None else 'modes free'}"
             return sol
     from planner.solve import _solve_mip
 
     stats.update(attempt="today's pinned MIP", seconds=math.nan)
     return _solve_mip(data, lp_flags, max(1.0, budget - (time.perf_counter() - started)), lp_modes)
+
+
+def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
+           budget: float, started: float, stats: dict[str, Any]) -> PlacementSolution | None:
+    """One pin set: fix to the LP's integral values, then release the groups near the fractional
+    ones; None when neither leaves a plan."""
+    model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    integer = [v for v in model.solver.model.variables() if v.integer]
+    bounds = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
+    source, values = "search LP", lp_values
+    if values is None:
+        try:
+            lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes)
+            lp.solve(time_limit_seconds=max(1.0, budget - (time.perf_counter() - started)))
+        except PlacementInfeasible:
+            return None
+        source, values = "pinned LP", _lp_values(lp)
+    fractional = [v.name for v in integer
+                  if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
+    stats["fractional"] = len(fractional)
+    skip = set(fractional)
+    near = _groups_near(data, fractional)
+    for attempt, free_groups in (("fix integral", set()), ("release near", near)):
+        # the fixed MIP closes at its root in about a second of CPU (bench_depth: 0.4-2.7 s at
+        # 64-512 blocks): it gets that much even where the caller's budget is spent, so that a
+        # loaded machine does not turn a deterministic plan into the fallback's time limit
+        left = max(MIN_FIXED_SECONDS, budget - (time.perf_counter() - started))
+        fixed = 0
+        for v in integer:
+            lo, hi = bounds[v.name]
+            x = float(round(values[v.name])) if v.name in values else math.nan
+            if v.name in skip or _group_of(v.name) in free_groups or not lo <= x <= hi:
+                v.lower_bound, v.upper_bound = lo, hi
+                continue
+            v.lower_bound = v.upper_bound = x
+            fixed += 1
+        try:
+            sol = model.solve(time_limit_seconds=left)
+        except PlacementInfeasible as exc:
+            log.info("LP-integral fixing (%s, %s, %d fixed): %s", source, attempt, fixed, exc)
+            continue
+        stats.update(attempt=f"{source}, {attempt}", fixed=fixed, nodes=model.result.solve_stats.node_count,
+                     seconds=time.perf_counter() - started)
+        return sol
+    return None
+
+
+def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 60.0) -> float:
+    """A valid lower bound of the (unpinned) placement model, tighter than its LP: the dual bound of
+    HiGHS's root node (cuts included), node limit 1 so that it does not depend on the machine's
+    speed. Measured at 32 blocks (hidden 4096, a100-80g-12ssd, chunk 67257720): LP 2.1194 s, root
+    2.2164 s, which is what brings the true gap under 5% where the LP leaves it at 8.9%.
+    Returns 0.0 when HiGHS stops without a bound."""
+    import datetime
+
+    from ortools.math_opt.python import mathopt
+
+    from planner.placement import SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT, _quiet_stdout
+
+    model = PlacementModel(data)
+    params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit_seconds), node_limit=1,
+                                     random_seed=0, enable_output=False)
+    with _quiet_stdout():
+        result = mathopt.solve(model.solver.model, mathopt.SolverType.HIGHS, params=params)
+    bound = result.termination.objective_bounds.dual_bound
+    if not math.isfinite(bound):
+        return 0.0
+    return max(0.0, bound / (1 + SECONDARY_TERMS * SECONDARY_WEIGHT) * TIME_UNIT)
 
 
 class _SearchLP(PlacementModel):
@@ -205,8 +264,9 @@ class ScaledReport:
 
     def summary(self) -> str:
         r = self.report
-        mips = "; ".join(f"{m.get('attempt')}: {m.get('fractional', '?')} fractional, {m.get('fixed', '?')} fixed, "
-                         f"nodes {m.get('nodes', '?')}, {m.get('seconds', math.nan):.2f} s" for m in self.mips)
+        mips = "; ".join(f"{m.get('pins', '')} {m.get('attempt')}: {m.get('fractional', '?')} fractional, {m.get('fixed', '?')} fixed, "
+                         f"nodes {m.get('nodes', '?')}, {m.get('seconds', math.nan):.2f} s"
+                         + (f", root bound {m['root bound']}" if "root bound" in m else "") for m in self.mips)
         return (f"objective {r.model_objective_seconds:.4f} bound {r.lower_bound_seconds:.4f} simulated "
                 f"{r.simulated_seconds:.4f} true gap {100 * self.true_gap:.2f}% chosen: {r.chosen} [MIPs: {mips}]")
 
@@ -220,11 +280,19 @@ def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_li
     def step(data, lp_flags, budget, lp_modes=None):
         stats: dict[str, Any] = {}
         mips.append(stats)
+        from planner.bounds import physical_lower_bound_seconds
+
         values, lp_bound = _stashed(data)
         sol = solve_mip_fixed(data, lp_flags, budget, lp_modes, stats=stats, lp_values=values)
         # the MIP's own bound holds for the pinned, partly fixed model only: the valid lower bound
-        # of this chunk size is the unpinned LP's (planner.solve keeps the larger of the two)
-        return dataclasses.replace(sol, bound_seconds=min(sol.bound_seconds, lp_bound))
+        # of this chunk size is the unpinned LP's (planner.solve keeps the larger of the two), or
+        # the root node's where neither the LP nor the physical bound is within ROOT_BOUND_GAP
+        bound = lp_bound
+        if max(lp_bound, physical_lower_bound_seconds(data)) < sol.objective_seconds * (1 - ROOT_BOUND_GAP):
+            start = time.perf_counter()
+            bound = max(bound, root_bound_seconds(data))
+            stats["root bound"] = f"{bound:.4f} s ({time.perf_counter() - start:.2f} s)"
+        return dataclasses.replace(sol, bound_seconds=min(sol.objective_seconds, bound))
 
     started = time.perf_counter()
     with _mip_step(step):
