@@ -51,7 +51,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from planner.placement import PlacementInfeasible, PlacementInput, PlacementModel, PlacementSolution, _is_zero, _runs
+from planner.placement import (
+    PlacementInfeasible,
+    PlacementInput,
+    PlacementModel,
+    PlacementSolution,
+    _is_zero,
+    _MathOpt,
+    _quiet_stdout,
+    _runs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +159,7 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
     source, values = "search LP", lp_values
     if values is None:
         try:
-            lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes)
+            lp = DualSimplexPlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes)
             lp.solve(time_limit_seconds=max(1.0, budget - (time.perf_counter() - started)))
         except PlacementInfeasible:
             return None
@@ -195,7 +204,7 @@ def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 60.0
 
     from ortools.math_opt.python import mathopt
 
-    from planner.placement import SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT, _quiet_stdout
+    from planner.placement import SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT
 
     model = PlacementModel(data)
     params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit_seconds), node_limit=1,
@@ -208,7 +217,36 @@ def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 60.0
     return max(0.0, bound / (1 + SECONDARY_TERMS * SECONDARY_WEIGHT) * TIME_UNIT)
 
 
-class _SearchLP(PlacementModel):
+class _DualSimplexMathOpt(_MathOpt):
+    """planner.placement's solver wrapper with GLOP on its dual simplex. Measured on the 256-block
+    LP (hidden 4096, a100-80g-12ssd, chunk 67257720): 1.99 s CPU instead of 3.84 s with GLOP's
+    default (primal), 3.40 s with HiGHS's dual simplex, 3.30 s with HiGHS's barrier; the same
+    optimum. Deterministic as GLOP's default (one thread)."""
+
+    def solve(self, *, time_limit_seconds: float, relative_gap: float) -> Any:
+        import datetime
+
+        from ortools.math_opt.python import mathopt
+
+        if self.kind is not mathopt.SolverType.GLOP:
+            return super().solve(time_limit_seconds=time_limit_seconds, relative_gap=relative_gap)
+        params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
+                                         random_seed=0, enable_output=False,
+                                         lp_algorithm=mathopt.LPAlgorithm.DUAL_SIMPLEX)
+        with _quiet_stdout():
+            return mathopt.solve(self.model, self.kind, params=params)
+
+
+class DualSimplexPlacementModel(PlacementModel):
+    """PlacementModel whose LP relaxation GLOP solves by its dual simplex."""
+
+    def __init__(self, data: PlacementInput, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        if self.relax:
+            self.solver.__class__ = _DualSimplexMathOpt
+
+
+class _SearchLP(DualSimplexPlacementModel):
     """planner.solve's PlacementModel, remembering the values of the chunk-size LPs it solves (by
     the input object) so that the MIP step fixes to them without solving the LP again."""
 
@@ -276,6 +314,7 @@ def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_li
     from planner.solve import solve_report
 
     mips: list[dict[str, Any]] = []
+    best = [math.inf]  # the best MIP objective so far (chunk sizes come in LP order)
 
     def step(data, lp_flags, budget, lp_modes=None):
         stats: dict[str, Any] = {}
@@ -288,7 +327,11 @@ def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_li
         # of this chunk size is the unpinned LP's (planner.solve keeps the larger of the two), or
         # the root node's where neither the LP nor the physical bound is within ROOT_BOUND_GAP
         bound = lp_bound
-        if max(lp_bound, physical_lower_bound_seconds(data)) < sol.objective_seconds * (1 - ROOT_BOUND_GAP):
+        best[0] = min(best[0], sol.objective_seconds)
+        # only where it can matter: the header's bound is the least over the chunk sizes, so a
+        # chunk size whose LP is already above the best plan's needs no tighter bound
+        target = best[0] * (1 - ROOT_BOUND_GAP)
+        if max(lp_bound, physical_lower_bound_seconds(data)) < target:
             start = time.perf_counter()
             bound = max(bound, root_bound_seconds(data))
             stats["root bound"] = f"{bound:.4f} s ({time.perf_counter() - start:.2f} s)"
