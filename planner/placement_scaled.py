@@ -35,6 +35,24 @@ bound of the model: 32 blocks reports 2.2177 s where the unpinned root proves 2.
 Deterministic: GLOP and HiGHS single-threaded with seed 0 (planner.placement._MathOpt), variables
 visited in model order, a node limit rather than a time limit for the root bound.
 
+Measured after (`python bench/bench_depth.py --blocks 32,48,64,96,128,256 --scaled --no-solve
+--time-limit 300`, same box, load 13-16, so CPU seconds are inflated ~1.5-2x against a quiet run;
+before = today's solve_report, default limit; true gap = (simulated - valid bound) / simulated):
+
+    blocks   CPU s before -> after   simulated s before -> after   true gap after
+      32        3.30 -> 4.63 *          2.3639 -> 2.2789             3.42%
+      48        4.06 -> 4.60 *          4.1311 -> 4.1281             5.14%
+      64       23.37 -> 4.14            5.9418 -> 5.8729             2.35%
+      96        8.26 -> 5.49            9.5894 -> 9.4547             2.37%
+     128       11.78 -> 7.48           13.0287 -> 12.9676            1.30%
+     256       failed -> 20.15          (no plan) -> 26.9924         0.16%
+    (* the root-node bound: 23 s wall / ~3 s CPU at 32 blocks; it is what makes the gap valid)
+
+The model objective is the same or lower than today's MIP at 32/48/96 (2.2326 vs 2.2332, 3.9802
+vs 4.0346, 9.2305 vs 9.2887); at 48 blocks the placement now beats the PatrickStar-like reference
+set that won before. What is left at 512 blocks is the chunk-size search's LP (three GLOP solves,
+~20 s CPU each under this load), not the MIP (0.9 s at the root).
+
 `solve_scaled_report` runs today's `planner.solve.solve_report` (chunk sizes, LPs, materialize,
 simulate, the reference decision sets: all unchanged) with its MIP step replaced by
 `solve_mip_fixed` and the search's LP values remembered; porting it means replacing the body of
