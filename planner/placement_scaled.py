@@ -46,12 +46,17 @@ before = today's solve_report, default limit; true gap = (simulated - valid boun
       96        8.26 -> 5.49            9.5894 -> 9.4547             2.37%
      128       11.78 -> 7.48           13.0287 -> 12.9676            1.30%
      256       failed -> 20.15          (no plan) -> 26.9924         0.16%
+     512       failed -> 72.67          (no plan) -> 55.6823         1.12%   (LP 48.1 s of it)
+    175B rtx4090-768g-12ssd: 14.11 -> 7.92 CPU s, simulated 116.5494 -> 114.7867, true gap 10.73%
+    (the 175B gap is the model's optimism about the SSD queue: simulated is 12% above the model's
+    objective, and the physical bound is above the objective; no MIP setting closes it)
     (* the root-node bound: 23 s wall / ~3 s CPU at 32 blocks; it is what makes the gap valid)
 
 The model objective is the same or lower than today's MIP at 32/48/96 (2.2326 vs 2.2332, 3.9802
 vs 4.0346, 9.2305 vs 9.2887); at 48 blocks the placement now beats the PatrickStar-like reference
 set that won before. What is left at 512 blocks is the chunk-size search's LP (three GLOP solves,
-~20 s CPU each under this load), not the MIP (0.9 s at the root).
+~16 s CPU each under this load even on the dual simplex, 46 s and unfinished on the primal), not the
+MIP (0.9-1.3 s at the root).
 
 `solve_scaled_report` runs today's `planner.solve.solve_report` (chunk sizes, LPs, materialize,
 simulate, the reference decision sets: all unchanged) with its MIP step replaced by
