@@ -205,7 +205,7 @@ def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> Schedule:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "compare", help="tide and the baselines (DeepSpeed, PatrickStar, Gemini, Fuyou, PyTorch) on one trace",
+        "compare",
         description="Schedule TRACE with tide and with each baseline policy on the same hardware, replay every "
                     "schedule in the simulator and print one row per policy, with the lower bound.")
     p.add_argument("trace", metavar="TRACE", help="trace file (.msgpack)")

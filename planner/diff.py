@@ -817,7 +817,6 @@ def _percent(text: str) -> float:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "diff",
-        help="what changed between two schedules, and what it costs",
         description="Compare two schedules: inputs, predicted time and peaks, chunk layout, residency, "
                     "activation plan and actions per channel, each with delta and percentage.",
     )

@@ -262,7 +262,7 @@ def _tide_available() -> bool:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "maxsize", help="the largest GPT-3-family model each policy can train on the hardware",
+        "maxsize",
         description="Search layer count (binary search, up to 4x the Table 4 count) and width (the GPT-3 ladder of "
                     "Fuyou Table 4) for the largest model each policy schedules within the hardware's capacities. "
                     + TRACE_SOURCE + ".")

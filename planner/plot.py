@@ -248,7 +248,6 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plot",
-        help="draw a schedule: memory per tier over the iteration, and the channel timeline",
         description="Simulate SCHEDULE and draw the tide of memory on DEVICE and HOST (stacked by non-model "
                     "data, activations and chunk list, with the budget) and the busy time of each channel.",
     )

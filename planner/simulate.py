@@ -824,7 +824,7 @@ def _names(mask: int) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "simulate", help="replay a schedule on a hardware profile: time, bytes per channel, peaks, violations",
+        "simulate",
         description="Discrete-event replay of one iteration of SCHEDULE on the hardware: iteration seconds, TFLOPS, "
                     "bytes and busy seconds per channel, peak bytes per tier, stalls. A schedule that breaks the "
                     "action semantics (use before arrival, capacity, last copy evicted, steady state) is an error "

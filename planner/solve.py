@@ -592,7 +592,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from planner.presets import DEFAULT_HARDWARE
 
     p = subparsers.add_parser(
-        "solve", help="plan a trace on a hardware profile and write the schedule",
+        "solve",
         description="Solve where every chunk and activation lives at every moment (OR-Tools: placement LP per "
                     "chunk size, then the placement MIP with HiGHS), materialize the actions and write the "
                     f"schedule. With no --hardware the embedded default {DEFAULT_HARDWARE!r} is used "
