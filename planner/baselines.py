@@ -46,7 +46,7 @@ from enum import StrEnum
 from planner import __version__
 from planner.errors import InfeasibleError, PlannerError
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.problem import Problem
+from planner.problem import Problem, device_non_model_bytes
 from planner.simulate import ScheduleViolation, SimResult, ViolationKind, simulate
 from schemas._base import frozen
 from schemas.schedule import (
@@ -67,6 +67,7 @@ from schemas.schedule import (
     SolverStatus,
     TensorSlot,
     Tier,
+    copy_channel,
 )
 from schemas.trace import Phase
 
@@ -330,7 +331,7 @@ def patrickstar(problem: Problem) -> Schedule:
     modes = (ActivationMode.RECOMPUTE,) * n
     limit = min(problem.device_bytes, int(problem.hardware.device.memory_gb * GB * PATRICKSTAR_GPU_RATIO))
     layout = policy_layout(problem)
-    peak_nm = max(_non_model_curve(problem, modes, None))
+    peak_nm = max(device_non_model_bytes(problem, modes, None))
     param_bytes = sum(c.elements for c in layout.chunks) * problem.list_itemsize(ChunkList.PARAM)
     margin = max(0, limit - peak_nm - param_bytes)
     os_room = int(margin * PATRICKSTAR_MARGIN_USE_RATIO)
@@ -660,7 +661,7 @@ class _Replay:
                 self.block_tier[b] = Tier.HOST
             else:
                 self.block_tier[b] = plan.activation_tier or Tier.HOST
-        self.nm = _non_model_curve(p, modes, {b: (blocks[b].forward_moments[1], r)
+        self.nm = device_non_model_bytes(p, modes, {b: (blocks[b].forward_moments[1], r)
                                               for r, bs in self.reload_at.items() for b in bs})
         self.budget = [self.plan.device_limit_bytes - x for x in self.nm]
 
@@ -680,12 +681,12 @@ class _Replay:
             tier = self.block_tier[b]
             nbytes = p.blocks[b].input_bytes if modes[b] is ActivationMode.RECOMPUTE else p.blocks[b].activation_bytes
             self._emit(m, Op.ACT_OFFLOAD, block=b, dst=tier, bytes=nbytes,
-                       channel=Channel.D2H if tier is Tier.HOST else Channel.NVME_WRITE)
+                       channel=copy_channel(Tier.DEVICE, tier))
         for b in self.reload_at.get(m, ()):
             tier = self.block_tier[b]
             nbytes = p.blocks[b].input_bytes if modes[b] is ActivationMode.RECOMPUTE else p.blocks[b].activation_bytes
             self._emit(m, Op.ACT_RELOAD, block=b, src=tier, bytes=nbytes,
-                       channel=Channel.H2D if tier is Tier.HOST else Channel.NVME_READ)
+                       channel=copy_channel(tier, Tier.DEVICE))
         for g in self.release_at.get(m, ()):
             if g in self.dev_param:
                 self._evict_param(m, g)
@@ -814,7 +815,7 @@ class _Replay:
         """Each owner copies its chunk of the group up; then the group is all-gathered (PatrickStar Alg. 3).
         Without `gather` (an optimizer step, which needs only the owners' own chunks) no all-gather."""
         home = self.plan.param_home
-        channel = Channel.H2D if home is Tier.HOST else Channel.NVME_READ
+        channel = copy_channel(home, Tier.DEVICE)
         for c in self.gchunks[g]:
             self._emit(m, op, list=ChunkList.PARAM, chunk=c, src=home, dst=Tier.DEVICE, channel=channel, bytes=self.cpb[c])
         if self.collective and gather:
@@ -1010,7 +1011,7 @@ class _Replay:
                 self._emit(m, Op.EVICT, list=ChunkList.GRAD, chunk=c, src=Tier.DEVICE)
                 if home is not Tier.DEVICE:  # the home copy is stale now: copy back down
                     self._emit(m, Op.WRITE_BACK, list=ChunkList.PARAM, chunk=c, src=Tier.DEVICE, dst=home,
-                               channel=Channel.D2H if home is Tier.HOST else Channel.NVME_WRITE, bytes=self.cpb[c])
+                               channel=copy_channel(Tier.DEVICE, home), bytes=self.cpb[c])
             self.stepped.add(g)
             self.dev_grad.discard(g)
             self.occ -= self.gb[g]
@@ -1043,29 +1044,6 @@ class _Replay:
             for x in self.problem.os_lists:
                 out.append(Residency(list=x, chunk=c, tiers=(self.plan.chunk_plans[c].os_tier,)))
         return tuple(out)
-
-
-def _non_model_curve(problem: Problem, modes: tuple[ActivationMode, ...],
-                     offloaded: dict[int, tuple[int, int]] | None) -> list[int]:
-    """DEVICE bytes of non-model data and activations per moment, as planner.simulate counts them.
-
-    `offloaded[b] = (from, to)`: block b's activations (or RECOMPUTE input) are off DEVICE for moments
-    from <= m < to.
-    """
-    T = len(problem.moments)
-    held = [0] * (T + 1)  # recorded activation bytes of blocks inside their window
-    act = [0] * (T + 1)
-    for b, blk in enumerate(problem.blocks):
-        fl, bf = blk.forward_moments[1], blk.backward_moments[0]
-        if fl < 0 or bf <= fl:
-            continue
-        keep = blk.input_bytes if modes[b] is ActivationMode.RECOMPUTE else blk.activation_bytes
-        for m in range(fl, bf):
-            held[m] += blk.activation_bytes
-            off = offloaded is not None and b in offloaded and offloaded[b][0] <= m < offloaded[b][1]
-            if not off:
-                act[m] += keep
-    return [max(0, problem.moments[m].non_model_bytes - held[m]) + act[m] for m in range(T)]
 
 
 def _assemble(problem: Problem, plan: PolicyPlan, actions: list[Action], residency: tuple[Residency, ...]) -> Schedule:

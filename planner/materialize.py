@@ -64,6 +64,8 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.problem import NO_MOMENTS, Problem
 from schemas._base import frozen
 from schemas.schedule import (
+    COPY_CHANNEL,
+    TIER_INDEX,
     Action,
     ActivationMode,
     ActivationPlan,
@@ -80,6 +82,8 @@ from schemas.schedule import (
     SolverStatus,
     Stage,
     Tier,
+    action_channels,
+    copy_channel,
 )
 from schemas.trace import DTYPE_BYTES, Phase
 
@@ -132,20 +136,6 @@ class ReplayError(PlannerError):
 
 
 # ----------------------------------------------------------------------------- helpers others use
-
-
-def action_channels(action: Action) -> tuple[Channel, ...]:
-    """Byte channels an action's bytes cross: its own, plus HOST's other side for DEVICE<->NVME paths
-    (an optimizer step moves no bytes)."""
-    if action.channel is None or action.op is Op.OPTIMIZER_STEP:
-        return ()
-    ends = {action.src, action.dst}
-    if action.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
-        ends = {Tier.DEVICE, action.dst if action.op is Op.ACT_OFFLOAD else action.src}
-    if ends == {Tier.DEVICE, Tier.NVME}:
-        return (Channel.D2H, Channel.NVME_WRITE) if action.op is Op.ACT_OFFLOAD or action.dst is Tier.NVME \
-            else (Channel.NVME_READ, Channel.H2D)
-    return (action.channel,)
 
 
 def activation_moments(problem: Problem, block: int) -> tuple[int, int, int]:
@@ -650,7 +640,7 @@ class _Emitter:
         self.per_tick[tick].append((Action(moment=moment, **fields), moment if deadline is None else deadline))
 
     def copy(self, tick: int, op: Op, lst: ChunkList, chunk: int, src: Tier, dst: Tier, *, deadline: int | None = None) -> None:
-        self.add(tick, op=op, list=lst, chunk=chunk, src=src, dst=dst, channel=_CHANNEL[(src, dst)],
+        self.add(tick, op=op, list=lst, chunk=chunk, src=src, dst=dst, channel=COPY_CHANNEL[(src, dst)],
                  bytes=self.plan.chunk_bytes[lst][chunk], deadline=deadline)
 
     def evict(self, tick: int, lst: ChunkList, chunk: int, tier: Tier) -> None:
@@ -660,14 +650,6 @@ class _Emitter:
         chunks = self.plan.group_chunks[group]
         per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
         self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bytes=per_rank)
-
-
-_CHANNEL = {
-    (Tier.HOST, Tier.DEVICE): Channel.H2D,
-    (Tier.DEVICE, Tier.HOST): Channel.D2H,
-    (Tier.NVME, Tier.HOST): Channel.NVME_READ,
-    (Tier.HOST, Tier.NVME): Channel.NVME_WRITE,
-}
 
 
 def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], tuple[int, ...]]:
@@ -976,10 +958,10 @@ def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],
             tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
         out.setdefault(fwd_last, []).append(dict(
             op=Op.ACT_OFFLOAD, block=b, src=Tier.DEVICE, dst=tier,
-            channel=Channel.D2H if tier is Tier.HOST else Channel.NVME_WRITE, bytes=nbytes, deadline=max(fwd_last, reload - 1)))
+            channel=copy_channel(Tier.DEVICE, tier), bytes=nbytes, deadline=max(fwd_last, reload - 1)))
         out.setdefault(reload, []).append(dict(
             op=Op.ACT_RELOAD, block=b, src=tier, dst=Tier.DEVICE,
-            channel=Channel.H2D if tier is Tier.HOST else Channel.NVME_READ, bytes=nbytes, deadline=bwd_first))
+            channel=copy_channel(tier, Tier.DEVICE), bytes=nbytes, deadline=bwd_first))
     return out
 
 
@@ -1025,9 +1007,6 @@ class ResidencyReplay:
         return {Tier.DEVICE: max(self.device_bytes), Tier.HOST: max(self.host_bytes), Tier.NVME: max(self.nvme_bytes)}
 
 
-_TIER_INDEX = {Tier.DEVICE: 0, Tier.HOST: 1, Tier.NVME: 2}
-
-
 def replay_residency(schedule: Schedule) -> ResidencyReplay:
     """Replay the actions' bookkeeping: copies from valid sources only, PARAM on DEVICE for every
     moment's work and GRAD for every backward write, optimizer inputs present, and the iteration
@@ -1056,10 +1035,10 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
 
     for r in schedule.initial_residency:
         for tier in r.tiers:
-            bit = 1 << _TIER_INDEX[tier]
+            bit = 1 << TIER_INDEX[tier]
             held[r.list][r.chunk] |= bit
             valid[r.list][r.chunk] |= bit
-            count(r.list, r.chunk, _TIER_INDEX[tier], 1)
+            count(r.list, r.chunk, TIER_INDEX[tier], 1)
     chunk_of = {t.tensor: t.chunk for t in layout.tensors}
     trainable = {t.tensor for t in layout.tensors if t.trainable}
     by_moment: list[list[int]] = [[] for _ in schedule.moments]
@@ -1093,13 +1072,13 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
         for i in by_moment[m.id]:
             a = schedule.actions[i]
             if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
-                s, d = _TIER_INDEX[a.src], _TIER_INDEX[a.dst]
+                s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
                 if not valid[a.list][a.chunk] >> s & 1:
                     raise fail(m.id, i, f"copies from {a.src.value}, which holds no valid copy")
                 add(a.list, a.chunk, d)
                 fetched += a.dst is Tier.DEVICE and a.op is not Op.WRITE_BACK
             elif a.op is Op.EVICT:
-                s = _TIER_INDEX[a.src]
+                s = TIER_INDEX[a.src]
                 if not held[a.list][a.chunk] >> s & 1:
                     raise fail(m.id, i, f"evicts from {a.src.value}, which holds no copy")
                 live = valid[a.list][a.chunk] & ~(1 << s)
@@ -1109,10 +1088,10 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                 valid[a.list][a.chunk] &= ~(1 << s)
                 count(a.list, a.chunk, s, -1)
             elif a.op is Op.ALLOCATE:
-                add(a.list, a.chunk, _TIER_INDEX[a.dst])
-                valid[a.list][a.chunk] = 1 << _TIER_INDEX[a.dst]
+                add(a.list, a.chunk, TIER_INDEX[a.dst])
+                valid[a.list][a.chunk] = 1 << TIER_INDEX[a.dst]
             elif a.op is Op.OPTIMIZER_STEP:
-                d = _TIER_INDEX[a.dst]
+                d = TIER_INDEX[a.dst]
                 for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists):
                     if not valid[x][a.chunk] >> d & 1:
                         raise fail(m.id, i, f"steps on {a.dst.value} without a valid {x.value} copy there")
@@ -1122,11 +1101,11 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             elif a.op is Op.ACT_OFFLOAD:
                 act_tier[a.block] = a.dst
                 act_bytes[0] -= _act_device_bytes(schedule.activation_plans[a.block])
-                act_bytes[_TIER_INDEX[a.dst]] += a.bytes
+                act_bytes[TIER_INDEX[a.dst]] += a.bytes
             elif a.op is Op.ACT_RELOAD:
                 if act_tier.pop(a.block, None) is not a.src:
                     raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
-                act_bytes[_TIER_INDEX[a.src]] -= a.bytes
+                act_bytes[TIER_INDEX[a.src]] -= a.bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
             elif a.op is Op.ALL_GATHER:
                 for c in range(a.chunk * schedule.header.world_size,
@@ -1179,7 +1158,7 @@ def _activation_windows(schedule: Schedule) -> tuple[list[int], list[int]]:
 def _check_steady_state(schedule: Schedule, held: dict, valid: dict, fail) -> None:
     want: dict[tuple[ChunkList, int], int] = {}
     for r in schedule.initial_residency:
-        want[(r.list, r.chunk)] = sum(1 << _TIER_INDEX[t] for t in r.tiers)
+        want[(r.list, r.chunk)] = sum(1 << TIER_INDEX[t] for t in r.tiers)
     last = len(schedule.moments) - 1
     for x, chunks in held.items():
         for c, mask in enumerate(chunks):
@@ -1356,7 +1335,7 @@ def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "t
 
 
 __all__ = [
-    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats", "action_channels",
+    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats",
     "activation_moments", "materialize", "non_model_curve", "os_device_bytes", "param_budget_bytes",
     "replay_residency", "uniform_decisions",
 ]

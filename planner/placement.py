@@ -68,20 +68,13 @@ from typing import Any
 from ortools.math_opt.python import mathopt
 
 from schemas._base import frozen
-from schemas.schedule import ActivationMode, Phase, SolverStatus
+from schemas.schedule import ActivationMode, ChunkList, Phase, SolverStatus, Tier
+from schemas.trace import DTYPE_BYTES
 
 log = logging.getLogger(__name__)
 
 ACT_MODES = (ActivationMode.KEEP, ActivationMode.RECOMPUTE, ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME)
 INFINITE_BYTES = 10**18  # capacity used when a tier is "unbounded" (minimal-capacity searches)
-
-
-class Tier3(StrEnum):
-    """The three capacities the memory rows bound (names of `schemas.schedule.Tier`)."""
-
-    DEVICE = "DEVICE"
-    HOST = "HOST"
-    NVME = "NVME"
 
 
 # ----------------------------------------------------------------------------- input data
@@ -154,8 +147,8 @@ class PlacementInput:
     def has_nvme(self) -> bool:
         return self.nvme_bytes > 0 and self.nvme_read_bytes_per_s > 0 and self.nvme_write_bytes_per_s > 0
 
-    def with_capacity(self, tier: Tier3, value: int) -> PlacementInput:
-        field = {Tier3.DEVICE: "device_bytes", Tier3.HOST: "host_bytes", Tier3.NVME: "nvme_bytes"}[tier]
+    def with_capacity(self, tier: Tier, value: int) -> PlacementInput:
+        field = {Tier.DEVICE: "device_bytes", Tier.HOST: "host_bytes", Tier.NVME: "nvme_bytes"}[tier]
         return dataclasses.replace(self, **{field: value})
 
 
@@ -200,7 +193,7 @@ class PlacementInfeasible(Exception):
 # ----------------------------------------------------------------------------- the model
 
 
-def _act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
+def act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
     """(recompute savings stages, swap savings stages, offload stage, reload stage) of a block.
 
     Matches planner.materialize: a swapped block is offloaded at its last forward moment and
@@ -295,7 +288,7 @@ class PlacementModel:
     those that already arrived: resident[g,s] is derived, never a variable of its own.
     """
 
-    def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier3 | None = None,
+    def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier | None = None,
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
                  fixed_modes: Sequence[ActivationMode] | None = None) -> None:
@@ -535,7 +528,7 @@ class PlacementModel:
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            recompute, swap, offload, reload = _act_windows(b, n)
+            recompute, swap, offload, reload = act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             ckpt = self.ckpt_block[bi]
             if len(recompute):
@@ -628,7 +621,7 @@ class PlacementModel:
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
         return expr
 
-    def _cap(self, tier: Tier3, given: float) -> Any:
+    def _cap(self, tier: Tier, given: float) -> Any:
         return self.capacity if self.capacity_variable is tier else given
 
     def _add_memory_constraints(self) -> None:
@@ -636,9 +629,9 @@ class PlacementModel:
         self._build_memory_terms()
         for s in range(len(d.stages)):
             for r, row in enumerate(self._device_rows(s)):
-                self.solver.Add(row <= self._cap(Tier3.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")
-            self.solver.Add(self._host_expr(s) <= self._cap(Tier3.HOST, d.host_bytes), f"host_memory[{s}]")
-        self.solver.Add(self._nvme_expr() <= self._cap(Tier3.NVME, d.nvme_bytes), "nvme_memory")
+                self.solver.Add(row <= self._cap(Tier.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")
+            self.solver.Add(self._host_expr(s) <= self._cap(Tier.HOST, d.host_bytes), f"host_memory[{s}]")
+        self.solver.Add(self._nvme_expr() <= self._cap(Tier.NVME, d.nvme_bytes), "nvme_memory")
 
     # -- time ----------------------------------------------------------------------------
     def _channel_exprs(self) -> dict[str, list[Any]]:
@@ -691,7 +684,7 @@ class PlacementModel:
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            _, _, offload, reload = _act_windows(b, n)
+            _, _, offload, reload = act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             d2h[offload] += b.activation_bytes * swapped
             h2d[reload] += b.activation_bytes * swapped
@@ -747,7 +740,7 @@ class PlacementModel:
                 self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
         o = d.optimizer_stage
         trainable = [g for g in d.groups if g.trainable and g.elements > 0]
-        bounded_host = self.capacity_variable is Tier3.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
+        bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
         if bounded_host and d.optimizer_overlap and trainable and not _is_zero(cpu_tail_at[0]):
             # When the CPU optimizer falls behind backward, the grads of the steps it has not reached
             # wait on HOST when the optimizer stage starts: CPU work released in [s, o) minus the
@@ -762,7 +755,7 @@ class PlacementModel:
                 self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
                                 f"cpu_optimizer_lag[{s}]")
             bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / d.cpu_adam_seconds_per_element
-            self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier3.HOST, d.host_bytes),
+            self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier.HOST, d.host_bytes),
                             "host_memory_cpu_lag")
         if not d.optimizer_overlap:
             # Adam after backward: the optimizer stage alone carries the CPU step and its SSD traffic
@@ -988,7 +981,7 @@ def placement_feasible(data: PlacementInput, *, relax: bool = True, time_limit_s
     return True if result.has_primal_feasible_solution() else None
 
 
-def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, relax: bool = False,
+def minimal_capacity(data: PlacementInput, tier: Tier, *, relax_others: bool, relax: bool = False,
                      time_limit_seconds: float = 5.0) -> tuple[int, int] | None:
     """The smallest capacity of `tier` with which the model is feasible, and the stage that needs it.
 
@@ -998,7 +991,7 @@ def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, r
     """
     probe = data
     if relax_others:
-        for other in Tier3:
+        for other in Tier:
             if other is not tier:
                 probe = probe.with_capacity(other, INFINITE_BYTES)
     model = PlacementModel(probe, capacity_variable=tier, relax=relax)
@@ -1007,9 +1000,9 @@ def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, r
     except PlacementInfeasible:
         return None
     need = int(math.ceil(model.capacity_value() - 1e-6))
-    if tier is Tier3.DEVICE:
+    if tier is Tier.DEVICE:
         per_stage = sol.device_bytes_per_stage
-    elif tier is Tier3.HOST:
+    elif tier is Tier.HOST:
         per_stage = sol.host_bytes_per_stage
     else:
         return need, -1
@@ -1026,9 +1019,6 @@ def placement_input(problem: Any, layout: Any, *, optimizer_overlap: bool = True
     Chunks are grouped by the stages that touch them (plus size and trainability); a block's
     activation plan acts between the stage of its forward and the stage of its backward.
     """
-    from schemas.schedule import ChunkList
-    from schemas.trace import DTYPE_BYTES
-
     hw = problem.hardware
     stages = problem.stages
     n_stages = len(stages)
@@ -1100,7 +1090,7 @@ def group_summary(data: PlacementInput) -> str:
 
 __all__ = [
     "ACT_MODES", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput", "PlacementModel",
-    "PlacementSolution", "StageData", "Tier3", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
+    "PlacementSolution", "StageData", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
     "solve_placement",
 ]
 
