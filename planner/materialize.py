@@ -85,6 +85,7 @@ from schemas.schedule import (
     action_channels,
     copy_channel,
 )
+from schemas.residency import Refusal, ResidencyRefused, ValidCopies
 from schemas.trace import DTYPE_BYTES, Phase
 
 
@@ -1015,8 +1016,8 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     lists = tuple(layout.lists)
     n_chunks = len(layout.chunks)
     size = {x: [c.elements * DTYPE_BYTES[layout.list_dtypes[x]] for c in layout.chunks] for x in lists}
-    held: dict[ChunkList, list[int]] = {x: [0] * n_chunks for x in lists}
-    valid: dict[ChunkList, list[int]] = {x: [0] * n_chunks for x in lists}
+    copies = ValidCopies(lists, n_chunks)
+    li = copies.index
     tier_bytes = [0, 0, 0]
     # With several ranks a chunk's OS on DEVICE is its owner's only (PARAM and GRAD copies there are
     # every rank's once gathered): DEVICE bytes = the chunks' plus the busiest rank's OS
@@ -1035,10 +1036,8 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
 
     for r in schedule.initial_residency:
         for tier in r.tiers:
-            bit = 1 << TIER_INDEX[tier]
-            held[r.list][r.chunk] |= bit
-            valid[r.list][r.chunk] |= bit
-            count(r.list, r.chunk, TIER_INDEX[tier], 1)
+            if copies.start(li[r.list], r.chunk, TIER_INDEX[tier]):
+                count(r.list, r.chunk, TIER_INDEX[tier], 1)
     chunk_of = {t.tensor: t.chunk for t in layout.tensors}
     trainable = {t.tensor for t in layout.tensors if t.trainable}
     by_moment: list[list[int]] = [[] for _ in schedule.moments]
@@ -1057,12 +1056,6 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                                  f"chunk {schedule.actions[i].chunk})" if i is not None else "")
         return ReplayError(f"residency replay of policy {schedule.header.policy!r}: {where}: {what}")
 
-    def add(x: ChunkList, c: int, t: int) -> None:
-        if not held[x][c] >> t & 1:
-            held[x][c] |= 1 << t
-            count(x, c, t, 1)
-        valid[x][c] |= 1 << t
-
     for m in schedule.moments:
         for b in range(len(modes)):
             if fwd_last[b] == m.id:
@@ -1072,32 +1065,30 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
         for i in by_moment[m.id]:
             a = schedule.actions[i]
             if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
-                s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
-                if not valid[a.list][a.chunk] >> s & 1:
-                    raise fail(m.id, i, f"copies from {a.src.value}, which holds no valid copy")
-                add(a.list, a.chunk, d)
+                d = TIER_INDEX[a.dst]
+                try:
+                    if copies.copy(li[a.list], a.chunk, TIER_INDEX[a.src], d):
+                        count(a.list, a.chunk, d, 1)
+                except ResidencyRefused:
+                    raise fail(m.id, i, f"copies from {a.src.value}, which holds no valid copy") from None
                 fetched += a.dst is Tier.DEVICE and a.op is not Op.WRITE_BACK
             elif a.op is Op.EVICT:
                 s = TIER_INDEX[a.src]
-                if not held[a.list][a.chunk] >> s & 1:
-                    raise fail(m.id, i, f"evicts from {a.src.value}, which holds no copy")
-                live = valid[a.list][a.chunk] & ~(1 << s)
-                if a.list is not ChunkList.GRAD and not live:
-                    raise fail(m.id, i, "drops the last valid copy")
-                held[a.list][a.chunk] &= ~(1 << s)
-                valid[a.list][a.chunk] &= ~(1 << s)
+                try:
+                    copies.evict(li[a.list], a.chunk, s)
+                except ResidencyRefused as exc:
+                    raise fail(m.id, i, f"evicts from {a.src.value}, which holds no copy"
+                               if exc.refusal is Refusal.NOT_HELD else "drops the last valid copy") from None
                 count(a.list, a.chunk, s, -1)
             elif a.op is Op.ALLOCATE:
-                add(a.list, a.chunk, TIER_INDEX[a.dst])
-                valid[a.list][a.chunk] = 1 << TIER_INDEX[a.dst]
+                if copies.allocate(li[a.list], a.chunk, TIER_INDEX[a.dst]):
+                    count(a.list, a.chunk, TIER_INDEX[a.dst], 1)
             elif a.op is Op.OPTIMIZER_STEP:
-                d = TIER_INDEX[a.dst]
-                for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists):
-                    if not valid[x][a.chunk] >> d & 1:
-                        raise fail(m.id, i, f"steps on {a.dst.value} without a valid {x.value} copy there")
-                for x in (ChunkList.PARAM, *os_lists):
-                    valid[x][a.chunk] = 1 << d
-                valid[ChunkList.GRAD][a.chunk] = 0  # dead: its copies are freed by EVICTs
+                try:  # afterwards PARAM and the OS valid on dst only, GRAD dead (its copies freed by EVICTs)
+                    copies.step(a.chunk, TIER_INDEX[a.dst], [li[x] for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists)])
+                except ResidencyRefused as exc:
+                    raise fail(m.id, i, f"steps on {a.dst.value} without a valid {lists[exc.list_index].value} "
+                                        "copy there") from None
             elif a.op is Op.ACT_OFFLOAD:
                 act_tier[a.block] = a.dst
                 act_bytes[0] -= _act_device_bytes(schedule.activation_plans[a.block])
@@ -1110,7 +1101,8 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             elif a.op is Op.ALL_GATHER:
                 for c in range(a.chunk * schedule.header.world_size,
                                min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
-                    add(a.list, c, 0)
+                    if copies.gather(li[a.list], c):
+                        count(a.list, c, 0, 1)
             peak_model = [max(p, now) for p, now in zip(peak_model, totals())]
         for b in range(len(modes)):
             if bwd_first[b] == m.id:
@@ -1121,19 +1113,19 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
         if m.phase is not Phase.OPTIMIZER:
             for t in m.tensors:
                 c = chunk_of[t]
-                if not valid[ChunkList.PARAM][c] & 1:
+                if not copies.is_valid(li[ChunkList.PARAM], c, 0):
                     raise fail(m.id, None, f"the work of {m.module or '(root)'} needs PARAM chunk {c} on DEVICE")
                 if m.phase is Phase.BACKWARD and t in trainable:
-                    if not valid[ChunkList.GRAD][c] & 1:
+                    if not copies.is_valid(li[ChunkList.GRAD], c, 0):
                         raise fail(m.id, None, f"the backward of {m.module or '(root)'} writes GRAD chunk {c}, not on DEVICE")
-                    valid[ChunkList.GRAD][c] = 1
+                    copies.write_grads(c)
         # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
         non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
         now = totals()
         device.append(max(peak_model[0], now[0] + non_model))
         host.append(max(peak_model[1], now[1] + act_bytes[1]))
         nvme.append(max(peak_model[2], now[2] + act_bytes[2]))
-    _check_steady_state(schedule, held, valid, fail)
+    _check_steady_state(schedule, copies, fail)
     return ResidencyReplay(device_bytes=tuple(device), host_bytes=tuple(host), nvme_bytes=tuple(nvme),
                            fetched_chunks=fetched)
 
@@ -1155,17 +1147,18 @@ def _activation_windows(schedule: Schedule) -> tuple[list[int], list[int]]:
     return fwd_last, bwd_first
 
 
-def _check_steady_state(schedule: Schedule, held: dict, valid: dict, fail) -> None:
+def _check_steady_state(schedule: Schedule, copies: ValidCopies, fail) -> None:
     want: dict[tuple[ChunkList, int], int] = {}
     for r in schedule.initial_residency:
         want[(r.list, r.chunk)] = sum(1 << TIER_INDEX[t] for t in r.tiers)
     last = len(schedule.moments) - 1
-    for x, chunks in held.items():
-        for c, mask in enumerate(chunks):
+    for li, x in enumerate(copies.lists):
+        for c, mask in enumerate(copies.held[li]):
             expected = want.get((x, c), 0)
-            if mask != expected or (x is not ChunkList.GRAD and valid[x][c] != expected):
+            if not copies.ends_as_started(li, c, expected):
                 raise fail(last, None, f"the iteration ends with {x.value} chunk {c} held on tiers {mask:03b} "
-                                       f"(valid {valid[x][c]:03b}), it started on {expected:03b} (bits NVME,HOST,DEVICE)")
+                                       f"(valid {copies.valid[li][c]:03b}), it started on {expected:03b} "
+                                       "(bits NVME,HOST,DEVICE)")
 
 
 # -- checks and prediction ---------------------------------------------------------------------

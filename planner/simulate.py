@@ -93,6 +93,8 @@ from schemas.schedule import (
 )
 from schemas.trace import DTYPE_BYTES, Phase
 
+from schemas.residency import Refusal, ResidencyRefused, ValidCopies
+
 from planner.errors import PlannerError
 from planner.presets import PRESET_DIR, resolve_hardware
 
@@ -258,10 +260,8 @@ class _Sim:
     lists: tuple[ChunkList, ...]
     list_index: dict[ChunkList, int]
     chunk_bytes: list[list[int]]  # [list][chunk]
-    held: list[list[int]]  # [list][chunk] bitmask of tiers holding a copy
-    valid: list[list[int]]  # [list][chunk] bitmask of tiers holding a valid copy
+    copies: ValidCopies  # which tiers hold a (valid) copy of each chunk: the residency rules
     ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
-    grad_live: list[bool]
     stepped: list[int]
     world: int
     owner: list[int]  # per chunk: its owner rank
@@ -385,13 +385,13 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
 
         # the work: its chunks on DEVICE (and arrived), its block's activations back
         for c in needs[m]:
-            if not sim.valid[pi][c] & 1:
+            if not sim.copies.is_valid(pi, c, _DEVICE):
                 raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
                                         f"the work of {m_ref.kind.value} {m_ref.module or '(root)'} needs PARAM chunk {c} "
                                         "on DEVICE and no valid copy is there", moment=m, list_=ChunkList.PARAM, chunk=c)
             deps = max(deps, sim.ready[pi][c][_DEVICE])
         for c in writes[m]:
-            if not sim.valid[gi][c] & 1:
+            if not sim.copies.is_valid(gi, c, _DEVICE):
                 raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
                                         f"the backward work of {m_ref.module or '(root)'} accumulates GRAD chunk {c} "
                                         "on DEVICE and no valid copy is there (ALLOCATE or fetch it first)",
@@ -419,9 +419,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         for c in writes[m]:
             if sim.world > 1:
                 _hold(sim, gi, c, _DEVICE, everywhere=True)  # every rank accumulates its own grads
-            sim.valid[gi][c] = 1  # DEVICE only: copies elsewhere are stale now
+            sim.copies.write_grads(c)  # DEVICE only: copies elsewhere are stale now
             sim.ready[gi][c][_DEVICE] = end
-            sim.grad_live[c] = True
 
         # memory during the work
         recorded_nm = m_ref.non_model_bytes
@@ -469,8 +468,6 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     list_index = {lst: i for i, lst in enumerate(lists)}
     n = len(layout.chunks)
     chunk_bytes = [[c.elements * DTYPE_BYTES[layout.list_dtypes[lst]] for c in layout.chunks] for lst in lists]
-    held = [[0] * n for _ in lists]
-    valid = [[0] * n for _ in lists]
     ready = [[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists]
     world = schedule.header.world_size
     per_node = max(1, min(hardware.cluster.gpus_per_node, world))
@@ -493,7 +490,7 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
         Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s,
     }
     sim = _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
-               held=held, valid=valid, ready=ready, grad_live=[False] * n, stepped=[0] * n, world=world,
+               copies=ValidCopies(lists, n), ready=ready, stepped=[0] * n, world=world,
                owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
                ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
                replicated=[[False] * n for _ in lists],
@@ -505,7 +502,7 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
         for tier in r.tiers:
             # PARAM and GRAD on DEVICE: every rank's copy (what the iteration computes with); OS: the owner's
             _hold(sim, li, r.chunk, TIER_INDEX[tier], everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
-            valid[li][r.chunk] |= _bit(TIER_INDEX[tier])
+            sim.copies.start(li, r.chunk, TIER_INDEX[tier])
     return sim
 
 
@@ -529,12 +526,10 @@ def _hold(sim: _Sim, li: int, c: int, t: int, *, everywhere: bool = False) -> No
     size = sim.chunk_bytes[li][c]
     owner = sim.owner[c]
     if t != _DEVICE:
-        if not sim.held[li][c] & _bit(t):
-            sim.held[li][c] |= _bit(t)
+        if sim.copies.hold(li, c, t):
             _add(sim, t, sim.node_of[owner], li, size)
         return
-    if not sim.held[li][c] & 1:
-        sim.held[li][c] |= 1
+    if sim.copies.hold(li, c, t):
         sim.replicated[li][c] = False
         _add(sim, t, owner, li, size)
     if everywhere and not sim.replicated[li][c]:
@@ -545,9 +540,9 @@ def _hold(sim: _Sim, li: int, c: int, t: int, *, everywhere: bool = False) -> No
 
 
 def _drop(sim: _Sim, li: int, c: int, t: int) -> None:
+    """Tier t no longer holds its copy (sim.copies.evict said so): its bytes leave the owner (or every rank)."""
     size = sim.chunk_bytes[li][c]
     owner = sim.owner[c]
-    sim.held[li][c] &= ~_bit(t)
     if t != _DEVICE:
         _add(sim, t, sim.node_of[owner], li, -size)
         return
@@ -625,40 +620,39 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
                                     f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
         s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
-        if not sim.valid[li][c] & _bit(s):
+        if not sim.copies.is_valid(li, c, s):
             raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
                                     f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
-                                    f"{'a stale copy' if sim.held[li][c] & _bit(s) else 'no copy'}",
+                                    f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
         nbytes = a.bytes or sim.chunk_bytes[li][c]
         end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
         _hold(sim, li, c, d)
-        sim.valid[li][c] |= _bit(d)
+        sim.copies.copy(li, c, s, d)
         sim.ready[li][c][d] = end
         return end
     if a.op is Op.EVICT:
         li = _list(sim, a, i)
         c, s = a.chunk, TIER_INDEX[a.src]
-        if not sim.held[li][c] & _bit(s):
-            raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from {a.src.value}, "
-                                    "which holds no copy", moment=m, action_index=i, list_=a.list, chunk=c)
-        live = not (a.list is ChunkList.GRAD and not sim.grad_live[c])
-        if live and sim.valid[li][c] == _bit(s):
+        try:
+            sim.copies.evict(li, c, s)
+        except ResidencyRefused as exc:
+            if exc.refusal is Refusal.NOT_HELD:
+                raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from "
+                                        f"{a.src.value}, which holds no copy", moment=m, action_index=i, list_=a.list,
+                                        chunk=c) from None
             raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
                                     "drops its last valid copy (write it back first)",
-                                    moment=m, action_index=i, list_=a.list, chunk=c)
+                                    moment=m, action_index=i, list_=a.list, chunk=c) from None
         _drop(sim, li, c, s)
-        sim.valid[li][c] &= ~_bit(s)
         return issue
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
         c, d = a.chunk, TIER_INDEX[a.dst]
         _hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
-        sim.valid[li][c] = _bit(d)  # a fresh zero chunk: other copies are stale
+        sim.copies.allocate(li, c, d)  # a fresh zero chunk: other copies are stale
         sim.ready[li][c][d] = issue
-        if a.list is ChunkList.GRAD:
-            sim.grad_live[c] = True
         return issue
     if a.op is Op.OPTIMIZER_STEP:
         return _optimizer_step(sim, a, i, issue, last_grad_write)
@@ -670,15 +664,15 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
         # DEVICE (an all-gather leaves a copy on every rank)
         li = _list(sim, a, i)
         group = sim.groups.get(a.chunk, ())
-        inputs = [sim.ready[li][c][_DEVICE] for c in group if sim.valid[li][c] & 1]
+        inputs = [sim.ready[li][c][_DEVICE] for c in group if sim.copies.is_valid(li, c, _DEVICE)]
         end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
                         f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
         for c in group:
             if a.op is Op.ALL_GATHER:
                 _hold(sim, li, c, _DEVICE, everywhere=True)
-                sim.valid[li][c] |= 1
+                sim.copies.gather(li, c)
                 sim.ready[li][c][_DEVICE] = end
-            elif sim.valid[li][c] & 1:
+            elif sim.copies.is_valid(li, c, _DEVICE):
                 sim.ready[li][c][_DEVICE] = end
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
@@ -708,14 +702,14 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
     if sim.stepped[c] > 1:
         raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} stepped twice in one iteration",
                                 moment=m, action_index=i, chunk=c)
-    inputs = [lst for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
-    ready = issue
-    for lst in inputs:
-        li = sim.list_index[lst]
-        if not sim.valid[li][c] & _bit(d) or (lst is ChunkList.GRAD and not sim.grad_live[c]):
-            raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
-                                    f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c)
-        ready = max(ready, sim.ready[li][c][d])
+    inputs = [sim.list_index[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
+    try:
+        sim.copies.step(c, d, inputs)  # afterwards the inputs are valid on d only, GRAD dead
+    except ResidencyRefused as exc:
+        lst = sim.lists[exc.list_index]
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
+                                f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c) from None
+    ready = max(issue, *(sim.ready[li][c][d] for li in inputs))
     params = sim.schedule.layout.chunks[c].used_elements
     if d == _HOST:
         channel, rate = Channel.CPU_OPTIMIZER, sim.hardware.host.optimizer_params_per_s
@@ -731,13 +725,9 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
     sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
     sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
     sim.last_end = max(sim.last_end, end)
-    for lst in inputs:
-        li = sim.list_index[lst]
-        if lst is ChunkList.GRAD:
-            sim.grad_live[c] = False
-            continue
-        sim.valid[li][c] = _bit(d)  # copies elsewhere are stale now
-        sim.ready[li][c][d] = end
+    for li in inputs:
+        if sim.lists[li] is not ChunkList.GRAD:
+            sim.ready[li][c][d] = end
     return end
 
 
@@ -794,13 +784,15 @@ def _check_end(sim: _Sim, schedule: Schedule, last_grad_write: list[int], n_mome
     for li, lst in enumerate(sim.lists):
         for c in range(len(schedule.layout.chunks)):
             want = initial.get((lst, c), 0)
-            have = sim.held[li][c] if lst is ChunkList.GRAD else sim.valid[li][c]
-            stale = sim.held[li][c] & ~sim.valid[li][c]
-            if have != want or (lst is not ChunkList.GRAD and stale):
-                raise ScheduleViolation(ViolationKind.STEADY_STATE,
-                                        f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
-                                        f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
-                                        f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
+            if sim.copies.ends_as_started(li, c, want):
+                continue
+            held, valid = sim.copies.held[li][c], sim.copies.valid[li][c]
+            have = held if lst is ChunkList.GRAD else valid
+            stale = held & ~valid
+            raise ScheduleViolation(ViolationKind.STEADY_STATE,
+                                    f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
+                                    f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
+                                    f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
 
 
 def _names(mask: int) -> str:
