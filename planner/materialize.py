@@ -45,177 +45,53 @@ owner rank, DEVICE copies and EVICTs from DEVICE by every rank. Bytes of local c
 chunk (summed over ranks in the prediction), of collectives per rank.
 
 Budget accounting is in chunk capacity bytes (a copy moves the whole chunk buffer).
+
+Beside it: what a policy decides (`planner.decisions`), the residency replay that checks the
+actions and measures the peaks (`planner.replay`), and the stage-time predictor (`planner.predict`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 
 import planner
-from planner.costmodel import optimizer_seconds, transfer_seconds
+from planner.decisions import (
+    Decisions,
+    EvictionRule,
+    SolverStats,
+    activation_moments,
+    non_model_curve,
+    os_device_bytes,
+    param_budget_bytes,
+    uniform_decisions,
+)
 from planner.errors import InfeasibleError, PlannerError
-from planner.problem import NO_MOMENTS, Problem
-from schemas._base import frozen
+from planner.predict import predict_stages
+from planner.problem import Problem
+from planner.replay import ReplayError, ResidencyReplay, replay_residency
 from schemas.schedule import (
     COPY_CHANNEL,
-    TIER_INDEX,
     Action,
     ActivationMode,
     ActivationPlan,
     Budgets,
     Channel,
-    ChunkLayout,
     ChunkList,
-    ChunkPlan,
     Op,
     Prediction,
     Residency,
     Schedule,
     ScheduleHeader,
     SolverStatus,
-    Stage,
     Tier,
-    action_channels,
     copy_channel,
 )
-from schemas.residency import Refusal, ResidencyRefused, ValidCopies
-from schemas.trace import DTYPE_BYTES, Phase
-
-
-class EvictionRule(StrEnum):
-    BELADY_CLEAN_FIRST = "BELADY_CLEAN_FIRST"  # tide: farthest next use, clean entries before dirty ones
-    FARTHEST_NEXT_USE = "FARTHEST_NEXT_USE"  # PatrickStar §8.3: farthest next use, clean or not
-    LRU = "LRU"  # least recently used (what a policy without a trace can do)
-
-
-@frozen
-class Decisions:
-    """What a policy decided; `materialize` derives everything else."""
-
-    policy: str  # "tide" or the baseline imitated ("zero-offload", "patrickstar", ...)
-    layout: ChunkLayout
-    chunk_plans: tuple[ChunkPlan, ...]  # per chunk: OS tier and optimizer tier
-    activation_modes: tuple[ActivationMode, ...]  # per block
-    param_device_budget_bytes: tuple[int, ...]  # per moment: PARAM+GRAD chunk bytes allowed on DEVICE
-    persistent_chunks: frozenset[int]  # PARAM chunks that never leave DEVICE
-    optimizer_overlap: bool  # CPU steps during backward as soon as grads are final (Fuyou §4.3)
-    prefetch: bool  # first harmless opportunity (Cao et al. 1995) instead of on demand
-    eviction: EvictionRule
-    notes: tuple[str, ...] = ()
-    param_home_tiers: tuple[Tier, ...] = ()  # per chunk: HOST or NVME home of non-persistent PARAM; () = HOST
-    # where RECOMPUTE blocks keep their input (the checkpoint) between forward and backward: None =
-    # DEVICE; HOST = offloaded after the forward and reloaded with the SWAP blocks' timing (Fuyou §4.4)
-    checkpoint_tier: Tier | None = None
-    # per moment: the seconds the policy expects it to last (tide: the placement's stage times);
-    # () = its compute (plus recompute). Only paces the SSD traffic of overlapped CPU steps.
-    moment_seconds_hint: tuple[float, ...] = ()
-    # issue the overlapped CPU steps and their OS's SSD traffic at the CPU's estimated pace instead of
-    # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
-    # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
-    pace_optimizer_io: bool = False
-
-
-@frozen
-class SolverStats:
-    """How good a solved placement is (goes into the schedule header)."""
-
-    status: SolverStatus
-    objective_seconds: float
-    lower_bound_seconds: float
-    gap: float
-
-
-class ReplayError(PlannerError):
-    """A schedule's actions break the residency bookkeeping (a materialize bug, or a hand-made schedule)."""
-
-
-# ----------------------------------------------------------------------------- helpers others use
-
-
-def activation_moments(problem: Problem, block: int) -> tuple[int, int, int]:
-    """(offload, reload, backward start) moments of a block's activations.
-
-    Offload at the block's last forward moment; reload at the first moment of the stage before the
-    stage where its backward starts (the previous block's backward hides the copy).
-    """
-    info = problem.blocks[block]
-    fwd_last, bwd_first = info.forward_moments[1], info.backward_moments[0]
-    if NO_MOMENTS in (info.forward_moments, info.backward_moments):
-        return -1, -1, -1
-    stage = problem.stage_of_moment[bwd_first]
-    reload = problem.stages[stage - 1].first_moment if stage > 0 else bwd_first
-    reload = min(max(reload, fwd_last + 1), bwd_first)
-    return fwd_last, reload, bwd_first
-
-
-def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode],
-                    checkpoint_tier: Tier | None = None) -> np.ndarray:
-    """DEVICE non-model bytes per moment under an activation plan (int64).
-
-    The recorded curve keeps every block's activations; a SWAP block holds none on DEVICE from its
-    offload to its reload, a RECOMPUTE block only its input until its backward starts (the
-    simulator's memory model).
-    """
-    curve = np.array([m.non_model_bytes for m in problem.moments], dtype=np.int64)
-    for b, mode in enumerate(activation_modes):
-        if mode is ActivationMode.KEEP:
-            continue
-        fwd_last, reload, bwd_first = activation_moments(problem, b)
-        if fwd_last < 0:
-            continue
-        info = problem.blocks[b]
-        if mode is ActivationMode.RECOMPUTE:
-            curve[fwd_last:bwd_first] -= max(0, info.activation_bytes - info.input_bytes)
-            if checkpoint_tier is not None:  # the input is off DEVICE until its reload
-                curve[fwd_last:reload] -= min(info.input_bytes, info.activation_bytes)
-        else:
-            curve[fwd_last:reload] -= info.activation_bytes
-    return np.maximum(curve, 0)
-
-
-def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
-    """Bytes of optimizer state that live on DEVICE all the time, on the busiest rank (a chunk's OS
-    is held by its owner rank only, as the simulator counts it; with one rank: the plain sum)."""
-    per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
-    per_rank = [0] * problem.world_size
-    for p in chunk_plans:
-        if p.os_tier is Tier.DEVICE:
-            chunk = layout.chunks[p.chunk]
-            per_rank[chunk.owner_rank] += chunk.elements * per_element
-    return max(per_rank)
-
-
-def param_budget_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan],
-                       activation_modes: Sequence[ActivationMode], checkpoint_tier: Tier | None = None) -> tuple[int, ...]:
-    """The largest PARAM+GRAD budget per moment the DEVICE allows: capacity minus non-model bytes,
-    minus OS kept on DEVICE, minus (in the OPTIMIZER moment) room for one comm group's OS fetched
-    for a DEVICE step."""
-    curve = non_model_curve(problem, activation_modes, checkpoint_tier)
-    fixed = os_device_bytes(problem, layout, chunk_plans)
-    transient = _device_step_os_bytes(problem, layout, chunk_plans)
-    out = []
-    for m in problem.moments:
-        extra = transient if m.phase is Phase.OPTIMIZER else 0
-        out.append(max(0, problem.device_bytes - int(curve[m.id]) - fixed - extra))
-    return tuple(out)
-
-
-def _device_step_os_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
-    per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
-    ws = problem.world_size
-    best = 0
-    for g in range(0, len(layout.chunks), ws):  # each owner fetches its own chunk of the group
-        fetched = [layout.chunks[p.chunk].elements * per_element for p in chunk_plans[g:g + ws]
-                   if p.optimizer_tier is Tier.DEVICE and p.os_tier is not Tier.DEVICE]
-        best = max(best, *fetched, 0)
-    return best
+from schemas.trace import Phase
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -296,7 +172,7 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
     )
     replay = replay_residency(draft)
     _check_capacity(problem, replay)
-    stages, prediction = _predict(problem, draft, deadlines, replay)
+    stages, prediction = predict_stages(problem, draft, deadlines, replay)
     return Schedule(
         header=_header(problem, decisions, stats, prediction.iteration_seconds),
         budgets=budgets,
@@ -991,177 +867,7 @@ def _activation_plans(problem: Problem, modes: Sequence[ActivationMode]) -> tupl
     )
 
 
-# -- residency replay ------------------------------------------------------------------------
-
-
-@frozen
-class ResidencyReplay:
-    """Bytes per tier during each moment's work, from replaying the actions (and the checks passed)."""
-
-    device_bytes: tuple[int, ...]  # chunks + non-model (incl. activations kept on DEVICE), max over the moment
-    host_bytes: tuple[int, ...]
-    nvme_bytes: tuple[int, ...]
-    fetched_chunks: int  # FETCH/PREFETCH actions to DEVICE
-
-    @property
-    def peak_bytes_per_tier(self) -> dict[Tier, int]:
-        return {Tier.DEVICE: max(self.device_bytes), Tier.HOST: max(self.host_bytes), Tier.NVME: max(self.nvme_bytes)}
-
-
-def replay_residency(schedule: Schedule) -> ResidencyReplay:
-    """Replay the actions' bookkeeping: copies from valid sources only, PARAM on DEVICE for every
-    moment's work and GRAD for every backward write, optimizer inputs present, and the iteration
-    ending where it started. Raises ReplayError naming the moment, action and chunk."""
-    layout = schedule.layout
-    lists = tuple(layout.lists)
-    n_chunks = len(layout.chunks)
-    size = {x: [c.elements * DTYPE_BYTES[layout.list_dtypes[x]] for c in layout.chunks] for x in lists}
-    copies = ValidCopies(lists, n_chunks)
-    li = copies.index
-    tier_bytes = [0, 0, 0]
-    # With several ranks a chunk's OS on DEVICE is its owner's only (PARAM and GRAD copies there are
-    # every rank's once gathered): DEVICE bytes = the chunks' plus the busiest rank's OS
-    os_lists = [x for x in lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V)]
-    per_owner = schedule.header.world_size > 1
-    os_device = [0] * schedule.header.world_size
-
-    def count(x: ChunkList, c: int, t: int, sign: int) -> None:
-        if per_owner and t == 0 and x in os_lists:
-            os_device[layout.chunks[c].owner_rank] += sign * size[x][c]
-        else:
-            tier_bytes[t] += sign * size[x][c]
-
-    def totals() -> list[int]:
-        return [tier_bytes[0] + max(os_device), tier_bytes[1], tier_bytes[2]]
-
-    for r in schedule.initial_residency:
-        for tier in r.tiers:
-            if copies.start(li[r.list], r.chunk, TIER_INDEX[tier]):
-                count(r.list, r.chunk, TIER_INDEX[tier], 1)
-    chunk_of = {t.tensor: t.chunk for t in layout.tensors}
-    trainable = {t.tensor for t in layout.tensors if t.trainable}
-    by_moment: list[list[int]] = [[] for _ in schedule.moments]
-    for i, a in enumerate(schedule.actions):
-        by_moment[a.moment].append(i)
-    modes = [p.mode for p in schedule.activation_plans]
-    act_tier: dict[int, Tier] = {}
-    act_bytes = [0, 0, 0]
-    fwd_last, bwd_first = _activation_windows(schedule)
-    held_recorded = 0
-    device, host, nvme = [], [], []
-    fetched = 0
-
-    def fail(m: int, i: int | None, what: str) -> ReplayError:
-        where = f"moment {m}" + (f", action {i} ({schedule.actions[i].op.value} {schedule.actions[i].list} "
-                                 f"chunk {schedule.actions[i].chunk})" if i is not None else "")
-        return ReplayError(f"residency replay of policy {schedule.header.policy!r}: {where}: {what}")
-
-    for m in schedule.moments:
-        for b in range(len(modes)):
-            if fwd_last[b] == m.id:
-                held_recorded += schedule.activation_plans[b].bytes
-                act_bytes[0] += _act_device_bytes(schedule.activation_plans[b])
-        peak_model = totals()
-        for i in by_moment[m.id]:
-            a = schedule.actions[i]
-            if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
-                d = TIER_INDEX[a.dst]
-                try:
-                    if copies.copy(li[a.list], a.chunk, TIER_INDEX[a.src], d):
-                        count(a.list, a.chunk, d, 1)
-                except ResidencyRefused:
-                    raise fail(m.id, i, f"copies from {a.src.value}, which holds no valid copy") from None
-                fetched += a.dst is Tier.DEVICE and a.op is not Op.WRITE_BACK
-            elif a.op is Op.EVICT:
-                s = TIER_INDEX[a.src]
-                try:
-                    copies.evict(li[a.list], a.chunk, s)
-                except ResidencyRefused as exc:
-                    raise fail(m.id, i, f"evicts from {a.src.value}, which holds no copy"
-                               if exc.refusal is Refusal.NOT_HELD else "drops the last valid copy") from None
-                count(a.list, a.chunk, s, -1)
-            elif a.op is Op.ALLOCATE:
-                if copies.allocate(li[a.list], a.chunk, TIER_INDEX[a.dst]):
-                    count(a.list, a.chunk, TIER_INDEX[a.dst], 1)
-            elif a.op is Op.OPTIMIZER_STEP:
-                try:  # afterwards PARAM and the OS valid on dst only, GRAD dead (its copies freed by EVICTs)
-                    copies.step(a.chunk, TIER_INDEX[a.dst], [li[x] for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists)])
-                except ResidencyRefused as exc:
-                    raise fail(m.id, i, f"steps on {a.dst.value} without a valid {lists[exc.list_index].value} "
-                                        "copy there") from None
-            elif a.op is Op.ACT_OFFLOAD:
-                act_tier[a.block] = a.dst
-                act_bytes[0] -= _act_device_bytes(schedule.activation_plans[a.block])
-                act_bytes[TIER_INDEX[a.dst]] += a.bytes
-            elif a.op is Op.ACT_RELOAD:
-                if act_tier.pop(a.block, None) is not a.src:
-                    raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
-                act_bytes[TIER_INDEX[a.src]] -= a.bytes
-                act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
-            elif a.op is Op.ALL_GATHER:
-                for c in range(a.chunk * schedule.header.world_size,
-                               min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
-                    if copies.gather(li[a.list], c):
-                        count(a.list, c, 0, 1)
-            peak_model = [max(p, now) for p, now in zip(peak_model, totals())]
-        for b in range(len(modes)):
-            if bwd_first[b] == m.id:
-                if b in act_tier:
-                    raise fail(m.id, None, f"block {b}'s backward starts with its activations on {act_tier[b].value}")
-                held_recorded -= schedule.activation_plans[b].bytes
-                act_bytes[0] -= _act_device_bytes(schedule.activation_plans[b])
-        if m.phase is not Phase.OPTIMIZER:
-            for t in m.tensors:
-                c = chunk_of[t]
-                if not copies.is_valid(li[ChunkList.PARAM], c, 0):
-                    raise fail(m.id, None, f"the work of {m.module or '(root)'} needs PARAM chunk {c} on DEVICE")
-                if m.phase is Phase.BACKWARD and t in trainable:
-                    if not copies.is_valid(li[ChunkList.GRAD], c, 0):
-                        raise fail(m.id, None, f"the backward of {m.module or '(root)'} writes GRAD chunk {c}, not on DEVICE")
-                    copies.write_grads(c)
-        # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
-        non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
-        now = totals()
-        device.append(max(peak_model[0], now[0] + non_model))
-        host.append(max(peak_model[1], now[1] + act_bytes[1]))
-        nvme.append(max(peak_model[2], now[2] + act_bytes[2]))
-    _check_steady_state(schedule, copies, fail)
-    return ResidencyReplay(device_bytes=tuple(device), host_bytes=tuple(host), nvme_bytes=tuple(nvme),
-                           fetched_chunks=fetched)
-
-
-def _act_device_bytes(p: ActivationPlan) -> int:
-    """What a block holds on DEVICE between its forward and backward when not offloaded."""
-    return p.input_bytes if p.mode is ActivationMode.RECOMPUTE else p.bytes
-
-
-def _activation_windows(schedule: Schedule) -> tuple[list[int], list[int]]:
-    n = len(schedule.activation_plans)
-    fwd_last, bwd_first = [-1] * n, [-1] * n
-    for m in schedule.moments:
-        if 0 <= m.block < n:
-            if m.phase is Phase.FORWARD:
-                fwd_last[m.block] = m.id
-            elif m.phase is Phase.BACKWARD and bwd_first[m.block] < 0:
-                bwd_first[m.block] = m.id
-    return fwd_last, bwd_first
-
-
-def _check_steady_state(schedule: Schedule, copies: ValidCopies, fail) -> None:
-    want: dict[tuple[ChunkList, int], int] = {}
-    for r in schedule.initial_residency:
-        want[(r.list, r.chunk)] = sum(1 << TIER_INDEX[t] for t in r.tiers)
-    last = len(schedule.moments) - 1
-    for li, x in enumerate(copies.lists):
-        for c, mask in enumerate(copies.held[li]):
-            expected = want.get((x, c), 0)
-            if not copies.ends_as_started(li, c, expected):
-                raise fail(last, None, f"the iteration ends with {x.value} chunk {c} held on tiers {mask:03b} "
-                                       f"(valid {copies.valid[li][c]:03b}), it started on {expected:03b} "
-                                       "(bits NVME,HOST,DEVICE)")
-
-
-# -- checks and prediction ---------------------------------------------------------------------
+# -- checks ----------------------------------------------------------------------------------
 
 
 def _check_capacity(problem: Problem, replay: ResidencyReplay) -> None:
@@ -1175,106 +881,6 @@ def _check_capacity(problem: Problem, replay: ResidencyReplay) -> None:
                 f"{tier.value} runs out at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}): "
                 f"it needs {peak} bytes, the capacity is {capacity} ({peak - capacity} bytes short); the smallest "
                 f"{tier.value} capacity that would work with these decisions is {peak} bytes ({peak / 1e9:.2f} GB)")
-
-
-def _predict(problem: Problem, schedule: Schedule, deadlines: Sequence[int],
-             replay: ResidencyReplay) -> tuple[tuple[Stage, ...], Prediction]:
-    """Stage times by the cost model and the iteration's totals.
-
-    T_s = max(compute + recompute + GPU Adam, CPU Adam, H2D, D2H, NVMe reads + writes, inter-GPU)
-    (Fuyou Eq. 2, 5). A transfer (and a CPU Adam step) counts in the stages between its issue and
-    its deadline (a prefetch's first use; the end of the iteration for steps): each resource serves
-    its queue in issue order during the stage, and what is still queued at a deadline lengthens
-    the deadline's stage. Stage lengths are found in a few passes, each filling the resources into
-    the lengths of the previous one.
-    """
-    hw = problem.hardware
-    stages = problem.stages
-    n_stages = len(stages)
-    base = [0.0] * n_stages  # the stage's work: compute, recompute, optimizer steps
-    device_opt = [0.0] * n_stages
-    cpu_opt = [0.0] * n_stages
-    for st in stages:
-        base[st.id] = sum(problem.moments[m].compute_seconds for m in range(st.first_moment, st.last_moment + 1))
-    recompute_flops = 0
-    for p in schedule.activation_plans:
-        if p.mode is ActivationMode.RECOMPUTE:
-            base[problem.stage_of_moment[problem.blocks[p.block].backward_moments[0]]] += p.recompute_seconds
-            recompute_flops += p.recompute_flops
-    totals: dict[Channel, int] = {}
-    transfers: dict[str, list[tuple[int, int, float]]] = {}  # resource -> (release stage, deadline stage, seconds)
-    for a, deadline in zip(schedule.actions, deadlines):
-        s = problem.stage_of_moment[a.moment]
-        if a.op is Op.OPTIMIZER_STEP:
-            params = schedule.layout.chunks[a.chunk].used_elements
-            if a.dst is Tier.HOST:
-                cpu_opt[s] += optimizer_seconds(hw, Tier.HOST, params)
-            else:
-                device_opt[s] += optimizer_seconds(hw, Tier.DEVICE, params)
-            continue
-        for ch in action_channels(a):
-            totals[ch] = totals.get(ch, 0) + a.bytes
-            seconds = transfer_seconds(hw, ch, a.bytes)
-            if not math.isfinite(seconds):
-                raise InfeasibleError(f"moment {a.moment}: {a.op.value} moves {a.bytes} bytes over {ch.value}, which "
-                                      f"hardware {hw.name!r} does not have (no SSD, or one GPU); keep data off that path")
-            resource = "NVME" if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else ch.value
-            transfers.setdefault(resource, []).append((s, max(s, problem.stage_of_moment[deadline]), seconds))
-    for i, sec in enumerate(cpu_opt):
-        if sec > 0:  # CPU Adam is a FIFO too: what a stage cannot hide runs on in later stages
-            transfers.setdefault(Channel.CPU_OPTIMIZER.value, []).append((i, n_stages - 1, sec))
-    # every resource works while the stage lasts, whichever resource makes it last: fill each one into
-    # the stage lengths of the previous pass (the first pass: the device's work alone)
-    work = [base[i] + device_opt[i] for i in range(n_stages)]
-    seconds = list(work)
-    for _ in range(_PASSES):
-        room, seconds = seconds, list(work)
-        for resource, items in sorted(transfers.items()):
-            for i, busy in enumerate(_fifo_stage_seconds(items, room)):
-                seconds[i] = max(seconds[i], busy)
-    out = tuple(Stage(id=st.id, name=st.name, phase=st.phase, block=st.block, first_moment=st.first_moment,
-                      last_moment=st.last_moment, predicted_seconds=seconds[st.id]) for st in stages)
-    busy = {ch: transfer_seconds(hw, ch, nbytes) for ch, nbytes in totals.items()}
-    busy[Channel.COMPUTE] = sum(base) + sum(device_opt)
-    busy[Channel.CPU_OPTIMIZER] = sum(cpu_opt)
-    prediction = Prediction(
-        iteration_seconds=sum(seconds),
-        flops=problem.model_flops + recompute_flops,
-        bytes_per_channel={ch: int(v) for ch, v in sorted(totals.items())},
-        busy_seconds_per_channel=dict(sorted(busy.items())),
-        peak_bytes_per_tier=replay.peak_bytes_per_tier,
-    )
-    return out, prediction
-
-
-_PASSES = 3  # stage lengths settle in two or three passes
-
-
-def _fifo_stage_seconds(items: list[tuple[int, int, float]], room: Sequence[float]) -> list[float]:
-    """Busy seconds of one channel per stage. A channel serves its transfers in the order they are
-    issued (a FIFO, like the executor's streams and the simulator), in the time each stage lasts;
-    when a transfer is due (its deadline stage) it and everything queued before it must finish in
-    that stage, which lengthens it."""
-    by_release: dict[int, list[tuple[int, float]]] = {}
-    for release, deadline, sec in items:
-        by_release.setdefault(release, []).append((deadline, sec))
-    queue: deque[list[float]] = deque()  # [deadline, remaining seconds], in issue order
-    out = [0.0] * len(room)
-    for s in range(len(room)):
-        queue.extend([deadline, sec] for deadline, sec in by_release.get(s, ()))
-        due = max((i for i, item in enumerate(queue) if item[0] <= s), default=-1)
-        used = 0.0
-        for _ in range(due + 1):  # forced: what is due and what is queued ahead of it
-            used += queue.popleft()[1]
-        while queue and used < room[s]:
-            head = queue[0]
-            take = min(head[1], room[s] - used)
-            head[1] -= take
-            used += take
-            if head[1] <= 0.0:
-                queue.popleft()
-        out[s] = used
-    return out
 
 
 def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted_seconds: float) -> ScheduleHeader:
@@ -1298,37 +904,7 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
     )
 
 
-def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "tide",
-                      os_tier: Tier = Tier.HOST, optimizer_tier: Tier = Tier.HOST,
-                      activation_mode: ActivationMode = ActivationMode.KEEP,
-                      param_budget: int | Sequence[int] | None = None,
-                      persistent_chunks: Iterable[int] = (), optimizer_overlap: bool = True, prefetch: bool = True,
-                      eviction: EvictionRule = EvictionRule.BELADY_CLEAN_FIRST,
-                      param_home: Tier = Tier.HOST, notes: Sequence[str] = ()) -> Decisions:
-    """Decisions with one choice for every chunk and block (tests, baselines, a starting point).
-
-    `param_budget` None: the most the DEVICE allows per moment (`param_budget_bytes`); an int: that
-    many bytes at every moment (capped by what the DEVICE allows).
-    """
-    plans = tuple(ChunkPlan(chunk=c.id, os_tier=os_tier, optimizer_tier=optimizer_tier) for c in layout.chunks)
-    modes = (activation_mode,) * len(problem.blocks)
-    allowed = param_budget_bytes(problem, layout, plans, modes)
-    if param_budget is None:
-        budget = allowed
-    elif isinstance(param_budget, int):
-        budget = tuple(min(param_budget, a) for a in allowed)
-    else:
-        budget = tuple(int(b) for b in param_budget)
-    return Decisions(
-        policy=policy, layout=layout, chunk_plans=plans, activation_modes=modes, param_device_budget_bytes=budget,
-        persistent_chunks=frozenset(persistent_chunks), optimizer_overlap=optimizer_overlap, prefetch=prefetch,
-        eviction=eviction, notes=tuple(notes),
-        param_home_tiers=(param_home,) * len(layout.chunks) if param_home is not Tier.HOST else (),
-    )
-
-
 __all__ = [
-    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats",
-    "activation_moments", "materialize", "non_model_curve", "os_device_bytes", "param_budget_bytes",
-    "replay_residency", "uniform_decisions",
+    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats", "activation_moments", "materialize",
+    "non_model_curve", "os_device_bytes", "param_budget_bytes", "replay_residency", "uniform_decisions",
 ]

@@ -62,7 +62,6 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 from ortools.math_opt.python import mathopt

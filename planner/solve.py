@@ -54,7 +54,7 @@ from planner.placement import (
     placement_input,
 )
 from planner.presets import DEFAULT_HARDWARE, resolve_hardware
-from planner.problem import Problem, build_problem
+from planner.problem import build_problem
 from planner.simulate import ScheduleViolation, simulate
 from planner.solution import (
     POLICY,
@@ -62,12 +62,11 @@ from planner.solution import (
     SolveReport,
     build_schedule,
     decisions_from_placement,
-    moment_seconds,
     with_header_stats,
 )
 from schemas._base import digest_bytes, frozen, read_bytes
 from schemas.hardware import Hardware
-from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, Schedule, SolverStatus, Tier
+from schemas.schedule import ActivationMode, ChunkPlan, Schedule, SolverStatus, Tier
 from schemas.trace import Trace
 
 log = logging.getLogger(__name__)
