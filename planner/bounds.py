@@ -3,11 +3,12 @@
 Two bounds, the header takes the larger (DESIGN.md §4.3, "always a lower bound so the gap is known"):
 - the LP relaxation of the placement model (planner.placement), minimised over the chunk sizes
   evaluated: no integral plan of that model is faster;
-- the physical limit: every channel must at least carry the work no placement can avoid
+- the physical limit of a placement (`physical_lower_bound_seconds`): every channel must at least carry the work no placement can avoid
   (total compute; the grads of the chunks that cannot keep their optimizer state on DEVICE go
   down and their params come back up; the optimizer state that fits neither DEVICE nor HOST goes
   through the SSDs twice; the CPU Adam over those chunks), each divided by its rate.
-gap = (objective - bound) / objective.
+gap = (objective - bound) / objective. `lower_bound` is the physical limit of any schedule of a
+problem (with several ranks, per rank), the bound `compare` prints.
 
 When the model has no solution, `explain_infeasible` says which tier runs out, at which stage, by
 how many bytes, and the smallest DEVICE / HOST / NVME capacity that would work, computed from the
@@ -16,8 +17,13 @@ same model with that tier's capacity as the objective (the other tiers as given,
 
 from __future__ import annotations
 
+import math
+
 from planner.errors import InfeasibleError
-from planner.placement import INFINITE_BYTES, PlacementInput, Tier3, minimal_capacity
+from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
+from planner.problem import Problem, device_non_model_bytes
+from schemas._base import frozen
+from schemas.schedule import ActivationMode, ChunkList, Tier
 
 GB = 1e9
 
@@ -54,13 +60,13 @@ def physical_lower_bound_seconds(data: PlacementInput) -> float:
 def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = None, what: str = "the model") -> InfeasibleError:
     """An InfeasibleError naming the tier that runs out, the stage, the shortfall and the minimal capacities."""
     names = stage_names or [st.name for st in data.stages]
-    given = {Tier3.DEVICE: data.device_bytes, Tier3.HOST: data.host_bytes, Tier3.NVME: data.nvme_bytes}
-    alone: dict[Tier3, tuple[int, int] | None] = {}
-    for tier in Tier3:
+    given = {Tier.DEVICE: data.device_bytes, Tier.HOST: data.host_bytes, Tier.NVME: data.nvme_bytes}
+    alone: dict[tuple[int, int] | None] = {}
+    for tier in Tier:
         alone[tier] = minimal_capacity(data, tier, relax_others=True)
-    short = [t for t in Tier3 if alone[t] is not None and alone[t][0] > given[t]]
+    short = [t for t in Tier if alone[t] is not None and alone[t][0] > given[t]]
     parts = []
-    for tier in short or list(Tier3):
+    for tier in short or list(Tier):
         need, stage = alone[tier] or (0, -1)
         if tier not in short and short:
             continue
@@ -71,7 +77,7 @@ def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = 
                      f"{given[tier] / GB:.2f} GB ({need - given[tier]} bytes short)")
     if not parts:
         # every tier suffices on its own, but not together: the smallest of each given the others
-        for tier in Tier3:
+        for tier in Tier:
             joint = minimal_capacity(data, tier, relax_others=False)
             if joint is not None and joint[0] > given[tier]:
                 need, stage = joint
@@ -79,7 +85,7 @@ def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = 
                 parts.append(f"{tier.value} runs out{where} with the other tiers as given: it needs "
                              f"{need / GB:.2f} GB, the capacity is {given[tier] / GB:.2f} GB ({need - given[tier]} bytes short)")
     minimal = []
-    for tier in Tier3:
+    for tier in Tier:
         entry = alone[tier]
         if entry is None:
             minimal.append(f"{tier.value} none helps")
@@ -92,4 +98,74 @@ def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = 
         f"a smaller batch or sequence")
 
 
-__all__ = ["explain_infeasible", "physical_lower_bound_seconds", "INFINITE_BYTES"]
+
+
+@frozen
+class LowerBound:
+    """No schedule of the trace on the hardware is faster than `seconds` (= the busiest resource)."""
+
+    seconds: float
+    resource: str  # the channel (or "COMPUTE") that sets it
+    seconds_per_resource: dict[str, float]
+
+
+# Note (the physical bound, `lower_bound`): the busiest resource's unavoidable work over its
+# bandwidth, whatever the schedule: the model's compute, the PARAM bytes that cannot stay on the GPU
+# (fetched before forward and again before backward), the optimizer work that cannot run on the GPU
+# (grads down and CPU Adam, or OS streamed both ways) and the model data that fits neither GPU nor
+# CPU memory (read and written on the SSDs every iteration). With several ranks (data parallel,
+# `hardware.cluster.world_size` = p) the bound is per rank: the GPUs together hold p times as much,
+# each rank moves its share (1/p) of what must cross PCIe over its own link, a node's CPU optimizer
+# and HOST memory are shared by its ranks, and every rank must at least exchange 2 (p-1)/p of the
+# grads over INTER_GPU (the bandwidth-optimal all-reduce; the chunk scheme moves 3 (p-1)/p,
+# PatrickStar §7).
+def lower_bound(problem: Problem) -> LowerBound:
+    """The busiest resource's unavoidable work over its rate, for any schedule (see the note above)."""
+    hw = problem.hardware
+    ranks = problem.world_size
+    nodes = -(-ranks // problem.ranks_per_node)  # each with its own HOST memory and CPU
+    p = problem.trace.param_count
+    item = problem.list_itemsize(ChunkList.PARAM)
+    os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
+    param_bytes = p * item
+    n = len(problem.blocks)
+    # the least non-model data any plan can have: every block recomputed with its input off the GPU
+    windows = {b.id: (b.forward_moments[1], b.backward_moments[0]) for b in problem.blocks}
+    nm = device_non_model_bytes(problem, (ActivationMode.RECOMPUTE,) * n, windows)
+    first_backward = next((m.id for m in problem.moments if m.phase.value == "BACKWARD"), 0)
+    # the ranks' GPUs together: each rank keeps its shard, what does not fit comes over its own link
+    cap_start = ranks * (problem.device_bytes - nm[0])
+    cap_turn = ranks * (problem.device_bytes - nm[first_backward])
+    h2d = max(0, param_bytes - cap_start) + max(0, param_bytes - cap_turn)
+    # params whose Adam state cannot sit on the GPUs next to the params they must hold
+    dev_free = max(0, ranks * (problem.device_bytes - max(nm)) - max(0, param_bytes - h2d // 2))
+    rest = max(0.0, p - dev_free / max(1, os_item))
+    # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
+    rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
+
+    def load(s: float) -> dict[str, float]:  # PCIe per rank (1/p each); the node's CPU shared
+        return {"H2D": (h2d + os_item * (rest - s)) / ranks / rate_h2d,
+                "D2H": (item * s + os_item * (rest - s)) / ranks / rate_d2h,
+                "CPU_OPTIMIZER": s / nodes / hw.host.optimizer_params_per_s}
+
+    lo, hi = 0.0, rest
+    for _ in range(100):
+        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if max(load(a).values()) <= max(load(b).values()):
+            hi = b
+        else:
+            lo = a
+    per = load((lo + hi) / 2)
+    per["COMPUTE"] = problem.compute_seconds
+    if ranks > 1:  # the grads must be averaged: at least an all-reduce's 2 (p-1)/p of them per rank
+        per["INTER_GPU"] = 2 * (ranks - 1) / ranks * param_bytes / hw.inter_gpu_bytes_per_s
+    # model data that fits neither the GPUs nor the CPU lives on the SSDs: read and written every step
+    excess = max(0, p * (item + os_item) - max(0, ranks * (problem.device_bytes - max(nm))) - nodes * problem.host_bytes)
+    if excess:
+        r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
+        per["NVME"] = excess / r + excess / w if r > 0 and w > 0 else math.inf
+    resource = max(per, key=lambda k: per[k])
+    return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
+
+
+__all__ = ["INFINITE_BYTES", "LowerBound", "explain_infeasible", "lower_bound", "physical_lower_bound_seconds"]

@@ -1,5 +1,7 @@
 """`python -m planner COMMAND ...`: every command lives in its own module with `register(subparsers)`.
 
+Only the module of the command that runs is imported (`validate` must not pay for OR-Tools);
+`--help` lists every command from the light registry below without importing any of them.
 Errors the user can fix (bad files, infeasible models) print one line to stderr and exit 2 (3 for
 infeasible); nothing reaches the user as a traceback.
 """
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from schemas import FormatError
 
@@ -27,29 +29,60 @@ COMMANDS = {
     "plot": "planner.plot",
 }
 
+# the one-line help `--help` lists; the command's own module holds its arguments and description
+COMMAND_HELP = {
+    "validate": "check a trace, schedule or hardware profile",
+    "show": "summarise a trace, schedule or hardware profile",
+    "solve": "plan a trace on a hardware profile and write the schedule",
+    "simulate": "replay a schedule on a hardware profile: time, bytes per channel, peaks, violations",
+    "compare": "tide and the baselines (DeepSpeed, PatrickStar, Gemini, Fuyou, PyTorch) on one trace",
+    "maxsize": "the largest GPT-3-family model each policy can train on the hardware",
+    "diff": "what changed between two schedules, and what it costs",
+    "plot": "draw a schedule: memory per tier over the iteration, and the channel timeline",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _chosen_command(argv: Sequence[str]) -> str | None:
+    """The command argv names (its first positional argument), if it is one we know."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; the command argv names gets its full arguments, every other one a placeholder."""
     parser = argparse.ArgumentParser(
         prog="python -m planner",
         description="tide planner: solve, check and compare memory schedules for training big models.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    registered: set[str] = set()
-    for module_name in dict.fromkeys(COMMANDS.values()):
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise  # a module that exists but imports something missing is a real bug
-            continue  # a command whose issue has not landed yet
-        module.register(sub)
-        registered.add(module_name)
+    chosen = _chosen_command(argv)
+    real = COMMANDS[chosen] if chosen is not None else None
+    for name, module_name in COMMANDS.items():
+        if module_name != real:
+            sub.add_parser(name, help=COMMAND_HELP[name])
+        elif name == chosen:
+            # register() adds every command of its module; only the chosen one is parsed
+            importlib.import_module(module_name).register(_OnlyOne(sub, name))
     return parser
 
 
+class _OnlyOne:
+    """A subparsers stand-in that keeps the one command asked for and drops its module's others."""
+
+    def __init__(self, sub: argparse._SubParsersAction, name: str) -> None:
+        self._sub, self._name = sub, name
+
+    def add_parser(self, name: str, **kwargs: object) -> argparse.ArgumentParser:
+        if name == self._name:
+            return self._sub.add_parser(name, help=COMMAND_HELP[name], **kwargs)
+        return argparse.ArgumentParser(add_help=False)  # a sibling command, not run this time
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     return run_reporting_errors(lambda: args.func(args))
 
 

@@ -2,46 +2,33 @@
 
 Each row is one policy's schedule for the same trace on the same hardware, replayed by
 `planner.simulate.simulate` (a schedule the simulator rejects is an error, never a row; a policy
-that runs out of memory is an INFEASIBLE row with the reason). The lower bound is the physical limit:
-the busiest resource's unavoidable work — the model's compute, the PARAM bytes that cannot stay on
-the GPU (fetched before forward and again before backward), the optimizer work that cannot run on
-the GPU (grads down and CPU Adam, or OS streamed both ways) and the model data that fits neither GPU
-nor CPU memory (read and written on the SSDs every iteration) — over its bandwidth.
-
-With several ranks (data parallel, `hardware.cluster.world_size` = p) the bound is per rank: the
-GPUs together hold p times as much, each rank moves its share (1/p) of what must cross PCIe over
-its own link, a node's CPU optimizer and HOST memory are shared by its ranks, and every rank must
-at least exchange 2 (p-1)/p of the grads over INTER_GPU (the bandwidth-optimal all-reduce; the
-chunk scheme moves 3 (p-1)/p, PatrickStar §7). Rows of systems that run on one GPU only (Fuyou)
-say so.
+that runs out of memory is an INFEASIBLE row with the reason). The lower bound is
+`planner.bounds.lower_bound` (the physical limit, per rank with several ranks). Rows of systems
+that run on one GPU only (Fuyou) say so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Sequence
 
-from planner.baselines import POLICIES, _non_model_curve, baseline
+from rich.console import Console
+from rich.table import Table
+
+from planner.baselines import POLICIES, baseline
+from planner.bounds import LowerBound, lower_bound
 from planner.errors import InfeasibleError, PlannerError
 from planner.problem import Problem, build_problem
+from planner.presets import resolve_hardware
 from planner.simulate import ScheduleViolation, SimResult, simulate
+from planner.solve import solve
 from schemas import Hardware, Schedule, Trace
 from schemas._base import digest_bytes, frozen, read_bytes
-from schemas.schedule import ActivationMode, Channel, ChunkList, Tier
+from schemas.schedule import Channel, Tier
 
 GB = 1e9
 TIDE = "tide"
-
-
-@frozen
-class LowerBound:
-    """No schedule of the trace on the hardware is faster than `seconds` (= the busiest resource)."""
-
-    seconds: float
-    resource: str  # the channel (or "COMPUTE") that sets it
-    seconds_per_resource: dict[str, float]
 
 
 @frozen
@@ -96,55 +83,6 @@ class Comparison:
                 "rows": [r.to_json() for r in self.rows]}
 
 
-def lower_bound(problem: Problem) -> LowerBound:
-    """The busiest resource's unavoidable work over its rate (see the module docstring)."""
-    hw = problem.hardware
-    ranks = problem.world_size
-    nodes = -(-ranks // problem.ranks_per_node)  # each with its own HOST memory and CPU
-    p = problem.trace.param_count
-    item = problem.list_itemsize(ChunkList.PARAM)
-    os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
-    param_bytes = p * item
-    n = len(problem.blocks)
-    # the least non-model data any plan can have: every block recomputed with its input off the GPU
-    windows = {b.id: (b.forward_moments[1], b.backward_moments[0]) for b in problem.blocks}
-    nm = _non_model_curve(problem, (ActivationMode.RECOMPUTE,) * n, windows)
-    first_backward = next((m.id for m in problem.moments if m.phase.value == "BACKWARD"), 0)
-    # the ranks' GPUs together: each rank keeps its shard, what does not fit comes over its own link
-    cap_start = ranks * (problem.device_bytes - nm[0])
-    cap_turn = ranks * (problem.device_bytes - nm[first_backward])
-    h2d = max(0, param_bytes - cap_start) + max(0, param_bytes - cap_turn)
-    # params whose Adam state cannot sit on the GPUs next to the params they must hold
-    dev_free = max(0, ranks * (problem.device_bytes - max(nm)) - max(0, param_bytes - h2d // 2))
-    rest = max(0.0, p - dev_free / max(1, os_item))
-    # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
-    rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
-
-    def load(s: float) -> dict[str, float]:  # PCIe per rank (1/p each); the node's CPU shared
-        return {"H2D": (h2d + os_item * (rest - s)) / ranks / rate_h2d,
-                "D2H": (item * s + os_item * (rest - s)) / ranks / rate_d2h,
-                "CPU_OPTIMIZER": s / nodes / hw.host.optimizer_params_per_s}
-
-    lo, hi = 0.0, rest
-    for _ in range(100):
-        a, b = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if max(load(a).values()) <= max(load(b).values()):
-            hi = b
-        else:
-            lo = a
-    per = load((lo + hi) / 2)
-    per["COMPUTE"] = problem.compute_seconds
-    if ranks > 1:  # the grads must be averaged: at least an all-reduce's 2 (p-1)/p of them per rank
-        per["INTER_GPU"] = 2 * (ranks - 1) / ranks * param_bytes / hw.inter_gpu_bytes_per_s
-    # model data that fits neither the GPUs nor the CPU lives on the SSDs: read and written every step
-    excess = max(0, p * (item + os_item) - max(0, ranks * (problem.device_bytes - max(nm))) - nodes * problem.host_bytes)
-    if excess:
-        r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
-        per["NVME"] = excess / r + excess / w if r > 0 and w > 0 else math.inf
-    resource = max(per, key=lambda k: per[k])
-    return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
-
-
 def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Sequence[str] | None = None,
             problem: Problem | None = None) -> Comparison:
     """Every policy's schedule for `trace` on `hardware`, simulated; tide's from planner.solve."""
@@ -189,10 +127,6 @@ class _Unavailable(Exception):
 
 def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> Schedule:
     try:
-        from planner.solve import solve
-    except ImportError as exc:  # PLANNER-OPT's module not there yet
-        raise _Unavailable(f"planner.solve is not available ({exc})") from None
-    try:
         return solve(trace, hardware, trace_digest=trace_digest)
     except (InfeasibleError, ScheduleViolation):
         raise
@@ -205,7 +139,7 @@ def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> Schedule:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "compare", help="tide and the baselines (DeepSpeed, PatrickStar, Gemini, Fuyou, PyTorch) on one trace",
+        "compare",
         description="Schedule TRACE with tide and with each baseline policy on the same hardware, replay every "
                     "schedule in the simulator and print one row per policy, with the lower bound.")
     p.add_argument("trace", metavar="TRACE", help="trace file (.msgpack)")
@@ -217,8 +151,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from planner.presets import resolve_hardware
-
     payload = read_bytes("trace", args.trace)
     trace = Trace.from_msgpack(payload, source=args.trace)
     hardware = resolve_hardware(args.hardware)
@@ -231,9 +163,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def print_comparison(c: Comparison) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     ranks = f", {c.world_size} ranks" if c.world_size > 1 else ""
     table = Table(title=f"{c.model_name} on {c.hardware_name}{ranks}")
     multi = c.world_size > 1

@@ -20,15 +20,21 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from planner.bounds import explain_infeasible, physical_lower_bound_seconds
+from planner.errors import PlannerError
+from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
 from planner.placement import (
     ACT_MODES,
     PlacementInfeasible,
     PlacementInput,
     PlacementSolution,
-    _act_windows,
+    act_windows,
     group_gaps,
+    placement_input,
 )
-from schemas.schedule import ActivationMode, SolverStatus
+from planner.problem import Problem
+from planner.solution import Candidate, SolveReport, build_schedule, with_header_stats
+from schemas.schedule import ActivationMode, ChunkLayout, SolverStatus
 
 MAX_EXACT_CHUNKS = 400  # beyond this the per-chunk model is not "small": use the default planner
 EXACT_LOOKAHEAD = 10**6  # any stage of a gap
@@ -164,7 +170,7 @@ class ExactModel:
         for b, choice in zip(d.blocks, self.act):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            recompute, swap, _, _ = _act_windows(b, self.n)
+            recompute, swap, _, _ = act_windows(b, self.n)
             if s in recompute:
                 terms.append(-(b.activation_bytes - b.input_bytes) * choice[ActivationMode.RECOMPUTE])
             if s in swap:
@@ -194,7 +200,7 @@ class ExactModel:
         for b, choice in zip(d.blocks, self.act):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            _, _, offload, reload = _act_windows(b, self.n)
+            _, _, offload, reload = act_windows(b, self.n)
             if offload <= s <= reload:
                 terms.append(b.activation_bytes * choice[ActivationMode.SWAP_HOST])
         return terms
@@ -233,7 +239,7 @@ class ExactModel:
         for b, choice in zip(d.blocks, self.act):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            _, _, offload, reload = _act_windows(b, n)
+            _, _, offload, reload = act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             d2h[offload].append(swapped * self._t(b.activation_bytes / d.d2h_bytes_per_s))
             h2d[reload].append(swapped * self._t(b.activation_bytes / d.h2d_bytes_per_s))
@@ -311,23 +317,16 @@ def solve_exact(data: PlacementInput, *, time_limit_seconds: float = 60.0) -> Pl
     """The per-chunk CP-SAT optimum of one layout's placement (raises PlacementInfeasible)."""
     split = split_groups(data)
     if len(split.groups) > MAX_EXACT_CHUNKS:
-        from planner.errors import PlannerError
-
         raise PlannerError(f"--exact is for small traces: this layout has {len(split.groups)} chunks "
                            f"(at most {MAX_EXACT_CHUNKS}); drop --exact to use the default planner")
     return ExactModel(split).solve(time_limit_seconds=time_limit_seconds)
 
 
-def solve_exact_report(problem: Any, *, optimizer_overlap: bool, time_limit_s: float, started: float,
-                       progress: Callable[[str], None]) -> Any:
+def solve_exact_report(problem: Problem, *, optimizer_overlap: bool, time_limit_s: float, started: float,
+                       progress: Callable[[str], None]) -> SolveReport:
     """`solve --exact`: every candidate chunk size solved by CP-SAT; the best becomes the schedule."""
-    from planner.bounds import explain_infeasible, physical_lower_bound_seconds
-    from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-    from planner.placement import placement_input
-    from planner.solve import Candidate, SolveReport, build_schedule, with_header_stats
-
     sizes = candidate_chunk_sizes(problem)
-    results: dict[int, tuple[Any, PlacementInput, PlacementSolution]] = {}
+    results: dict[int, tuple[ChunkLayout, PlacementInput, PlacementSolution]] = {}
     candidates = []
     deadline = started + time_limit_s
     for i, size in enumerate(sizes):

@@ -27,7 +27,11 @@ from schemas import FormatError, Schedule, Trace
 from schemas._base import atomic_write_bytes, frozen
 from schemas.trace import trace_digest
 
+from planner.cli import run_reporting_errors
+from planner.diff import diff_schedules, render_text
 from planner.errors import PlannerError
+from planner.presets import resolve_hardware
+from planner.solve import solve
 
 REPO = Path(__file__).resolve().parent.parent
 TRACE_DIR = REPO / "traces"
@@ -89,9 +93,6 @@ class Outcome:
 
 def regenerate(case: GoldenCase) -> bytes:
     """Solve the case in memory; the bytes `--write` commits."""
-    from planner.presets import resolve_hardware
-    from planner.solve import solve
-
     payload = case.trace_path.read_bytes() if case.trace_path.exists() else None
     if payload is None:
         raise PlannerError(f"golden case {case.name}: trace {case.trace_path} is missing; restore it or drop the case from "
@@ -113,7 +114,6 @@ def check_case(case: GoldenCase, *, golden_dir: Path = GOLDEN_DIR) -> Outcome:
     committed = path.read_bytes()
     if committed == fresh:
         return Outcome(case=case, ok=True, seconds=seconds, message="unchanged")
-    from planner.diff import diff_schedules, render_text
 
     new = Schedule.from_msgpack(fresh, source=f"(regenerated {case.name})")
     try:
@@ -197,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             print(f"{case.name}: {case.why}\n    {case.command()}")
         return 0
-    from planner.cli import run_reporting_errors
 
     return run_reporting_errors(lambda: check(cases) if args.check else write(cases))
 

@@ -32,12 +32,21 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 
-from planner.baselines import POLICIES, baseline
+from rich.console import Console
+from rich.table import Table
+
+from planner.baselines import POLICIES, baseline, policy_layout
 from planner.compare import TIDE
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_param_count, gpt_trace
+from planner.layout import build_layout, candidate_chunk_sizes
+from planner.materialize import materialize
+from planner.placement import PlacementInfeasible, PlacementModel, placement_feasible, placement_input
+from planner.presets import resolve_hardware
 from planner.problem import build_problem
-from planner.simulate import simulate
+from planner.simulate import ScheduleViolation, simulate
+from planner.solution import build_schedule
+from planner.solve import reference_decisions
 from schemas import Hardware
 from schemas._base import frozen
 
@@ -94,9 +103,6 @@ def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int,
 def tide_may_fit(problem) -> bool:
     """Necessary condition for tide: the memory rows of the placement LP (smallest chunk size) have a
     solution. False is a proof for that chunk size (the LP relaxes the MIP)."""
-    from planner.layout import build_layout, candidate_chunk_sizes
-    from planner.placement import placement_feasible, placement_input
-
     size = min(candidate_chunk_sizes(problem))
     data = placement_input(problem, build_layout(problem, chunk_elements=size))
     return placement_feasible(data, time_limit_seconds=TIDE_LP_SECONDS) is not False
@@ -107,11 +113,6 @@ def tide_reference_fits(problem) -> bool:
     decision sets (`planner.solve.reference_decisions`: what the baselines decide, run through tide's
     engine) on the baselines' chunk layout, materialized within every capacity and replayed by the
     simulator. It is what makes tide's largest model at least every baseline's."""
-    from planner.baselines import policy_layout
-    from planner.materialize import materialize
-    from planner.simulate import ScheduleViolation
-    from planner.solve import reference_decisions
-
     layout = policy_layout(problem)
     for _, decisions in reference_decisions(problem, layout):
         try:
@@ -125,11 +126,6 @@ def tide_reference_fits(problem) -> bool:
 def tide_plan_fits(problem, hardware: Hardware) -> bool:
     """Sufficient condition: a plan of the placement MIP (PARAM may be homed on NVME), materialized,
     that the simulator replays within every capacity. Chunk sizes smallest first; the first that works."""
-    from planner.errors import PlannerError
-    from planner.layout import build_layout, candidate_chunk_sizes
-    from planner.placement import PlacementInfeasible, PlacementModel, placement_input
-    from planner.solve import build_schedule
-
     for size in sorted(candidate_chunk_sizes(problem)):
         layout = build_layout(problem, chunk_elements=size)
         data = placement_input(problem, layout)
@@ -249,20 +245,12 @@ def max_sizes(hardware: Hardware, *, policies: Sequence[str], batch: int = 1, se
     return [found[p] for p in policies]
 
 
-def _tide_available() -> bool:
-    try:
-        import planner.solve  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 # ----------------------------------------------------------------------------- CLI
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "maxsize", help="the largest GPT-3-family model each policy can train on the hardware",
+        "maxsize",
         description="Search layer count (binary search, up to 4x the Table 4 count) and width (the GPT-3 ladder of "
                     "Fuyou Table 4) for the largest model each policy schedules within the hardware's capacities. "
                     + TRACE_SOURCE + ".")
@@ -277,12 +265,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from planner.presets import resolve_hardware
-
     if args.batch < 1 or args.seq < 1:
         raise PlannerError(f"--batch and --seq must be positive, found batch={args.batch} seq={args.seq}")
     hardware = resolve_hardware(args.hardware)
-    policies = args.policies or ([TIDE] if _tide_available() else []) + list(POLICIES)
+    policies = args.policies or [TIDE, *POLICIES]
     results = max_sizes(hardware, policies=policies, batch=args.batch, seq=args.seq)
     if args.json:
         print(json.dumps({"family": args.family, "hardware": hardware.name, "batch": args.batch, "seq": args.seq,
@@ -290,9 +276,6 @@ def _main(args: argparse.Namespace) -> int:
                           "results": [{"policy": r.policy, "params": r.params, "layers": r.layers, "hidden": r.hidden,
                                        "heads": r.heads, "sizes_checked": r.checked} for r in results]}, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=f"largest GPT-3-family model on {hardware.name} (batch {args.batch}, seq {args.seq})")
     for col in ("policy", "params (B)", "layers", "hidden", "heads", "sizes checked"):
         table.add_column(col, justify="left" if col == "policy" else "right")

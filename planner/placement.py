@@ -39,6 +39,9 @@ Data flow per chunk (what the time rows charge):
   only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
 
+The model's input (chunk classes, blocks, stages) is built in `planner.placement_input`; the solver
+calls go through `planner.mathopt_solver`.
+
 The non-model curve (`MomentRef.non_model_bytes`, recorded with every activation kept) is the
 baseline of DEVICE memory; activation plans subtract what they free.
 
@@ -52,111 +55,24 @@ stage, the simulator queues them): planner.solve therefore replays every plan in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import logging
-import os
-import sys
 import math
 import time
-from collections import defaultdict
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any
 
 from ortools.math_opt.python import mathopt
 
+from planner.mathopt_solver import MathOptSolver
+from planner.placement_input import BlockData, GroupData, PlacementInput, StageData, group_summary, placement_input
 from schemas._base import frozen
-from schemas.schedule import ActivationMode, Phase, SolverStatus
+from schemas.schedule import ActivationMode, SolverStatus, Tier
 
 log = logging.getLogger(__name__)
 
 ACT_MODES = (ActivationMode.KEEP, ActivationMode.RECOMPUTE, ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME)
 INFINITE_BYTES = 10**18  # capacity used when a tier is "unbounded" (minimal-capacity searches)
-
-
-class Tier3(StrEnum):
-    """The three capacities the memory rows bound (names of `schemas.schedule.Tier`)."""
-
-    DEVICE = "DEVICE"
-    HOST = "HOST"
-    NVME = "NVME"
-
-
-# ----------------------------------------------------------------------------- input data
-
-
-@frozen
-class GroupData:
-    """Interchangeable chunks: same stages touch them, same size, same trainability."""
-
-    id: int
-    chunks: tuple[int, ...]  # chunk ids (layout order)
-    param_bytes: int  # PARAM (and GRAD) bytes of one chunk, compute dtype
-    os_bytes: int  # optimizer-state bytes of one chunk (MASTER + M + V, or M + V in fp32)
-    elements: int  # elements of one chunk (optimizer work)
-    trainable: bool  # has grads and optimizer state
-    use_stages: tuple[int, ...]  # stages whose work touches these chunks (sorted)
-    first_backward_stage: int  # first backward stage touching them, -1 if none
-    last_backward_stage: int  # grads final after this stage (optimizer may start), -1 if none
-
-    @property
-    def count(self) -> int:
-        return len(self.chunks)
-
-
-@frozen
-class BlockData:
-    """A block's activation choice and where it acts."""
-
-    id: int
-    activation_bytes: int  # saved for backward (KEEP holds it, SWAP moves it)
-    input_bytes: int  # what RECOMPUTE keeps instead
-    recompute_seconds: float
-    forward_stage: int  # stage of the block's forward (the activations appear there)
-    backward_stage: int  # stage of the block's backward (they are needed there)
-
-
-@frozen
-class StageData:
-    id: int
-    name: str
-    phase: Phase
-    compute_seconds: float  # sum of the moments' compute
-    non_model_bytes: int  # max of the moments' non-model curve (all activations kept)
-    tail_non_model_bytes: int = -1  # the curve at the stage's last moment (-1: same as the max)
-
-
-@frozen
-class PlacementInput:
-    """Everything the placement model needs, in bytes and seconds (built from a Problem + layout)."""
-
-    groups: tuple[GroupData, ...]
-    blocks: tuple[BlockData, ...]
-    stages: tuple[StageData, ...]
-    device_bytes: int
-    host_bytes: int
-    nvme_bytes: int
-    h2d_bytes_per_s: float
-    d2h_bytes_per_s: float
-    nvme_read_bytes_per_s: float  # 0 when there are no SSDs
-    nvme_write_bytes_per_s: float
-    cpu_adam_seconds_per_element: float
-    gpu_adam_seconds_per_element: float
-    optimizer_overlap: bool  # CPU Adam runs during backward as soon as a chunk's grads are final
-    optimizer_stage: int  # the stage holding the optimizer step (the last stage)
-    stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
-    checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
-    param_nvme_home: bool = True  # non-persistent CPU-stepped PARAM may live on NVME instead of HOST (Fuyou)
-
-    @property
-    def has_nvme(self) -> bool:
-        return self.nvme_bytes > 0 and self.nvme_read_bytes_per_s > 0 and self.nvme_write_bytes_per_s > 0
-
-    def with_capacity(self, tier: Tier3, value: int) -> PlacementInput:
-        field = {Tier3.DEVICE: "device_bytes", Tier3.HOST: "host_bytes", Tier3.NVME: "nvme_bytes"}[tier]
-        return dataclasses.replace(self, **{field: value})
 
 
 # ----------------------------------------------------------------------------- solution
@@ -200,7 +116,7 @@ class PlacementInfeasible(Exception):
 # ----------------------------------------------------------------------------- the model
 
 
-def _act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
+def act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
     """(recompute savings stages, swap savings stages, offload stage, reload stage) of a block.
 
     Matches planner.materialize: a swapped block is offloaded at its last forward moment and
@@ -295,7 +211,7 @@ class PlacementModel:
     those that already arrived: resident[g,s] is derived, never a variable of its own.
     """
 
-    def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier3 | None = None,
+    def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier | None = None,
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
                  fixed_modes: Sequence[ActivationMode] | None = None) -> None:
@@ -310,7 +226,7 @@ class PlacementModel:
         self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.groups)))
         # minimal-capacity mode: the capacity of one tier becomes a variable and the objective
         self.capacity_variable = capacity_variable
-        self.solver = _MathOpt(lp_solver if relax else "HIGHS")
+        self.solver = MathOptSolver(lp_solver if relax else "HIGHS")
         self.solver_name = self.solver.name
         self._add_variables()
         self._add_memory_constraints()
@@ -535,7 +451,7 @@ class PlacementModel:
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            recompute, swap, offload, reload = _act_windows(b, n)
+            recompute, swap, offload, reload = act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             ckpt = self.ckpt_block[bi]
             if len(recompute):
@@ -628,7 +544,7 @@ class PlacementModel:
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
         return expr
 
-    def _cap(self, tier: Tier3, given: float) -> Any:
+    def _cap(self, tier: Tier, given: float) -> Any:
         return self.capacity if self.capacity_variable is tier else given
 
     def _add_memory_constraints(self) -> None:
@@ -636,9 +552,9 @@ class PlacementModel:
         self._build_memory_terms()
         for s in range(len(d.stages)):
             for r, row in enumerate(self._device_rows(s)):
-                self.solver.Add(row <= self._cap(Tier3.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")
-            self.solver.Add(self._host_expr(s) <= self._cap(Tier3.HOST, d.host_bytes), f"host_memory[{s}]")
-        self.solver.Add(self._nvme_expr() <= self._cap(Tier3.NVME, d.nvme_bytes), "nvme_memory")
+                self.solver.Add(row <= self._cap(Tier.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")
+            self.solver.Add(self._host_expr(s) <= self._cap(Tier.HOST, d.host_bytes), f"host_memory[{s}]")
+        self.solver.Add(self._nvme_expr() <= self._cap(Tier.NVME, d.nvme_bytes), "nvme_memory")
 
     # -- time ----------------------------------------------------------------------------
     def _channel_exprs(self) -> dict[str, list[Any]]:
@@ -691,7 +607,7 @@ class PlacementModel:
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
                 continue
-            _, _, offload, reload = _act_windows(b, n)
+            _, _, offload, reload = act_windows(b, n)
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             d2h[offload] += b.activation_bytes * swapped
             h2d[reload] += b.activation_bytes * swapped
@@ -747,7 +663,7 @@ class PlacementModel:
                 self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
         o = d.optimizer_stage
         trainable = [g for g in d.groups if g.trainable and g.elements > 0]
-        bounded_host = self.capacity_variable is Tier3.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
+        bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
         if bounded_host and d.optimizer_overlap and trainable and not _is_zero(cpu_tail_at[0]):
             # When the CPU optimizer falls behind backward, the grads of the steps it has not reached
             # wait on HOST when the optimizer stage starts: CPU work released in [s, o) minus the
@@ -762,7 +678,7 @@ class PlacementModel:
                 self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
                                 f"cpu_optimizer_lag[{s}]")
             bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / d.cpu_adam_seconds_per_element
-            self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier3.HOST, d.host_bytes),
+            self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier.HOST, d.host_bytes),
                             "host_memory_cpu_lag")
         if not d.optimizer_overlap:
             # Adam after backward: the optimizer stage alone carries the CPU step and its SSD traffic
@@ -883,76 +799,6 @@ class PlacementModel:
         return self._value(self.capacity) * BYTE_UNIT
 
 
-class _MathOpt:
-    """The few calls the model makes, on an OR-Tools MathOpt model.
-
-    MathOpt rather than pywraplp: through pywraplp a HiGHS MIP stopped by its time limit reports
-    no solution at all, while MathOpt returns the incumbent and the proven bound."""
-
-    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.kind = self._TYPES[name]
-        self.model = mathopt.Model(name="placement")
-        self._rows = 0
-
-    @staticmethod
-    def infinity() -> float:
-        return math.inf
-
-    def NumVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802 (pywraplp's spelling)
-        return self.model.add_variable(lb=lo, ub=hi, name=name)
-
-    def IntVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802
-        return self.model.add_variable(lb=lo, ub=hi, is_integer=True, name=name)
-
-    def BoolVar(self, name: str) -> Any:  # noqa: N802
-        return self.model.add_binary_variable(name=name)
-
-    def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
-        self._rows += 1
-        return self.model.add_linear_constraint(bounded, name=name)
-
-    def Minimize(self, expr: Any) -> None:  # noqa: N802
-        self.model.minimize(expr)
-
-    def NumVariables(self) -> int:  # noqa: N802
-        return sum(1 for _ in self.model.variables())
-
-    def NumConstraints(self) -> int:  # noqa: N802
-        return self._rows
-
-    def solve(self, *, time_limit_seconds: float, relative_gap: float) -> Any:
-        params = mathopt.SolveParameters(
-            time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
-            random_seed=0,  # deterministic (HiGHS runs its MIP search on one thread)
-            enable_output=False,
-        )
-        if self.kind is mathopt.SolverType.HIGHS:
-            params.relative_gap_tolerance = relative_gap
-        with _quiet_stdout():
-            return mathopt.solve(self.model, self.kind, params=params)
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """HiGHS prints its banner on the process's stdout (fd 1), where the CLI's summary goes."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):  # no real fd 1 (embedded): nothing to protect
-        yield
-        return
-    try:
-        with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _is_zero(expr: Any) -> bool:
     return isinstance(expr, (int, float)) and expr == 0
 
@@ -988,7 +834,7 @@ def placement_feasible(data: PlacementInput, *, relax: bool = True, time_limit_s
     return True if result.has_primal_feasible_solution() else None
 
 
-def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, relax: bool = False,
+def minimal_capacity(data: PlacementInput, tier: Tier, *, relax_others: bool, relax: bool = False,
                      time_limit_seconds: float = 5.0) -> tuple[int, int] | None:
     """The smallest capacity of `tier` with which the model is feasible, and the stage that needs it.
 
@@ -998,7 +844,7 @@ def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, r
     """
     probe = data
     if relax_others:
-        for other in Tier3:
+        for other in Tier:
             if other is not tier:
                 probe = probe.with_capacity(other, INFINITE_BYTES)
     model = PlacementModel(probe, capacity_variable=tier, relax=relax)
@@ -1007,9 +853,9 @@ def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, r
     except PlacementInfeasible:
         return None
     need = int(math.ceil(model.capacity_value() - 1e-6))
-    if tier is Tier3.DEVICE:
+    if tier is Tier.DEVICE:
         per_stage = sol.device_bytes_per_stage
-    elif tier is Tier3.HOST:
+    elif tier is Tier.HOST:
         per_stage = sol.host_bytes_per_stage
     else:
         return need, -1
@@ -1017,90 +863,9 @@ def minimal_capacity(data: PlacementInput, tier: Tier3, *, relax_others: bool, r
     return need, stage
 
 
-# ----------------------------------------------------------------------------- from a Problem
-
-
-def placement_input(problem: Any, layout: Any, *, optimizer_overlap: bool = True) -> PlacementInput:
-    """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
-
-    Chunks are grouped by the stages that touch them (plus size and trainability); a block's
-    activation plan acts between the stage of its forward and the stage of its backward.
-    """
-    from schemas.schedule import ChunkList
-    from schemas.trace import DTYPE_BYTES
-
-    hw = problem.hardware
-    stages = problem.stages
-    n_stages = len(stages)
-    stage_of_moment: dict[int, int] = {}
-    for st in stages:
-        for m in range(st.first_moment, st.last_moment + 1):
-            stage_of_moment[m] = st.id
-    chunk_of_tensor: dict[int, int] = {}
-    trainable_chunk: dict[int, bool] = defaultdict(bool)
-    for slot in layout.tensors:
-        chunk_of_tensor.setdefault(slot.tensor, slot.chunk)
-        trainable_chunk[slot.chunk] |= slot.trainable
-    uses: dict[int, set[int]] = defaultdict(set)
-    stage_data = []
-    for st in stages:
-        compute = 0.0
-        peak = 0
-        tail = problem.moments[st.last_moment].non_model_bytes
-        for m in range(st.first_moment, st.last_moment + 1):
-            mom = problem.moments[m]
-            compute += mom.compute_seconds
-            peak = max(peak, mom.non_model_bytes)
-            if mom.phase is Phase.OPTIMIZER:
-                continue  # the optimizer touches every chunk; where it steps is the chunk plans' decision
-            for t in mom.tensors:
-                if t in chunk_of_tensor:
-                    uses[chunk_of_tensor[t]].add(st.id)
-        stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak,
-                                    tail_non_model_bytes=tail))
-    optimizer_stage = n_stages - 1
-    for st in stages:
-        if st.phase is Phase.OPTIMIZER:
-            optimizer_stage = st.id
-    param_item = DTYPE_BYTES[problem.compute_dtype]
-    os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
-    keyed: dict[tuple, list[int]] = {}
-    for c in layout.chunks:
-        use = tuple(sorted(uses.get(c.id, ())))
-        key = (use, c.elements, trainable_chunk[c.id])
-        keyed.setdefault(key, []).append(c.id)
-    groups = []
-    for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
-        backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
-        groups.append(GroupData(
-            id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
-            elements=elements, trainable=trainable, use_stages=use,
-            first_backward_stage=min(backward) if backward else -1,
-            last_backward_stage=max(backward) if backward else -1))
-    blocks = []
-    for b in problem.blocks:
-        p = stage_of_moment[b.forward_moments[1]]
-        c = stage_of_moment[b.backward_moments[0]]
-        blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
-                                recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
-    return PlacementInput(
-        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
-        device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
-        h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,
-        nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s, nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
-        cpu_adam_seconds_per_element=1.0 / hw.host.optimizer_params_per_s,
-        gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
-        optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
-    )
-
-
-def group_summary(data: PlacementInput) -> str:
-    return f"{len(data.groups)} chunk groups, {sum(g.count for g in data.groups)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
-
-
 __all__ = [
     "ACT_MODES", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput", "PlacementModel",
-    "PlacementSolution", "StageData", "Tier3", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
+    "PlacementSolution", "StageData", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
     "solve_placement",
 ]
 

@@ -14,14 +14,17 @@ with the Agg backend (no display needed, and `planner` stays importable without 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 from typing import Any
 
-from schemas import Hardware, Schedule
+from schemas import Hardware, Schedule, atomic_write_bytes
 from schemas.schedule import Channel, ChunkList, Phase, Tier
 
 from planner.errors import PlannerError
+from planner.presets import preset_names, resolve_hardware
+from planner.simulate import simulate
 
 GB = 1e9  # the hardware profiles' unit (10^9 bytes)
 LANES = (Channel.COMPUTE, Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE,
@@ -83,8 +86,6 @@ def plot_series(schedule: Schedule, hardware: Hardware, *, sim: Any = None) -> d
     Layers are "non_model", "activations" and the chunk lists; tiers that never hold a byte are left out.
     """
     if sim is None:
-        from planner.simulate import simulate
-
         sim = simulate(schedule, hardware)
     n_moments = len(schedule.moments)
     starts = [float(x) for x in sim.moment_start_seconds]
@@ -206,11 +207,7 @@ def _shade_phases(ax: Any, phases: list[tuple[str, float, float]], *, label: boo
 
 def plot_schedule(schedule: Schedule, hardware: Hardware, out: str | Path) -> dict[str, Any]:
     """Simulate, draw and write the PNG; returns the series drawn."""
-    import io
-
     import matplotlib.pyplot as plt
-
-    from schemas import atomic_write_bytes
 
     series = plot_series(schedule, hardware)
     fig = make_figure(schedule, series)
@@ -223,8 +220,6 @@ def plot_schedule(schedule: Schedule, hardware: Hardware, out: str | Path) -> di
 
 def _hardware_for(schedule: Schedule, spec: str | None) -> Hardware:
     """--hardware, else the preset the schedule was solved for (by name)."""
-    from planner.presets import preset_names, resolve_hardware
-
     if spec is None:
         if schedule.header.hardware_name not in preset_names():
             raise PlannerError(f"schedule was solved for hardware {schedule.header.hardware_name!r}, which is not a "
@@ -248,7 +243,6 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plot",
-        help="draw a schedule: memory per tier over the iteration, and the channel timeline",
         description="Simulate SCHEDULE and draw the tide of memory on DEVICE and HOST (stacked by non-model "
                     "data, activations and chunk list, with the budget) and the busy time of each channel.",
     )

@@ -33,7 +33,7 @@ MAX_LISTED_BLOCKS = 8
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "validate", help="check a trace, schedule or hardware profile",
+        "validate",
         description="Load FILE (trace .msgpack, schedule .msgpack or hardware .toml) with every check tide applies; "
                     "exit 0 if it is valid, 2 with one line naming the field and the fix if not.",
     )
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_validate)
 
     p = subparsers.add_parser(
-        "show", help="summarise a trace, schedule or hardware profile",
+        "show",
         description="Summarise FILE: a trace (model, parameters, moments, non-model peak, compute per phase), a "
                     "hardware profile (every capacity and rate with derived bytes), or a schedule (layout, residency, "
                     "activation plan, predicted time, bytes per channel, peaks).",

@@ -68,15 +68,20 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+
+from rich.console import Console
+from rich.table import Table
 
 from schemas import Hardware, Schedule
-from schemas._base import frozen
+from schemas._base import digest_bytes, read_bytes
 from schemas.hardware import DeviceKind
 from schemas.schedule import (
+    COPY_PATH,
     OS_LISTS,
+    TIER_INDEX,
+    TIERS,
     Action,
     ActivationMode,
     Channel,
@@ -87,137 +92,18 @@ from schemas.schedule import (
 )
 from schemas.trace import DTYPE_BYTES, Phase
 
+from schemas.residency import Refusal, ResidencyRefused, ValidCopies
+
 from planner.errors import PlannerError
-
-
-# ----------------------------------------------------------------------------- results
-
-
-@frozen
-class MemorySample:
-    """Bytes on one tier during one moment's work (after the moment's actions)."""
-
-    moment: int
-    tier: Tier
-    non_model_bytes: int  # DEVICE only: the work's peak minus activations held elsewhere
-    activation_bytes: int  # activations kept, reloaded or swapped to this tier
-    chunk_bytes: dict[ChunkList, int]  # bytes of held chunk copies per chunk list
-
-    @property
-    def total_bytes(self) -> int:
-        return self.non_model_bytes + self.activation_bytes + sum(self.chunk_bytes.values())
-
-
-@frozen
-class Interval:
-    """One busy interval of one channel."""
-
-    channel: Channel
-    start_seconds: float
-    end_seconds: float
-    label: str
-
-
-@frozen
-class SimResult:
-    """What one replayed iteration costs on the hardware."""
-
-    iteration_seconds: float
-    tflops: float  # model FLOPs (without recompute) of all ranks together / iteration seconds / 1e12
-    flops: int  # model FLOPs of one iteration of one rank (without recompute)
-    recompute_flops: int
-    bytes_per_channel: dict[Channel, int]
-    busy_seconds_per_channel: dict[Channel, float]
-    peak_bytes_per_tier: dict[Tier, int]
-    stall_seconds: float  # total time the work waited for data past its event
-    compute_seconds: float  # busy time of the work itself (incl. recompute, excl. GPU optimizer steps)
-    moment_start_seconds: tuple[float, ...]
-    memory: tuple[MemorySample, ...]
-    timeline: tuple[Interval, ...]
-
-    def to_json(self, *, detail: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "iteration_seconds": self.iteration_seconds,
-            "tflops": self.tflops,
-            "flops": self.flops,
-            "recompute_flops": self.recompute_flops,
-            "stall_seconds": self.stall_seconds,
-            "compute_seconds": self.compute_seconds,
-            "bytes_per_channel": {k.value: v for k, v in self.bytes_per_channel.items()},
-            "busy_seconds_per_channel": {k.value: v for k, v in self.busy_seconds_per_channel.items()},
-            "peak_bytes_per_tier": {k.value: v for k, v in self.peak_bytes_per_tier.items()},
-        }
-        if detail:
-            out["moment_start_seconds"] = list(self.moment_start_seconds)
-            out["memory"] = [
-                {"moment": s.moment, "tier": s.tier.value, "non_model_bytes": s.non_model_bytes,
-                 "activation_bytes": s.activation_bytes, "chunk_bytes": {k.value: v for k, v in s.chunk_bytes.items()}}
-                for s in self.memory
-            ]
-            out["timeline"] = [[i.channel.value, i.start_seconds, i.end_seconds, i.label] for i in self.timeline]
-        return out
-
-
-# ----------------------------------------------------------------------------- violations
-
-
-class ViolationKind(StrEnum):
-    USE_BEFORE_ARRIVAL = "use before arrival"  # the work needs a chunk that is not valid on DEVICE
-    COPY_WITHOUT_SOURCE = "copy from a tier without a valid copy"
-    EVICT_LAST_COPY = "evict of the last valid copy of live data"
-    EVICT_ABSENT = "evict of a copy the tier does not hold"
-    CAPACITY = "capacity exceeded"
-    STEADY_STATE = "steady state broken"
-    OPTIMIZER_INPUTS = "optimizer step without its inputs on its tier"
-    OPTIMIZER_EARLY = "optimizer step before the final grads"
-    OPTIMIZER_COUNT = "optimizer steps per chunk"
-    ACTIVATIONS = "activation plan broken"
-    CHANNEL = "channel does not connect the tiers"
-    BAD_ACTION = "malformed action"
-
-
-class ScheduleViolation(PlannerError):
-    """A schedule breaks the action semantics; names moment, action index, chunk list and chunk."""
-
-    def __init__(self, kind: ViolationKind, message: str, *, moment: int, action_index: int | None = None,
-                 list_: ChunkList | None = None, chunk: int | None = None, block: int | None = None) -> None:
-        self.kind, self.moment, self.action_index = kind, moment, action_index
-        self.list, self.chunk, self.block = list_, chunk, block
-        where = [f"moment {moment}"]
-        where.append(f"action {action_index}" if action_index is not None else "the moment's work")
-        if list_ is not None:
-            where.append(f"list {list_.value}")
-        if chunk is not None:
-            where.append(f"chunk {chunk}")
-        if block is not None:
-            where.append(f"block {block}")
-        super().__init__(f"schedule violation ({kind.value}) at {', '.join(where)}: {message}. "
-                         "Fix: re-solve the schedule; if the planner produced it, this is a planner bug")
+from planner.presets import PRESET_DIR, resolve_hardware
+from planner.sim_result import Interval, MemorySample, ScheduleViolation, SimResult, ViolationKind
 
 
 # ----------------------------------------------------------------------------- state
 
 
-class _T(IntEnum):
-    """Tier indices of the simulator's arrays."""
-
-    DEVICE = 0
-    HOST = 1
-    NVME = 2
-
-
-_TIER = {Tier.DEVICE: _T.DEVICE, Tier.HOST: _T.HOST, Tier.NVME: _T.NVME}
-_TIERS = (Tier.DEVICE, Tier.HOST, Tier.NVME)
-
-# the channels a copy from src to dst crosses (DEVICE <-> NVME goes through HOST)
-_PATH: dict[tuple[Tier, Tier], tuple[Channel, ...]] = {
-    (Tier.HOST, Tier.DEVICE): (Channel.H2D,),
-    (Tier.DEVICE, Tier.HOST): (Channel.D2H,),
-    (Tier.NVME, Tier.HOST): (Channel.NVME_READ,),
-    (Tier.HOST, Tier.NVME): (Channel.NVME_WRITE,),
-    (Tier.NVME, Tier.DEVICE): (Channel.NVME_READ, Channel.H2D),
-    (Tier.DEVICE, Tier.NVME): (Channel.D2H, Channel.NVME_WRITE),
-}
+# array index of each tier in the simulator's per-tier lists (schemas.schedule.TIER_INDEX)
+_DEVICE, _HOST, _NVME = (TIER_INDEX[t] for t in TIERS)
 
 
 class _ActState(StrEnum):
@@ -269,10 +155,8 @@ class _Sim:
     lists: tuple[ChunkList, ...]
     list_index: dict[ChunkList, int]
     chunk_bytes: list[list[int]]  # [list][chunk]
-    held: list[list[int]]  # [list][chunk] bitmask of tiers holding a copy
-    valid: list[list[int]]  # [list][chunk] bitmask of tiers holding a valid copy
+    copies: ValidCopies  # which tiers hold a (valid) copy of each chunk: the residency rules
     ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
-    grad_live: list[bool]
     stepped: list[int]
     world: int
     owner: list[int]  # per chunk: its owner rank
@@ -290,7 +174,7 @@ class _Sim:
     last_end: float = 0.0
 
 
-def _bit(t: _T) -> int:
+def _bit(t: int) -> int:
     return 1 << int(t)
 
 
@@ -346,8 +230,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
     for i, a in enumerate(actions):
         by_moment[a.moment].append(i)
 
-    budgets = {_T.DEVICE: schedule.budgets.device_bytes, _T.HOST: schedule.budgets.host_bytes,
-               _T.NVME: schedule.budgets.nvme_bytes}
+    budgets = {_DEVICE: schedule.budgets.device_bytes, _HOST: schedule.budgets.host_bytes,
+               _NVME: schedule.budgets.nvme_bytes}
     act_bytes = [0, 0, 0]  # activation bytes per tier (DEVICE: held-window part only)
     held_act_recorded = 0  # bytes of kept activations the recorded non-model curve includes right now
     peaks = [0, 0, 0]
@@ -368,17 +252,17 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             blk = blocks[b]
             blk.state = _ActState.ON_DEVICE
             held_act_recorded += blk.bytes
-            act_bytes[_T.DEVICE] += blk.device_bytes()
+            act_bytes[_DEVICE] += blk.device_bytes()
         deps = event
         for i in by_moment[m]:
             a = actions[i]
             end = _apply(sim, a, i, event, blocks, act_bytes, last_grad_write)
             if a.op is Op.FETCH:
                 deps = max(deps, end)
-            for t in (_T.DEVICE, _T.HOST, _T.NVME):
+            for t in TIER_INDEX.values():
                 used = _used(sim, t, act_bytes)
                 if used > budgets[t]:
-                    raise ScheduleViolation(ViolationKind.CAPACITY, f"{_TIERS[t].value} holds {used} bytes of chunks and "
+                    raise ScheduleViolation(ViolationKind.CAPACITY, f"{TIERS[t].value} holds {used} bytes of chunks and "
                                             f"activations after this action, budget {budgets[t]}"
                                             f"{_place_name(sim, t, _busiest(sim, t))}",
                                             moment=m, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None)
@@ -391,23 +275,23 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
                                         f"({blk.bytes} bytes) are still on {blk.tier.value}; reload them first",
                                         moment=m, block=b)
             held_act_recorded -= blk.bytes
-            act_bytes[_T.DEVICE] -= blk.device_bytes()
+            act_bytes[_DEVICE] -= blk.device_bytes()
             blk.state = _ActState.CONSUMED
 
         # the work: its chunks on DEVICE (and arrived), its block's activations back
         for c in needs[m]:
-            if not sim.valid[pi][c] & 1:
+            if not sim.copies.is_valid(pi, c, _DEVICE):
                 raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
                                         f"the work of {m_ref.kind.value} {m_ref.module or '(root)'} needs PARAM chunk {c} "
                                         "on DEVICE and no valid copy is there", moment=m, list_=ChunkList.PARAM, chunk=c)
-            deps = max(deps, sim.ready[pi][c][_T.DEVICE])
+            deps = max(deps, sim.ready[pi][c][_DEVICE])
         for c in writes[m]:
-            if not sim.valid[gi][c] & 1:
+            if not sim.copies.is_valid(gi, c, _DEVICE):
                 raise ScheduleViolation(ViolationKind.USE_BEFORE_ARRIVAL,
                                         f"the backward work of {m_ref.module or '(root)'} accumulates GRAD chunk {c} "
                                         "on DEVICE and no valid copy is there (ALLOCATE or fetch it first)",
                                         moment=m, list_=ChunkList.GRAD, chunk=c)
-            deps = max(deps, sim.ready[gi][c][_T.DEVICE])
+            deps = max(deps, sim.ready[gi][c][_DEVICE])
         extra = 0.0
         if m in bwd_first_of:
             blk = blocks[bwd_first_of[m]]
@@ -429,28 +313,27 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         starts.append(start)
         for c in writes[m]:
             if sim.world > 1:
-                _hold(sim, gi, c, _T.DEVICE, everywhere=True)  # every rank accumulates its own grads
-            sim.valid[gi][c] = 1  # DEVICE only: copies elsewhere are stale now
-            sim.ready[gi][c][_T.DEVICE] = end
-            sim.grad_live[c] = True
+                _hold(sim, gi, c, _DEVICE, everywhere=True)  # every rank accumulates its own grads
+            sim.copies.write_grads(c)  # DEVICE only: copies elsewhere are stale now
+            sim.ready[gi][c][_DEVICE] = end
 
         # memory during the work
         recorded_nm = m_ref.non_model_bytes
         non_model = max(0, recorded_nm - held_act_recorded)
-        for t in (_T.DEVICE, _T.HOST, _T.NVME):
+        for t in TIER_INDEX.values():
             place = _busiest(sim, t)
             chunk_b = {lst: sim.place_bytes[t][place][li] for li, lst in enumerate(sim.lists)}
-            nm = non_model if t is _T.DEVICE else 0
-            acts = act_bytes[t] * (1 if t is _T.DEVICE else sim.ranks_in_node[place])
+            nm = non_model if t == _DEVICE else 0
+            acts = act_bytes[t] * (1 if t == _DEVICE else sim.ranks_in_node[place])
             total = sum(chunk_b.values()) + acts + nm
             if total > budgets[t]:
                 raise ScheduleViolation(ViolationKind.CAPACITY,
-                                        f"{_TIERS[t].value} needs {total} bytes during the work of "
+                                        f"{TIERS[t].value} needs {total} bytes during the work of "
                                         f"{m_ref.kind.value} {m_ref.module or '(root)'} (chunks {sum(chunk_b.values())}, "
                                         f"activations {acts}, non-model {nm}), budget {budgets[t]}"
                                         f"{_place_name(sim, t, place)}", moment=m)
             peaks[t] = max(peaks[t], total)
-            memory.append(MemorySample(moment=m, tier=_TIERS[t], non_model_bytes=nm, activation_bytes=acts,
+            memory.append(MemorySample(moment=m, tier=TIERS[t], non_model_bytes=nm, activation_bytes=acts,
                                        chunk_bytes=chunk_b))
         event = end
 
@@ -465,7 +348,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         recompute_flops=recompute_flops,
         bytes_per_channel={ch: sim.bytes_per_channel.get(ch, 0) for ch in Channel},
         busy_seconds_per_channel=busy,
-        peak_bytes_per_tier={_TIERS[t]: peaks[t] for t in (_T.DEVICE, _T.HOST, _T.NVME)},
+        peak_bytes_per_tier={TIERS[t]: peaks[t] for t in TIER_INDEX.values()},
         stall_seconds=stall,
         compute_seconds=compute_busy,
         moment_start_seconds=tuple(starts),
@@ -480,14 +363,12 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     list_index = {lst: i for i, lst in enumerate(lists)}
     n = len(layout.chunks)
     chunk_bytes = [[c.elements * DTYPE_BYTES[layout.list_dtypes[lst]] for c in layout.chunks] for lst in lists]
-    held = [[0] * n for _ in lists]
-    valid = [[0] * n for _ in lists]
     ready = [[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists]
     world = schedule.header.world_size
     per_node = max(1, min(hardware.cluster.gpus_per_node, world))
     node_of = [r // per_node for r in range(world)]
     n_nodes = node_of[-1] + 1
-    places = {_T.DEVICE: world, _T.HOST: n_nodes, _T.NVME: n_nodes}
+    places = {_DEVICE: world, _HOST: n_nodes, _NVME: n_nodes}
     nvme = _Server()
     shared = {Channel.NVME_READ: nvme, Channel.NVME_WRITE: nvme, Channel.INTER_GPU: _Server(),
               Channel.CPU_OPTIMIZER: _Server()}
@@ -504,19 +385,19 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
         Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s,
     }
     sim = _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
-               held=held, valid=valid, ready=ready, grad_live=[False] * n, stepped=[0] * n, world=world,
+               copies=ValidCopies(lists, n), ready=ready, stepped=[0] * n, world=world,
                owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
                ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
                replicated=[[False] * n for _ in lists],
-               place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in (_T.DEVICE, _T.HOST, _T.NVME)],
-               place_total=[[0] * places[t] for t in (_T.DEVICE, _T.HOST, _T.NVME)],
+               place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
+               place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, groups=_comm_groups(layout))
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:
             # PARAM and GRAD on DEVICE: every rank's copy (what the iteration computes with); OS: the owner's
-            _hold(sim, li, r.chunk, _TIER[tier], everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
-            valid[li][r.chunk] |= _bit(_TIER[tier])
+            _hold(sim, li, r.chunk, TIER_INDEX[tier], everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
+            sim.copies.start(li, r.chunk, TIER_INDEX[tier])
     return sim
 
 
@@ -530,22 +411,20 @@ def _comm_groups(layout) -> dict[int, tuple[int, ...]]:
     return {g: tuple(cs) for g, cs in groups.items()}
 
 
-def _add(sim: _Sim, t: _T, place: int, li: int, nbytes: int) -> None:
+def _add(sim: _Sim, t: int, place: int, li: int, nbytes: int) -> None:
     sim.place_bytes[t][place][li] += nbytes
     sim.place_total[t][place] += nbytes
 
 
-def _hold(sim: _Sim, li: int, c: int, t: _T, *, everywhere: bool = False) -> None:
+def _hold(sim: _Sim, li: int, c: int, t: int, *, everywhere: bool = False) -> None:
     """Tier t now holds a copy of (list li, chunk c): the owner's (or, on DEVICE, every rank's)."""
     size = sim.chunk_bytes[li][c]
     owner = sim.owner[c]
-    if t is not _T.DEVICE:
-        if not sim.held[li][c] & _bit(t):
-            sim.held[li][c] |= _bit(t)
+    if t != _DEVICE:
+        if sim.copies.hold(li, c, t):
             _add(sim, t, sim.node_of[owner], li, size)
         return
-    if not sim.held[li][c] & 1:
-        sim.held[li][c] |= 1
+    if sim.copies.hold(li, c, t):
         sim.replicated[li][c] = False
         _add(sim, t, owner, li, size)
     if everywhere and not sim.replicated[li][c]:
@@ -555,11 +434,11 @@ def _hold(sim: _Sim, li: int, c: int, t: _T, *, everywhere: bool = False) -> Non
                 _add(sim, t, r, li, size)
 
 
-def _drop(sim: _Sim, li: int, c: int, t: _T) -> None:
+def _drop(sim: _Sim, li: int, c: int, t: int) -> None:
+    """Tier t no longer holds its copy (sim.copies.evict said so): its bytes leave the owner (or every rank)."""
     size = sim.chunk_bytes[li][c]
     owner = sim.owner[c]
-    sim.held[li][c] &= ~_bit(t)
-    if t is not _T.DEVICE:
+    if t != _DEVICE:
         _add(sim, t, sim.node_of[owner], li, -size)
         return
     for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
@@ -567,23 +446,23 @@ def _drop(sim: _Sim, li: int, c: int, t: _T) -> None:
     sim.replicated[li][c] = False
 
 
-def _busiest(sim: _Sim, t: _T) -> int:
+def _busiest(sim: _Sim, t: int) -> int:
     """The rank (DEVICE) or node (HOST, NVME) holding the most chunk bytes."""
     totals = sim.place_total[t]
     return 0 if len(totals) == 1 else max(range(len(totals)), key=totals.__getitem__)
 
 
-def _used(sim: _Sim, t: _T, act_bytes: list[int]) -> int:
+def _used(sim: _Sim, t: int, act_bytes: list[int]) -> int:
     """Chunks and activations on the busiest rank (DEVICE) or node (HOST, NVME)."""
-    if t is _T.DEVICE:
+    if t == _DEVICE:
         return max(sim.place_total[t]) + act_bytes[t]
     return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(sim.place_total[t]))
 
 
-def _place_name(sim: _Sim, t: _T, place: int) -> str:
+def _place_name(sim: _Sim, t: int, place: int) -> str:
     if sim.world == 1:
         return ""
-    return f" (rank {place}, per-rank budget)" if t is _T.DEVICE else f" (node {place}, shared by {sim.ranks_in_node[place]} ranks)"
+    return f" (rank {place}, per-rank budget)" if t == _DEVICE else f" (node {place}, shared by {sim.ranks_in_node[place]} ranks)"
 
 
 def _blocks(schedule: Schedule) -> list[_Block]:
@@ -635,41 +514,40 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
             raise ScheduleViolation(ViolationKind.CHANNEL, f"{a.op.value} {a.src.value}->{a.dst.value} crosses "
                                     f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
-        s, d = _TIER[a.src], _TIER[a.dst]
-        if not sim.valid[li][c] & _bit(s):
+        s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
+        if not sim.copies.is_valid(li, c, s):
             raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
                                     f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
-                                    f"{'a stale copy' if sim.held[li][c] & _bit(s) else 'no copy'}",
+                                    f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
         nbytes = a.bytes or sim.chunk_bytes[li][c]
         end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
         _hold(sim, li, c, d)
-        sim.valid[li][c] |= _bit(d)
+        sim.copies.copy(li, c, s, d)
         sim.ready[li][c][d] = end
         return end
     if a.op is Op.EVICT:
         li = _list(sim, a, i)
-        c, s = a.chunk, _TIER[a.src]
-        if not sim.held[li][c] & _bit(s):
-            raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from {a.src.value}, "
-                                    "which holds no copy", moment=m, action_index=i, list_=a.list, chunk=c)
-        live = not (a.list is ChunkList.GRAD and not sim.grad_live[c])
-        if live and sim.valid[li][c] == _bit(s):
+        c, s = a.chunk, TIER_INDEX[a.src]
+        try:
+            sim.copies.evict(li, c, s)
+        except ResidencyRefused as exc:
+            if exc.refusal is Refusal.NOT_HELD:
+                raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from "
+                                        f"{a.src.value}, which holds no copy", moment=m, action_index=i, list_=a.list,
+                                        chunk=c) from None
             raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
                                     "drops its last valid copy (write it back first)",
-                                    moment=m, action_index=i, list_=a.list, chunk=c)
+                                    moment=m, action_index=i, list_=a.list, chunk=c) from None
         _drop(sim, li, c, s)
-        sim.valid[li][c] &= ~_bit(s)
         return issue
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
-        c, d = a.chunk, _TIER[a.dst]
+        c, d = a.chunk, TIER_INDEX[a.dst]
         _hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
-        sim.valid[li][c] = _bit(d)  # a fresh zero chunk: other copies are stale
+        sim.copies.allocate(li, c, d)  # a fresh zero chunk: other copies are stale
         sim.ready[li][c][d] = issue
-        if a.list is ChunkList.GRAD:
-            sim.grad_live[c] = True
         return issue
     if a.op is Op.OPTIMIZER_STEP:
         return _optimizer_step(sim, a, i, issue, last_grad_write)
@@ -681,26 +559,26 @@ def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act
         # DEVICE (an all-gather leaves a copy on every rank)
         li = _list(sim, a, i)
         group = sim.groups.get(a.chunk, ())
-        inputs = [sim.ready[li][c][_T.DEVICE] for c in group if sim.valid[li][c] & 1]
+        inputs = [sim.ready[li][c][_DEVICE] for c in group if sim.copies.is_valid(li, c, _DEVICE)]
         end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
                         f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
         for c in group:
             if a.op is Op.ALL_GATHER:
-                _hold(sim, li, c, _T.DEVICE, everywhere=True)
-                sim.valid[li][c] |= 1
-                sim.ready[li][c][_T.DEVICE] = end
-            elif sim.valid[li][c] & 1:
-                sim.ready[li][c][_T.DEVICE] = end
+                _hold(sim, li, c, _DEVICE, everywhere=True)
+                sim.copies.gather(li, c)
+                sim.ready[li][c][_DEVICE] = end
+            elif sim.copies.is_valid(li, c, _DEVICE):
+                sim.ready[li][c][_DEVICE] = end
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
 
 
 def _path(a: Action, i: int) -> tuple[Channel, ...]:
-    if (a.src, a.dst) not in _PATH:
+    if (a.src, a.dst) not in COPY_PATH:
         raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src} to {a.dst}: no such path",
                                 moment=a.moment, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None,
                                 block=a.block if a.block >= 0 else None)
-    return _PATH[(a.src, a.dst)]
+    return COPY_PATH[(a.src, a.dst)]
 
 
 def _list(sim: _Sim, a: Action, i: int) -> int:
@@ -711,7 +589,7 @@ def _list(sim: _Sim, a: Action, i: int) -> int:
 
 
 def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write: list[int]) -> float:
-    m, c, d = a.moment, a.chunk, _TIER[a.dst]
+    m, c, d = a.moment, a.chunk, TIER_INDEX[a.dst]
     if m <= last_grad_write[c]:
         raise ScheduleViolation(ViolationKind.OPTIMIZER_EARLY, f"chunk {c}'s grads are still written by the backward "
                                 f"work of moment {last_grad_write[c]}", moment=m, action_index=i, chunk=c)
@@ -719,18 +597,18 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
     if sim.stepped[c] > 1:
         raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} stepped twice in one iteration",
                                 moment=m, action_index=i, chunk=c)
-    inputs = [lst for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
-    ready = issue
-    for lst in inputs:
-        li = sim.list_index[lst]
-        if not sim.valid[li][c] & _bit(d) or (lst is ChunkList.GRAD and not sim.grad_live[c]):
-            raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
-                                    f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c)
-        ready = max(ready, sim.ready[li][c][d])
+    inputs = [sim.list_index[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
+    try:
+        sim.copies.step(c, d, inputs)  # afterwards the inputs are valid on d only, GRAD dead
+    except ResidencyRefused as exc:
+        lst = sim.lists[exc.list_index]
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
+                                f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c) from None
+    ready = max(issue, *(sim.ready[li][c][d] for li in inputs))
     params = sim.schedule.layout.chunks[c].used_elements
-    if d is _T.HOST:
+    if d == _HOST:
         channel, rate = Channel.CPU_OPTIMIZER, sim.hardware.host.optimizer_params_per_s
-    elif d is _T.DEVICE:
+    elif d == _DEVICE:
         channel, rate = Channel.COMPUTE, sim.hardware.device.optimizer_params_per_s
     else:
         raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
@@ -742,13 +620,9 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
     sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
     sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
     sim.last_end = max(sim.last_end, end)
-    for lst in inputs:
-        li = sim.list_index[lst]
-        if lst is ChunkList.GRAD:
-            sim.grad_live[c] = False
-            continue
-        sim.valid[li][c] = _bit(d)  # copies elsewhere are stale now
-        sim.ready[li][c][d] = end
+    for li in inputs:
+        if sim.lists[li] is not ChunkList.GRAD:
+            sim.ready[li][c][d] = end
     return end
 
 
@@ -771,9 +645,9 @@ def _activation(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block]
                                     f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                     moment=m, action_index=i, block=b)
         end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a)
-        act_bytes[_T.DEVICE] -= blk.device_bytes()
+        act_bytes[_DEVICE] -= blk.device_bytes()
         blk.state, blk.tier = _ActState.OFFLOADED, a.dst
-        act_bytes[_TIER[a.dst]] += moved
+        act_bytes[TIER_INDEX[a.dst]] += moved
         blk.ready_at = end  # a reload cannot start before the offload is done
         return end
     if blk.state is not _ActState.OFFLOADED or blk.tier is not a.src:
@@ -786,9 +660,9 @@ def _activation(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block]
                                 f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                 moment=m, action_index=i, block=b)
     end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a)
-    act_bytes[_TIER[a.src]] -= moved
+    act_bytes[TIER_INDEX[a.src]] -= moved
     blk.state, blk.tier, blk.ready_at = _ActState.ON_DEVICE, None, end
-    act_bytes[_T.DEVICE] += blk.device_bytes()
+    act_bytes[_DEVICE] += blk.device_bytes()
     return end
 
 
@@ -801,21 +675,23 @@ def _check_end(sim: _Sim, schedule: Schedule, last_grad_write: list[int], n_mome
                                     "stepped", moment=last, chunk=c)
     initial: dict[tuple[ChunkList, int], int] = {}
     for r in schedule.initial_residency:
-        initial[(r.list, r.chunk)] = sum(_bit(_TIER[t]) for t in r.tiers)
+        initial[(r.list, r.chunk)] = sum(_bit(TIER_INDEX[t]) for t in r.tiers)
     for li, lst in enumerate(sim.lists):
         for c in range(len(schedule.layout.chunks)):
             want = initial.get((lst, c), 0)
-            have = sim.held[li][c] if lst is ChunkList.GRAD else sim.valid[li][c]
-            stale = sim.held[li][c] & ~sim.valid[li][c]
-            if have != want or (lst is not ChunkList.GRAD and stale):
-                raise ScheduleViolation(ViolationKind.STEADY_STATE,
-                                        f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
-                                        f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
-                                        f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
+            if sim.copies.ends_as_started(li, c, want):
+                continue
+            held, valid = sim.copies.held[li][c], sim.copies.valid[li][c]
+            have = held if lst is ChunkList.GRAD else valid
+            stale = held & ~valid
+            raise ScheduleViolation(ViolationKind.STEADY_STATE,
+                                    f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
+                                    f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
+                                    f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
 
 
 def _names(mask: int) -> str:
-    names = [_TIERS[t].value for t in (_T.DEVICE, _T.HOST, _T.NVME) if mask & _bit(t)]
+    names = [TIERS[t].value for t in TIER_INDEX.values() if mask & _bit(t)]
     return "+".join(names) if names else "no tier"
 
 
@@ -824,7 +700,7 @@ def _names(mask: int) -> str:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "simulate", help="replay a schedule on a hardware profile: time, bytes per channel, peaks, violations",
+        "simulate",
         description="Discrete-event replay of one iteration of SCHEDULE on the hardware: iteration seconds, TFLOPS, "
                     "bytes and busy seconds per channel, peak bytes per tier, stalls. A schedule that breaks the "
                     "action semantics (use before arrival, capacity, last copy evicted, steady state) is an error "
@@ -839,8 +715,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from planner.presets import PRESET_DIR, resolve_hardware
-
     schedule = Schedule.read(args.schedule)
     if args.hardware:
         hardware = resolve_hardware(args.hardware)
@@ -853,8 +727,6 @@ def _main(args: argparse.Namespace) -> int:
         print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
               f"({schedule.header.hardware_name!r}, digest {schedule.header.hardware_digest[:19]}...)", file=sys.stderr)
     if args.trace:
-        from schemas._base import digest_bytes, read_bytes
-
         digest = digest_bytes(read_bytes("trace", args.trace))
         if digest != schedule.header.trace_digest:
             raise PlannerError(f"{args.trace}: digest {digest[:19]}... is not the trace the schedule was solved from "
@@ -869,9 +741,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _print(result: SimResult, schedule: Schedule, hardware: Hardware, name: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     console.print(f"[bold]{name}[/bold]: policy {schedule.header.policy}, model {schedule.header.model_name}, "
                   f"hardware {hardware.name}")

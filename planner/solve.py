@@ -36,10 +36,35 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from planner.bounds import explain_infeasible, physical_lower_bound_seconds
-from planner.errors import PlannerError
-from planner.placement import PlacementInfeasible, PlacementInput, PlacementModel, PlacementSolution, placement_input
-from schemas._base import frozen
+from rich.console import Console
+
+from planner.baselines import fuyou_activation_plan, policy_layout
+from planner.bounds import explain_infeasible, lower_bound, physical_lower_bound_seconds
+from planner.errors import InfeasibleError, PlannerError
+from planner.exact import solve_exact_report
+from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
+from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
+from planner.placement import (
+    PlacementInfeasible,
+    PlacementInput,
+    PlacementModel,
+    PlacementSolution,
+    Tier,
+    minimal_capacity,
+    placement_input,
+)
+from planner.presets import DEFAULT_HARDWARE, resolve_hardware
+from planner.problem import build_problem
+from planner.simulate import ScheduleViolation, simulate
+from planner.solution import (
+    POLICY,
+    Candidate,
+    SolveReport,
+    build_schedule,
+    decisions_from_placement,
+    with_header_stats,
+)
+from schemas._base import digest_bytes, frozen, read_bytes
 from schemas.hardware import Hardware
 from schemas.schedule import ActivationMode, ChunkPlan, Schedule, SolverStatus, Tier
 from schemas.trace import Trace
@@ -52,36 +77,6 @@ MIN_MIPS = 2  # chunk sizes whose placement MIP is solved (and simulated) at lea
 FLAG_EPSILON = 1e-6  # an LP value above this pins a mechanism switch on
 REPLAN_ATTEMPTS = 2  # placements with HOST cut by a paced schedule's shortfall
 PIN_MODES_BLOCKS = 32  # from this many blocks on, the MIP keeps the LP's activation mode per block
-POLICY = "tide"
-
-
-@frozen
-class Candidate:
-    """One evaluated chunk size."""
-
-    chunk_elements: int
-    relaxation_seconds: float  # LP relaxation of the placement (math.inf: does not fit)
-    wasted_elements: int
-    chunks: int
-
-
-@frozen
-class SolveReport:
-    """What a solve produced and how (printed by the CLI; only `schedule` goes into the file)."""
-
-    schedule: Schedule
-    placement: PlacementSolution | None  # None: no placement MIP solved (several ranks, reference plans only)
-    data: PlacementInput
-    candidates: tuple[Candidate, ...]
-    chunk_elements: int
-    model_objective_seconds: float  # the placement model's own objective (the header's objective)
-    lower_bound_seconds: float
-    physical_bound_seconds: float
-    relaxation_bound_seconds: float
-    solve_seconds: float  # wall clock (never written into the schedule)
-    simulated_seconds: float = math.nan  # the chosen plan's replay in planner.simulate
-    evaluated: tuple[tuple[str, float], ...] = ()  # (plan, simulated seconds) of every plan replayed
-    chosen: str = ""  # which of them won
 
 
 def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS,
@@ -100,15 +95,10 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
                  progress: Callable[[str], None] | None = None) -> SolveReport:
-    from planner.layout import candidate_chunk_sizes
-    from planner.problem import build_problem
-
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     problem = build_problem(trace, hardware, trace_digest=trace_digest, device_bytes=device_bytes)
     if exact:
-        from planner.exact import solve_exact_report
-
         return solve_exact_report(problem, optimizer_overlap=optimizer_overlap, time_limit_s=time_limit_s,
                                   started=started, progress=say)
     sizes = candidate_chunk_sizes(problem)
@@ -157,9 +147,6 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                 if found is not None:
                     evaluated.append(found)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
-    from planner.baselines import policy_layout
-    from planner.layout import wasted_elements
-
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
     best_placed = min(evaluated, key=lambda e: (e.simulated_seconds, e.chunk_elements), default=None)
@@ -196,8 +183,6 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
     if problem.world_size == 1:
         relaxation_bound, physical = min(bounds.values()), physical_lower_bound_seconds(data)
     else:  # the per-rank physical limit of planner.compare (the placement model is no bound here)
-        from planner.compare import lower_bound
-
         relaxation_bound = physical = lower_bound(problem).seconds
     bound = max(relaxation_bound, physical, 0.0)
     sol = chosen.placement or min(solved.values(), key=lambda x: x.objective_seconds, default=None)
@@ -234,10 +219,6 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
               placement: PlacementSolution | None = None, data: PlacementInput | None = None) -> Evaluated | None:
     """Materialize and simulate; None when the plan does not survive either (it runs out of a tier
     once every action is placed, or breaks a rule of the simulator)."""
-    from planner.errors import InfeasibleError
-    from planner.materialize import SolverStats, materialize
-    from planner.simulate import ScheduleViolation, simulate
-
     stats = None
     if placement is not None:
         stats = SolverStats(status=placement.status, objective_seconds=placement.objective_seconds,
@@ -261,9 +242,6 @@ def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, chec
     many leading comm groups in the DEVICE margin, stepped there) and PyTorch's (everything on DEVICE). They
     run through tide's engine (Belady eviction, prefetch at the first harmless opportunity, and the
     CPU overlap unless `optimizer_overlap` is False), so each is at least what the system does."""
-    from planner.baselines import fuyou_activation_plan
-    from planner.materialize import Decisions, EvictionRule, param_budget_bytes
-
     n_blocks = len(problem.blocks)
     has_nvme = problem.hardware.nvme.count > 0 and problem.nvme_bytes > 0 and problem.hardware.nvme_read_bytes_per_s > 0
     everything = frozenset(c.id for c in layout.chunks)
@@ -308,10 +286,6 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
     """PatrickStar's margin (§8.2), found instead of estimated: the most leading comm groups whose OS
     can stay on DEVICE (GPU Adam, each rank its own chunk's) next to chunks fetched on demand; a
     bisection over the count, each step materialized (the DEVICE check is materialize's)."""
-    from planner.errors import InfeasibleError
-    from planner.layout import wasted_elements
-    from planner.materialize import materialize
-
     def decisions(k: int):
         return next((name, d) for name, d in reference_decisions(
             problem, layout, optimizer_overlap=optimizer_overlap, checkpoint_offload=checkpoint_offload,
@@ -342,8 +316,6 @@ def _search(problem, sizes: list[int], *, deadline: float, time_limit_s: float, 
     """LP per chunk size, then branch and bound over chunk sizes with the MIP.
 
     Returns (candidates, inputs, solved MIPs, bounds per chunk size); `solved` is empty when none fits."""
-    from planner.layout import build_layout, wasted_elements
-
     candidates: list[Candidate] = []
     inputs: dict[int, tuple[object, PlacementInput]] = {}
     flags: dict[int, dict[str, float]] = {}
@@ -424,8 +396,6 @@ def _replan_for_host(problem, layout, data: PlacementInput, sol: PlacementSoluti
 
 def _host_shortfall_bytes(problem, decisions) -> int:
     """How many bytes more than its capacity HOST would need for these decisions (0: they fit)."""
-    from planner.materialize import materialize
-
     unbounded = dataclasses.replace(problem, host_bytes=10**18)
     try:
         schedule = materialize(unbounded, decisions)
@@ -462,32 +432,11 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 
 def _least_demanding(inputs: dict[int, tuple[object, PlacementInput]]) -> PlacementInput:
     """The chunk size whose plan needs the least DEVICE (LP relaxation): the one to explain with."""
-    from planner.placement import Tier3, minimal_capacity
-
     def need(size: int) -> float:
-        found = minimal_capacity(inputs[size][1], Tier3.DEVICE, relax_others=True, relax=True)
+        found = minimal_capacity(inputs[size][1], Tier.DEVICE, relax_others=True, relax=True)
         return math.inf if found is None else found[0]
 
     return inputs[min(sorted(inputs), key=need)][1]
-
-
-def with_header_stats(schedule: Schedule, objective: float | PlacementSolution, status: SolverStatus | float,
-                      bound: float | None = None) -> Schedule:
-    """Header: objective = the chosen plan's iteration time (the solved placement model's, or the
-    simulator's for a reference decision set; the materialized cost-model prediction is in
-    `schedule.prediction`), its lower bound and the gap between them.
-
-    Also called as with_header_stats(schedule, placement_solution, bound)."""
-    if isinstance(objective, PlacementSolution):
-        sol, bound = objective, float(status)  # type: ignore[arg-type]
-        objective, status = sol.objective_seconds, sol.status
-    assert bound is not None and isinstance(status, SolverStatus)
-    bound = min(bound, objective)
-    gap = (objective - bound) / objective if objective > 0 else 0.0
-    status = SolverStatus.OPTIMAL if status is SolverStatus.OPTIMAL and gap <= 1e-3 else SolverStatus.FEASIBLE
-    header = dataclasses.replace(schedule.header, solver_status=status, objective_seconds=objective,
-                                 lower_bound_seconds=bound, gap=gap)
-    return dataclasses.replace(schedule, header=header)
 
 
 def _notes(candidates: list[Candidate], chosen: Evaluated, evaluated: list[Evaluated], relaxation: float,
@@ -504,95 +453,12 @@ def _notes(candidates: list[Candidate], chosen: Evaluated, evaluated: list[Evalu
     return tuple(out) + tuple(chosen.schedule.header.notes)
 
 
-def decisions_from_placement(problem, layout, data: PlacementInput, sol: PlacementSolution, *, notes: tuple[str, ...] = ()):
-    """planner.materialize.Decisions from a placement solution (counts -> concrete chunks)."""
-    from planner.materialize import Decisions, EvictionRule, param_budget_bytes
-
-    plans: dict[int, ChunkPlan] = {}
-    persistent: set[int] = set()
-    for g, counts, pers in zip(data.groups, sol.os_counts, sol.persistent):
-        n_dev, n_host, n_stream = int(counts["DEVICE"]), int(counts["HOST"]), int(counts.get("STREAM", 0))
-        n_nvme_stream = int(counts.get("NVME_STREAM", 0))
-        n_pers = int(pers)
-        for j, chunk in enumerate(g.chunks):  # chunks of a group are interchangeable: take them in order
-            if j < n_pers:
-                persistent.add(chunk)
-            if not g.trainable:
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
-            elif j < n_dev:
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
-            elif j < n_dev + n_host:
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
-            elif j < n_dev + n_host + n_stream:  # OS streamed to the DEVICE for GPU Adam
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE)
-            elif j < n_dev + n_host + n_stream + n_nvme_stream:  # OS streamed from NVME for GPU Adam
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE)
-            else:
-                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.HOST)
-    chunk_plans = tuple(plans[c.id] for c in layout.chunks)
-    # PARAM homed on NVME: the group's last chunks that leave DEVICE and step on the CPU (the model's
-    # rows param_nvme + persistent + streamed <= count guarantee there are enough of them)
-    home = {c.id: Tier.HOST for c in layout.chunks}
-    for g, pers, n_nvme in zip(data.groups, sol.persistent, sol.param_nvme or (0.0,) * len(data.groups)):
-        left = int(n_nvme)
-        for j in reversed(range(len(g.chunks))):
-            if left <= 0:
-                break
-            chunk = g.chunks[j]
-            if j >= int(pers) and plans[chunk].optimizer_tier is Tier.HOST:
-                home[chunk] = Tier.NVME
-                left -= 1
-    param_home_tiers = tuple(home[c.id] for c in layout.chunks)
-    if all(t is Tier.HOST for t in param_home_tiers):
-        param_home_tiers = ()
-    modes = tuple(sol.activation_modes)
-    # The budget is all the room the DEVICE leaves PARAM+GRAD at each moment under this plan's OS
-    # tiers and activation modes. The plan's own PARAM+GRAD bytes per stage (the resident counts,
-    # `sol.param_bytes_per_stage`) always fit in it; the extra room only lets materialize's
-    # Belady eviction keep more and prefetch earlier (measured on the shipped 1.3B/12B/13B traces:
-    # the same predicted time, 1-25% fewer H2D bytes than budgets cut to the resident counts).
-    checkpoint_tier = Tier.HOST if getattr(sol, "checkpoint_offload", False) else None
-    budget = param_budget_bytes(problem, layout, chunk_plans, modes, checkpoint_tier)
-    return Decisions(
-        policy=POLICY, layout=layout, chunk_plans=chunk_plans, activation_modes=modes,
-        param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
-        optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
-        notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
-        moment_seconds_hint=moment_seconds(problem, sol), pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
-    )
-
-
-def moment_seconds(problem, sol: PlacementSolution) -> tuple[float, ...]:
-    """Each moment's share of its stage's placement time (in proportion to its compute; evenly when
-    the stage computes nothing): the timeline materialize paces the overlapped CPU steps' SSD
-    traffic by, the same one the placement's HOST rows assume."""
-    out = [0.0] * len(problem.moments)
-    for st, seconds in zip(problem.stages, sol.stage_seconds):
-        ids = range(st.first_moment, st.last_moment + 1)
-        compute = sum(problem.moments[m].compute_seconds for m in ids)
-        for m in ids:
-            share = problem.moments[m].compute_seconds / compute if compute > 0 else 1.0 / len(ids)
-            out[m] = seconds * share
-    return tuple(out)
-
-
-def build_schedule(problem, layout, data: PlacementInput, sol: PlacementSolution, *, notes: tuple[str, ...] = ()) -> Schedule:
-    from planner.materialize import SolverStats, materialize
-
-    decisions = decisions_from_placement(problem, layout, data, sol, notes=notes)
-    stats = SolverStats(status=sol.status, objective_seconds=sol.objective_seconds,
-                        lower_bound_seconds=sol.bound_seconds, gap=sol.gap)
-    return materialize(problem, decisions, stats=stats)
-
-
 # ----------------------------------------------------------------------------- CLI
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from planner.presets import DEFAULT_HARDWARE
-
     p = subparsers.add_parser(
-        "solve", help="plan a trace on a hardware profile and write the schedule",
+        "solve",
         description="Solve where every chunk and activation lives at every moment (OR-Tools: placement LP per "
                     "chunk size, then the placement MIP with HiGHS), materialize the actions and write the "
                     f"schedule. With no --hardware the embedded default {DEFAULT_HARDWARE!r} is used "
@@ -624,8 +490,6 @@ def _progress(enabled: bool):
     """A status line on stderr for long solves (rich), only when stderr is a terminal."""
     if not enabled:
         return None, None
-    from rich.console import Console
-
     console = Console(stderr=True)
     status = console.status("solving")
     status.start()
@@ -633,9 +497,6 @@ def _progress(enabled: bool):
 
 
 def _main(args: argparse.Namespace) -> int:
-    from planner.presets import resolve_hardware
-    from schemas._base import digest_bytes, read_bytes
-
     hardware = resolve_hardware(args.hardware)
     raw = read_bytes("trace", args.trace)
     trace = Trace.from_msgpack(raw, source=str(args.trace))
@@ -671,12 +532,8 @@ def default_output_path(trace_path: str | Path, hardware_name: str) -> Path:
     return trace_path.with_name(f"{stem}.{hardware_name}.schedule.msgpack")
 
 
-def _simulate_check(schedule: Schedule, hardware: Hardware) -> dict | None:
-    """Replay the schedule in planner.simulate (when present): time and peaks vs the prediction."""
-    try:
-        from planner.simulate import simulate
-    except ImportError:
-        return None
+def _simulate_check(schedule: Schedule, hardware: Hardware) -> dict:
+    """Replay the schedule in planner.simulate: time and peaks vs the prediction."""
     result = simulate(schedule, hardware)
     predicted = schedule.prediction
     out = {"iteration_seconds": result.iteration_seconds, "warnings": []}

@@ -5,7 +5,7 @@ dataclasses mirroring it, and IO that validates on every read and before every w
 raises `FormatError` with one line naming the file, the field path, what was expected and the fix.
 """
 
-from schemas._base import FormatError, atomic_write_bytes
+from schemas._base import FormatError, atomic_write_bytes, read_bytes, unpack_msgpack
 from schemas.hardware import Hardware
 from schemas.schedule import Schedule
 from schemas.trace import Trace
@@ -15,8 +15,6 @@ __all__ = ["FormatError", "Hardware", "Schedule", "Trace", "atomic_write_bytes",
 
 def sniff_format(path: str) -> str:
     """'trace', 'schedule' or 'hardware' from the file's `format` field (TOML = hardware)."""
-    from schemas._base import read_bytes, unpack_msgpack
-
     raw = read_bytes("file", path)
     if path.endswith(".toml"):
         return "hardware"

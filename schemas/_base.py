@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fastjsonschema
+import msgpack
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 T = TypeVar("T")
@@ -405,8 +406,6 @@ def digest_bytes(payload: bytes) -> str:
 
 def unpack_msgpack(kind: str, source: str, payload: bytes, fix: str) -> Any:
     """Decode msgpack strictly: truncated, corrupt or trailing bytes are one clear error."""
-    import msgpack
-
     if not payload:
         raise FormatError(kind, source, "", "a msgpack document, found an empty file", fix)
     try:
@@ -420,6 +419,4 @@ def unpack_msgpack(kind: str, source: str, payload: bytes, fix: str) -> Any:
 
 
 def pack_msgpack(data: Any) -> bytes:
-    import msgpack
-
     return msgpack.packb(data, use_bin_type=True)

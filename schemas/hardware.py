@@ -12,6 +12,8 @@ import tomllib
 from enum import StrEnum
 from pathlib import Path
 
+import tomli_w
+
 from schemas._base import (
     FormatError,
     atomic_write_bytes,
@@ -147,8 +149,6 @@ class Hardware:
 
     # -- IO ---------------------------------------------------------------------------------
     def to_toml(self) -> str:
-        import tomli_w
-
         validate_hardware(self, source="(hardware being written)")
         return tomli_w.dumps({"format": HARDWARE_FORMAT, "format_version": HARDWARE_VERSION, **to_plain(self)})
 

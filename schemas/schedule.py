@@ -116,6 +116,14 @@ COPY_PATH: dict[tuple[Tier, Tier], tuple[Channel, ...]] = {
 }
 
 
+
+def copy_channel(src: Tier, dst: Tier) -> Channel:
+    """The channel a copy from src to dst names in its action: the adjacent pair's (COPY_CHANNEL), and
+    for DEVICE <-> NVME the SSD's side of the path (the simplex one the planner schedules around)."""
+    path = COPY_PATH[(src, dst)]
+    return next((ch for ch in path if ch in (Channel.NVME_READ, Channel.NVME_WRITE)), path[0])
+
+
 class ActivationMode(StrEnum):
     KEEP = "KEEP"  # saved tensors stay on DEVICE until backward
     RECOMPUTE = "RECOMPUTE"  # only the block input is kept; forward reruns in backward
@@ -271,6 +279,21 @@ class Action:
     bytes: int = constrained(minimum=0, default=0)
 
 
+def action_channels(action: Action) -> tuple[Channel, ...]:
+    """Byte channels an action's bytes cross: its own, plus HOST's other side for DEVICE<->NVME paths
+    (COPY_PATH; activations move between DEVICE and their `dst`/`src`). An optimizer step moves no bytes."""
+    if action.channel is None or action.op is Op.OPTIMIZER_STEP:
+        return ()
+    if action.op is Op.ACT_OFFLOAD:
+        pair = (Tier.DEVICE, action.dst)
+    elif action.op is Op.ACT_RELOAD:
+        pair = (action.src, Tier.DEVICE)
+    else:
+        pair = (action.src, action.dst)
+    path = COPY_PATH.get(pair, ())  # type: ignore[arg-type]
+    return path if len(path) > 1 else (action.channel,)
+
+
 @frozen
 class Prediction:
     """What the planner's cost model expects one iteration to cost."""
@@ -415,5 +438,5 @@ __all__ = [
     "Action", "ActivationMode", "ActivationPlan", "BYTE_CHANNELS", "Budgets", "Channel", "Chunk", "ChunkLayout",
     "ChunkList", "ChunkPlan", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
     "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
-    "validate_schedule",
+    "COPY_CHANNEL", "COPY_PATH", "TIERS", "TIER_INDEX", "action_channels", "copy_channel", "validate_schedule",
 ]

@@ -190,3 +190,37 @@ def test_top_level_help_lists_commands() -> None:
     assert proc.returncode == 0, proc.stderr
     for command in ("validate", "show"):
         assert command in proc.stdout
+
+
+# run `python -m planner ARGS...` in this fresh interpreter, then print the top-level modules it loaded
+_LOADED_BY_COMMAND = r"""
+import json, runpy, sys
+sys.argv = ["python -m planner", *sys.argv[1:]]
+try:
+    runpy.run_module("planner", run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+"""
+
+
+def _modules_loaded_by(*argv: str) -> tuple[int, set[str]]:
+    proc = subprocess.run([sys.executable, "-c", _LOADED_BY_COMMAND, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report["code"], set(report["modules"])
+
+
+def test_validate_imports_no_solver() -> None:
+    """`validate` loads only its own command's module: no OR-Tools (it cost ~1.5 s a call), no other command."""
+    code, modules = _modules_loaded_by("validate", str(TRACES / "gpt3-175b.msgpack"))
+    assert code == 0
+    assert "ortools" not in modules
+    assert "planner" in modules  # the probe saw the command's own imports
+
+
+def test_top_level_help_imports_no_command_module() -> None:
+    code, modules = _modules_loaded_by("--help")
+    assert code == 0
+    assert "ortools" not in modules and "rich" not in modules

@@ -14,7 +14,6 @@ from planner.materialize import (
     Decisions,
     EvictionRule,
     SolverStats,
-    action_channels,
     materialize,
     param_budget_bytes,
     replay_residency,
@@ -24,7 +23,7 @@ from planner.presets import resolve_hardware
 from planner.problem import build_problem
 from planner.simulate import simulate
 from schemas import Schedule, Trace
-from schemas.schedule import ActivationMode, Channel, ChunkList, Op, SolverStatus, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, Op, SolverStatus, Tier, action_channels
 from schemas.trace import Phase, trace_digest
 
 DIGEST = "sha256:" + "0" * 64

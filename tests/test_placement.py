@@ -16,10 +16,9 @@ from planner.placement import (
     PlacementInput,
     PlacementModel,
     StageData,
-    Tier3,
     minimal_capacity,
 )
-from schemas.schedule import ActivationMode, Phase, SolverStatus
+from schemas.schedule import ActivationMode, Phase, SolverStatus, Tier
 
 MIB = 2**20
 
@@ -110,7 +109,7 @@ def test_infeasible_and_minimal_capacity():
     data = synthetic(device_mib=5)
     with pytest.raises(PlacementInfeasible):
         PlacementModel(data).solve()
-    need, stage = minimal_capacity(data, Tier3.DEVICE, relax_others=True)
+    need, stage = minimal_capacity(data, Tier.DEVICE, relax_others=True)
     assert need > data.device_bytes and 0 <= stage < len(data.stages)
     sol = PlacementModel(dataclasses.replace(data, device_bytes=need + 1)).solve()
     assert max(sol.device_bytes_per_stage) <= need + 1

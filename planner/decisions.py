@@ -1,0 +1,173 @@
+"""What a policy decides, and the DEVICE room it leaves PARAM and GRAD.
+
+`Decisions` is what tide's solver and every baseline policy hand to `planner.materialize` (how much:
+tiers, budgets, modes, rules); `param_budget_bytes` and its helpers say how much DEVICE the non-model
+data, the activations and the DEVICE-resident optimizer state leave per moment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
+
+import numpy as np
+
+from planner.problem import NO_MOMENTS, Problem
+from schemas._base import frozen
+from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, SolverStatus, Tier
+from schemas.trace import Phase
+
+
+class EvictionRule(StrEnum):
+    BELADY_CLEAN_FIRST = "BELADY_CLEAN_FIRST"  # tide: farthest next use, clean entries before dirty ones
+    FARTHEST_NEXT_USE = "FARTHEST_NEXT_USE"  # PatrickStar §8.3: farthest next use, clean or not
+    LRU = "LRU"  # least recently used (what a policy without a trace can do)
+
+
+@frozen
+class Decisions:
+    """What a policy decided; `materialize` derives everything else."""
+
+    policy: str  # "tide" or the baseline imitated ("zero-offload", "patrickstar", ...)
+    layout: ChunkLayout
+    chunk_plans: tuple[ChunkPlan, ...]  # per chunk: OS tier and optimizer tier
+    activation_modes: tuple[ActivationMode, ...]  # per block
+    param_device_budget_bytes: tuple[int, ...]  # per moment: PARAM+GRAD chunk bytes allowed on DEVICE
+    persistent_chunks: frozenset[int]  # PARAM chunks that never leave DEVICE
+    optimizer_overlap: bool  # CPU steps during backward as soon as grads are final (Fuyou §4.3)
+    prefetch: bool  # first harmless opportunity (Cao et al. 1995) instead of on demand
+    eviction: EvictionRule
+    notes: tuple[str, ...] = ()
+    param_home_tiers: tuple[Tier, ...] = ()  # per chunk: HOST or NVME home of non-persistent PARAM; () = HOST
+    # where RECOMPUTE blocks keep their input (the checkpoint) between forward and backward: None =
+    # DEVICE; HOST = offloaded after the forward and reloaded with the SWAP blocks' timing (Fuyou §4.4)
+    checkpoint_tier: Tier | None = None
+    # per moment: the seconds the policy expects it to last (tide: the placement's stage times);
+    # () = its compute (plus recompute). Only paces the SSD traffic of overlapped CPU steps.
+    moment_seconds_hint: tuple[float, ...] = ()
+    # issue the overlapped CPU steps and their OS's SSD traffic at the CPU's estimated pace instead of
+    # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
+    # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
+    pace_optimizer_io: bool = False
+
+
+@frozen
+class SolverStats:
+    """How good a solved placement is (goes into the schedule header)."""
+
+    status: SolverStatus
+    objective_seconds: float
+    lower_bound_seconds: float
+    gap: float
+
+
+def activation_moments(problem: Problem, block: int) -> tuple[int, int, int]:
+    """(offload, reload, backward start) moments of a block's activations.
+
+    Offload at the block's last forward moment; reload at the first moment of the stage before the
+    stage where its backward starts (the previous block's backward hides the copy).
+    """
+    info = problem.blocks[block]
+    fwd_last, bwd_first = info.forward_moments[1], info.backward_moments[0]
+    if NO_MOMENTS in (info.forward_moments, info.backward_moments):
+        return -1, -1, -1
+    stage = problem.stage_of_moment[bwd_first]
+    reload = problem.stages[stage - 1].first_moment if stage > 0 else bwd_first
+    reload = min(max(reload, fwd_last + 1), bwd_first)
+    return fwd_last, reload, bwd_first
+
+
+def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode],
+                    checkpoint_tier: Tier | None = None) -> np.ndarray:
+    """DEVICE non-model bytes per moment under an activation plan (int64).
+
+    The recorded curve keeps every block's activations; a SWAP block holds none on DEVICE from its
+    offload to its reload, a RECOMPUTE block only its input until its backward starts (the
+    simulator's memory model).
+    """
+    curve = np.array([m.non_model_bytes for m in problem.moments], dtype=np.int64)
+    for b, mode in enumerate(activation_modes):
+        if mode is ActivationMode.KEEP:
+            continue
+        fwd_last, reload, bwd_first = activation_moments(problem, b)
+        if fwd_last < 0:
+            continue
+        info = problem.blocks[b]
+        if mode is ActivationMode.RECOMPUTE:
+            curve[fwd_last:bwd_first] -= max(0, info.activation_bytes - info.input_bytes)
+            if checkpoint_tier is not None:  # the input is off DEVICE until its reload
+                curve[fwd_last:reload] -= min(info.input_bytes, info.activation_bytes)
+        else:
+            curve[fwd_last:reload] -= info.activation_bytes
+    return np.maximum(curve, 0)
+
+
+def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
+    """Bytes of optimizer state that live on DEVICE all the time, on the busiest rank (a chunk's OS
+    is held by its owner rank only, as the simulator counts it; with one rank: the plain sum)."""
+    per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
+    per_rank = [0] * problem.world_size
+    for p in chunk_plans:
+        if p.os_tier is Tier.DEVICE:
+            chunk = layout.chunks[p.chunk]
+            per_rank[chunk.owner_rank] += chunk.elements * per_element
+    return max(per_rank)
+
+
+def param_budget_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan],
+                       activation_modes: Sequence[ActivationMode], checkpoint_tier: Tier | None = None) -> tuple[int, ...]:
+    """The largest PARAM+GRAD budget per moment the DEVICE allows: capacity minus non-model bytes,
+    minus OS kept on DEVICE, minus (in the OPTIMIZER moment) room for one comm group's OS fetched
+    for a DEVICE step."""
+    curve = non_model_curve(problem, activation_modes, checkpoint_tier)
+    fixed = os_device_bytes(problem, layout, chunk_plans)
+    transient = _device_step_os_bytes(problem, layout, chunk_plans)
+    out = []
+    for m in problem.moments:
+        extra = transient if m.phase is Phase.OPTIMIZER else 0
+        out.append(max(0, problem.device_bytes - int(curve[m.id]) - fixed - extra))
+    return tuple(out)
+
+
+def _device_step_os_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
+    per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
+    ws = problem.world_size
+    best = 0
+    for g in range(0, len(layout.chunks), ws):  # each owner fetches its own chunk of the group
+        fetched = [layout.chunks[p.chunk].elements * per_element for p in chunk_plans[g:g + ws]
+                   if p.optimizer_tier is Tier.DEVICE and p.os_tier is not Tier.DEVICE]
+        best = max(best, *fetched, 0)
+    return best
+
+
+def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "tide",
+                      os_tier: Tier = Tier.HOST, optimizer_tier: Tier = Tier.HOST,
+                      activation_mode: ActivationMode = ActivationMode.KEEP,
+                      param_budget: int | Sequence[int] | None = None,
+                      persistent_chunks: Iterable[int] = (), optimizer_overlap: bool = True, prefetch: bool = True,
+                      eviction: EvictionRule = EvictionRule.BELADY_CLEAN_FIRST,
+                      param_home: Tier = Tier.HOST, notes: Sequence[str] = ()) -> Decisions:
+    """Decisions with one choice for every chunk and block (tests, baselines, a starting point).
+
+    `param_budget` None: the most the DEVICE allows per moment (`param_budget_bytes`); an int: that
+    many bytes at every moment (capped by what the DEVICE allows).
+    """
+    plans = tuple(ChunkPlan(chunk=c.id, os_tier=os_tier, optimizer_tier=optimizer_tier) for c in layout.chunks)
+    modes = (activation_mode,) * len(problem.blocks)
+    allowed = param_budget_bytes(problem, layout, plans, modes)
+    if param_budget is None:
+        budget = allowed
+    elif isinstance(param_budget, int):
+        budget = tuple(min(param_budget, a) for a in allowed)
+    else:
+        budget = tuple(int(b) for b in param_budget)
+    return Decisions(
+        policy=policy, layout=layout, chunk_plans=plans, activation_modes=modes, param_device_budget_bytes=budget,
+        persistent_chunks=frozenset(persistent_chunks), optimizer_overlap=optimizer_overlap, prefetch=prefetch,
+        eviction=eviction, notes=tuple(notes),
+        param_home_tiers=(param_home,) * len(layout.chunks) if param_home is not Tier.HOST else (),
+    )
+
+
+__all__ = ["Decisions", "EvictionRule", "SolverStats", "activation_moments", "non_model_curve", "os_device_bytes",
+           "param_budget_bytes", "uniform_decisions"]

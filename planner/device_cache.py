@@ -1,0 +1,341 @@
+"""The DEVICE as a cache of PARAM and GRAD entries, tick by tick: which entries a tick's work needs,
+the demand pass that makes room by the eviction rule, the trim to each interval's last use, and
+the prefetch at the first harmless opportunity (steps 1-4 of `planner.materialize`'s note).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.decisions import Decisions, EvictionRule, non_model_curve, os_device_bytes
+from planner.errors import InfeasibleError
+from planner.problem import Problem
+from schemas.schedule import ChunkList, Tier
+from schemas.trace import Phase
+
+
+PARAM_ENTRY, GRAD_ENTRY = 0, 1
+NEVER = 1 << 40  # next use of an entry that is not used again
+
+
+@dataclass(slots=True)
+class CacheInterval:
+    """One stay of an entry on DEVICE: [start, end) in ticks."""
+
+    entry: int
+    start: int
+    first_use: int
+    last_use: int
+    end: int = -1  # -1: still resident at the end of the pass
+    allocate: bool = False  # starts with ALLOCATE (a GRAD's first use), not a copy
+    write_back: bool = False  # dirty when it ends: copy down before the EVICT
+    pinned: bool = False  # a persistent PARAM: on DEVICE for the whole iteration
+
+
+@dataclass(slots=True)
+class CachePlan:
+    """Everything the passes share, in integer ids."""
+
+    problem: Problem
+    decisions: Decisions
+    ws: int
+    n_groups: int
+    group_chunks: list[range]
+    trainable_chunks: list[list[int]]  # per group: chunks holding trainable params
+    entry_bytes: np.ndarray  # per entry (2 g + kind): DEVICE bytes of the whole group
+    chunk_bytes: dict[ChunkList, list[int]]
+    persistent: list[bool]  # per group
+    optimizer_tier: list[Tier]  # per group
+    os_tier: list[Tier]  # per chunk
+    home: list[Tier]  # per chunk: HOST or NVME home of a non-persistent PARAM
+    tick_moment: list[int] = field(default_factory=list)
+    tick_budget: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    needs: list[list[int]] = field(default_factory=list)  # per tick: entries needed on DEVICE
+    first_tick: dict[int, int] = field(default_factory=dict)  # moment -> its first tick
+    device_step_tick: dict[int, int] = field(default_factory=dict)  # group -> tick of its DEVICE step
+    host_step_tick: dict[int, int] = field(default_factory=dict)  # group -> tick of its HOST step
+    grad_first_tick: dict[int, int] = field(default_factory=dict)  # group -> first backward use
+    grad_final_tick: dict[int, int] = field(default_factory=dict)  # group -> tick after its last backward use
+
+
+def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
+    layout, ws = d.layout, problem.world_size
+    n_chunks = len(layout.chunks)
+    n_groups = math.ceil(n_chunks / ws)
+    group_chunks = [range(g * ws, min((g + 1) * ws, n_chunks)) for g in range(n_groups)]
+    trainable = [set() for _ in range(n_chunks)]
+    chunk_of: dict[int, int] = {}
+    for slot in layout.tensors:
+        chunk_of[slot.tensor] = slot.chunk
+        if slot.trainable:
+            trainable[slot.chunk].add(slot.tensor)
+    chunk_bytes = {x: [c.elements * problem.list_itemsize(x) for c in layout.chunks] for x in problem.lists}
+    pbytes = chunk_bytes[ChunkList.PARAM]
+    entry_bytes = np.zeros(2 * n_groups, dtype=np.int64)
+    for g, chunks in enumerate(group_chunks):
+        entry_bytes[2 * g + PARAM_ENTRY] = sum(pbytes[c] for c in chunks)
+        entry_bytes[2 * g + GRAD_ENTRY] = sum(pbytes[c] for c in chunks if trainable[c])
+    persistent = [any(c in d.persistent_chunks for c in chunks) for chunks in group_chunks]
+    home = list(d.param_home_tiers) or [Tier.HOST] * n_chunks
+    plan = CachePlan(
+        problem=problem, decisions=d, ws=ws, n_groups=n_groups, group_chunks=group_chunks,
+        trainable_chunks=[[c for c in chunks if trainable[c]] for chunks in group_chunks],
+        entry_bytes=entry_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
+        optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in group_chunks],
+        os_tier=[p.os_tier for p in d.chunk_plans], home=home,
+    )
+    _ticks(plan, chunk_of, trainable)
+    return plan
+
+
+def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]]) -> None:
+    """One tick per forward/backward moment; the OPTIMIZER moment gets one more per DEVICE-stepped group."""
+    problem, ws = plan.problem, plan.ws
+    opt_moment = problem.optimizer_moment
+    budgets = plan.decisions.param_device_budget_bytes
+    grad_ticks: dict[int, list[int]] = {}
+    for m in problem.moments:
+        plan.first_tick[m.id] = len(plan.tick_moment)
+        needs: list[int] = []
+        if m.phase is not Phase.OPTIMIZER:
+            groups = sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of})
+            needs = [2 * g + PARAM_ENTRY for g in groups]
+            if m.phase is Phase.BACKWARD:
+                for g in sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of and t in trainable[chunk_of[t]]}):
+                    needs.append(2 * g + GRAD_ENTRY)
+                    grad_ticks.setdefault(g, []).append(len(plan.tick_moment))
+        plan.tick_moment.append(m.id)
+        plan.needs.append(needs)
+        if m.id == opt_moment:
+            _optimizer_ticks(plan, grad_ticks, budgets)
+    for g, ticks in grad_ticks.items():
+        plan.grad_first_tick[g] = ticks[0]
+        plan.grad_final_tick[g] = ticks[-1] + 1
+    plan.tick_budget = np.array([budgets[m] for m in plan.tick_moment], dtype=np.int64)
+
+
+def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets: Sequence[int]) -> None:
+    """DEVICE steps stream through the budget, most recently final grads first (they are still
+    on DEVICE); HOST steps run at the OPTIMIZER moment's first tick unless they overlap backward."""
+    opt_moment = plan.problem.optimizer_moment
+    base = len(plan.tick_moment) - 1
+    stepped = [g for g in range(plan.n_groups) if plan.trainable_chunks[g]]
+    device = [g for g in stepped if plan.optimizer_tier[g] is Tier.DEVICE]
+    device.sort(key=lambda g: (-grad_ticks[g][-1] if g in grad_ticks else 1, g))
+    for g in stepped:
+        if plan.optimizer_tier[g] is Tier.HOST:
+            overlap = plan.decisions.optimizer_overlap and g in grad_ticks
+            plan.host_step_tick[g] = grad_ticks[g][-1] + 1 if overlap else base
+    for g in device:
+        plan.device_step_tick[g] = len(plan.tick_moment)
+        plan.tick_moment.append(opt_moment)
+        plan.needs.append([2 * g + PARAM_ENTRY, 2 * g + GRAD_ENTRY])
+
+
+def check_budget(plan: CachePlan) -> None:
+    """The entries a tick needs (and the pinned ones) must fit in its budget."""
+    pinned = sum(int(plan.entry_bytes[2 * g]) for g in range(plan.n_groups) if plan.persistent[g])
+    worst = None
+    for tick, needs in enumerate(plan.needs):
+        need = pinned + sum(int(plan.entry_bytes[e]) for e in needs
+                            if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
+        short = need - int(plan.tick_budget[tick])
+        if short > 0 and (worst is None or short > worst[0]):
+            worst = (short, tick, need)
+    if worst is None:
+        return
+    short, tick, need = worst
+    problem = plan.problem
+    m = problem.moments[plan.tick_moment[tick]]
+    curve = non_model_curve(problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
+    fixed = os_device_bytes(problem, plan.decisions.layout, plan.decisions.chunk_plans)
+    smallest = max(
+        pinned + sum(int(plan.entry_bytes[e]) for e in needs if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
+        + int(curve[plan.tick_moment[t]]) + fixed
+        for t, needs in enumerate(plan.needs)
+    )
+    where = f"moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'})"
+    if smallest <= problem.device_bytes:
+        raise InfeasibleError(
+            f"DEVICE budget too small at {where} under policy {plan.decisions.policy!r}: its chunks need {need} bytes, "
+            f"the PARAM budget there is {need - short} bytes ({short} bytes short); the DEVICE ({problem.device_bytes} "
+            f"bytes) could hold them: raise param_device_budget_bytes there to at least {need}")
+    raise InfeasibleError(
+        f"DEVICE runs out at {where} under policy {plan.decisions.policy!r}: its chunks need {need} bytes, the PARAM "
+        f"budget there is {need - short} bytes ({short} bytes short, with {int(curve[m.id])} non-model bytes and "
+        f"{fixed} bytes of OS kept on DEVICE); the smallest DEVICE capacity that would work is {smallest} bytes "
+        f"({smallest / 1e9:.2f} GB), this one has {problem.device_bytes} ({smallest - problem.device_bytes} bytes short)")
+
+
+# -- the passes --------------------------------------------------------------------------------
+
+
+class _Victims:
+    """Eviction candidates ordered by the rule, with lazy invalidation (stamp per entry)."""
+
+    def __init__(self, rule: EvictionRule) -> None:
+        self.rule = rule
+        self.clean: list[tuple[int, int, int]] = []
+        self.dirty: list[tuple[int, int, int]] = []
+        self.stamp: dict[int, int] = {}
+
+    def push(self, entry: int, *, next_use: int, last_use: int, dirty: bool) -> None:
+        stamp = self.stamp.get(entry, 0) + 1
+        self.stamp[entry] = stamp
+        key = last_use if self.rule is EvictionRule.LRU else -next_use
+        heap = self.dirty if dirty and self.rule is EvictionRule.BELADY_CLEAN_FIRST else self.clean
+        heapq.heappush(heap, (key, entry, stamp))
+
+    def drop(self, entry: int) -> None:
+        self.stamp[entry] = self.stamp.get(entry, 0) + 1
+
+    def pop(self, keep: set[int]) -> int | None:
+        """The next victim not in `keep` (entries in `keep` stay candidates)."""
+        for heap in (self.clean, self.dirty):
+            held: list[tuple[int, int, int]] = []
+            found = None
+            while heap:
+                item = heapq.heappop(heap)
+                key, entry, stamp = item
+                if self.stamp.get(entry) != stamp:
+                    continue
+                if entry in keep:
+                    held.append(item)
+                    continue
+                found = entry
+                break
+            for item in held:
+                heapq.heappush(heap, item)
+            if found is not None:
+                self.stamp[found] += 1
+                return found
+        return None
+
+
+def demand_pass(plan: CachePlan) -> list[CacheInterval]:
+    """Fetch on demand, evict by the rule: every entry's stays on DEVICE as tick intervals."""
+    n_ticks = len(plan.tick_moment)
+    uses: dict[int, list[int]] = {}
+    for tick, needs in enumerate(plan.needs):
+        for e in needs:
+            uses.setdefault(e, []).append(tick)
+    ptr = dict.fromkeys(uses, 0)
+    evictable = {e: not (e & 1 == GRAD_ENTRY and plan.ws > 1) for e in uses}  # see emit_actions: grads wait for the reduce
+    victims = _Victims(plan.decisions.eviction)
+    resident: dict[int, CacheInterval] = {}
+    intervals: list[CacheInterval] = []
+    allocated: set[int] = set()
+    occupied = 0
+    for g in range(plan.n_groups):
+        if plan.persistent[g]:
+            e = 2 * g + PARAM_ENTRY
+            iv = CacheInterval(entry=e, start=0, first_use=-1, last_use=-1, pinned=True)
+            resident[e] = iv
+            intervals.append(iv)
+            occupied += int(plan.entry_bytes[e])
+    dirty_param: set[int] = set()
+
+    def next_use(e: int) -> int:
+        i = ptr[e]
+        return uses[e][i] if i < len(uses[e]) else NEVER
+
+    for tick in range(n_ticks):
+        needs = plan.needs[tick]
+        keep = set(needs)
+        missing = [e for e in needs if e not in resident]
+        room = occupied + sum(int(plan.entry_bytes[e]) for e in missing) - int(plan.tick_budget[tick])
+        while room > 0:
+            victim = victims.pop(keep)
+            if victim is None:
+                raise InfeasibleError(_stuck_message(plan, tick, room))
+            iv = resident.pop(victim)
+            iv.end = tick
+            size = int(plan.entry_bytes[victim])
+            occupied -= size
+            room -= size
+        for e in missing:
+            iv = CacheInterval(entry=e, start=tick, first_use=tick, last_use=tick, allocate=e & 1 == GRAD_ENTRY and e not in allocated)
+            allocated.add(e)
+            resident[e] = iv
+            intervals.append(iv)
+            occupied += int(plan.entry_bytes[e])
+        for e in needs:
+            iv = resident[e]
+            if iv.first_use < 0:
+                iv.first_use = tick
+            iv.last_use = tick
+            ptr[e] += 1
+            g, kind = e >> 1, e & 1
+            if plan.device_step_tick.get(g) == tick:
+                if kind == GRAD_ENTRY:
+                    ptr[e] = len(uses[e])  # dead after the step
+                elif not plan.persistent[g]:
+                    dirty_param.add(e)
+            dirty = kind == GRAD_ENTRY and ptr[e] < len(uses[e]) or e in dirty_param
+            iv.write_back = dirty
+            # with several ranks a GRAD waits for its reduce-scatter, which follows its last use
+            if not iv.pinned and (evictable[e] or ptr[e] >= len(uses[e])):
+                victims.push(e, next_use=next_use(e), last_use=tick, dirty=dirty)
+            else:
+                victims.drop(e)
+        # a GRAD written back after its last backward use goes with the trim; mark it dirty now
+        for e in needs:
+            if e & 1 == GRAD_ENTRY and ptr[e] >= len(uses[e]) and plan.device_step_tick.get(e >> 1) != tick:
+                resident[e].write_back = True
+    return intervals
+
+
+def _stuck_message(plan: CachePlan, tick: int, short: int) -> str:
+    m = plan.problem.moments[plan.tick_moment[tick]]
+    return (f"DEVICE budget too small at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}) "
+            f"under policy {plan.decisions.policy!r}: {short} bytes more than the PARAM budget there "
+            f"({int(plan.tick_budget[tick])} bytes) are pinned on DEVICE (persistent chunks, and grads waiting for their "
+            f"reduce-scatter); raise param_device_budget_bytes there by {short} bytes (the DEVICE has "
+            f"{plan.problem.device_bytes}) or make fewer chunks persistent")
+
+
+def trim_intervals(intervals: list[CacheInterval], n_ticks: int) -> None:
+    """Each stay ends right after its last use (never before it: the use is inside)."""
+    for iv in intervals:
+        if iv.pinned:
+            iv.end = -1
+            continue
+        iv.end = iv.last_use + 1 if iv.end < 0 else min(iv.end, iv.last_use + 1)
+        iv.end = min(iv.end, n_ticks)
+
+
+def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
+    """Move each fetch to the earliest tick from which it fits the budget until its use (Cao et al.)."""
+    n_ticks = len(plan.tick_moment)
+    delta = np.zeros(n_ticks + 1, dtype=np.int64)
+    for iv in intervals:
+        end = n_ticks if iv.end < 0 else iv.end
+        delta[iv.start] += plan.entry_bytes[iv.entry]
+        delta[end] -= plan.entry_bytes[iv.entry]
+    occupied = np.cumsum(delta[:-1])
+    slack = plan.tick_budget - occupied
+    previous_end: dict[int, int] = {}
+    issued = 0  # copies are issued in the order they are needed: a channel is a FIFO, so a fetch for
+    # later must never be queued ahead of one for sooner
+    for iv in sorted(intervals, key=lambda x: (x.start, x.entry)):
+        lower = previous_end.get(iv.entry, 0)
+        previous_end[iv.entry] = n_ticks if iv.end < 0 else iv.end
+        if iv.pinned or iv.allocate:
+            continue
+        lower = max(lower, issued)
+        if iv.start <= lower:
+            issued = max(issued, iv.start)
+            continue
+        size = plan.entry_bytes[iv.entry]
+        window = slack[lower:iv.start]
+        blocked = np.flatnonzero(window < size)
+        start = lower + (int(blocked[-1]) + 1 if blocked.size else 0)
+        if start < iv.start:
+            slack[start:iv.start] -= size
+            iv.start = start
+        issued = start

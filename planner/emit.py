@@ -1,0 +1,391 @@
+"""Action emission: a DEVICE cache's intervals (planner.device_cache) turned into the schedule's
+actions in tick order (copies, evictions, optimizer steps, activation copies, collectives), the
+initial residency the iteration returns to, and the activation plan per block (steps 5-7 of
+`planner.materialize`'s note).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.decisions import activation_moments
+from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
+from planner.problem import Problem
+from schemas.schedule import (
+    COPY_CHANNEL,
+    Action,
+    ActivationMode,
+    ActivationPlan,
+    Channel,
+    ChunkList,
+    Op,
+    Residency,
+    Tier,
+    copy_channel,
+)
+
+
+@dataclass(slots=True)
+class _Emitter:
+    """Collects actions per tick, then flattens them in tick order."""
+
+    plan: CachePlan
+    per_tick: list[list[tuple[Action, int]]]  # (action, deadline moment: when its data must be there)
+
+    def add(self, tick: int, *, deadline: int | None = None, **fields: object) -> None:
+        moment = self.plan.tick_moment[min(tick, len(self.plan.tick_moment) - 1)]
+        self.per_tick[tick].append((Action(moment=moment, **fields), moment if deadline is None else deadline))
+
+    def copy(self, tick: int, op: Op, lst: ChunkList, chunk: int, src: Tier, dst: Tier, *, deadline: int | None = None) -> None:
+        self.add(tick, op=op, list=lst, chunk=chunk, src=src, dst=dst, channel=COPY_CHANNEL[(src, dst)],
+                 bytes=self.plan.chunk_bytes[lst][chunk], deadline=deadline)
+
+    def evict(self, tick: int, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        self.add(tick, op=Op.EVICT, list=lst, chunk=chunk, src=tier)
+
+    def collective(self, tick: int, op: Op, lst: ChunkList, group: int) -> None:
+        chunks = self.plan.group_chunks[group]
+        per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
+        self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bytes=per_rank)
+
+
+def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple[Action, ...], tuple[int, ...]]:
+    """Actions in tick order (within a tick: activations, reduce-scatters, evictions, loads, staging
+    cleanup, optimizer steps) and each action's deadline moment (a prefetch's first use)."""
+    n_ticks = len(plan.tick_moment)
+    out = _Emitter(plan, [[] for _ in range(n_ticks + 1)])
+    ends: dict[int, list[CacheInterval]] = {}
+    starts: dict[int, list[CacheInterval]] = {}
+    first_uses: dict[int, list[CacheInterval]] = {}
+    for iv in intervals:
+        if not iv.pinned:
+            ends.setdefault(iv.end, []).append(iv)
+            starts.setdefault(iv.start, []).append(iv)
+            first_uses.setdefault(iv.first_use, []).append(iv)
+    finals: dict[int, list[int]] = {}
+    for g, tick in plan.grad_final_tick.items():
+        finals.setdefault(tick, []).append(g)
+    optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
+    step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick)
+    host_steps: dict[int, list[int]] = {}
+    for g, tick in plan.host_step_tick.items():
+        host_steps.setdefault(step_tick.get(g, tick), []).append(g)
+    os_reads_early: dict[int, list[int]] = {}
+    for g, tick in read_tick.items():
+        os_reads_early.setdefault(tick, []).append(g)
+    paced_write_backs: dict[int, list[int]] = {}
+    for g, tick in write_tick.items():
+        paced_write_backs.setdefault(tick, []).append(g)
+    device_steps = {tick: g for g, tick in plan.device_step_tick.items()}
+    device_order = [device_steps[t] for t in sorted(device_steps)]
+    device_rank = {g: k for k, g in enumerate(device_order)}
+    activation = _activation_actions(plan.problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
+    first_tick_of = {tick: m for m, tick in plan.first_tick.items()}
+    key = lambda iv: iv.entry  # noqa: E731 - determinism inside a tick
+    written_back_later: list[int] = []
+
+    for tick in range(n_ticks + 1):
+        if tick in first_tick_of:
+            for fields in activation.get(first_tick_of[tick], ()):
+                out.add(tick, **fields)
+        if plan.ws > 1:
+            for g in sorted(finals.get(tick, ())):
+                out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+        for iv in sorted(ends.get(tick, ()), key=key):
+            _emit_end(out, plan, iv, tick)
+        for iv in sorted(starts.get(tick, ()), key=key):
+            _emit_start(out, plan, iv, tick)
+        for iv in sorted(first_uses.get(tick, ()), key=key):
+            if iv.allocate:
+                continue
+            if iv.entry & 1 == PARAM_ENTRY:
+                for c in plan.group_chunks[iv.entry >> 1]:
+                    if plan.home[c] is Tier.NVME:
+                        out.evict(tick, ChunkList.PARAM, c, Tier.HOST)  # the staging copy
+            else:
+                for c in plan.trainable_chunks[iv.entry >> 1]:
+                    out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
+        for g in sorted(os_reads_early.get(tick, ())):
+            _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
+        for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
+            paced = g in read_tick
+            _host_step_reads(out, plan, g, tick, os_state=not paced)
+            _host_step(out, plan, g, tick)
+            if paced or not any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g]):
+                continue  # paced: written back at its tick below; no NVMe OS: nothing to write back
+            # delayed write-back (Fuyou §4.3): group i's OS goes down after group i+1's step is issued,
+            # so the SSDs never wait on the CPU with the next group's reads queued behind them
+            for previous in written_back_later:
+                _host_step_write_back(out, plan, previous, tick)
+            written_back_later = [g]
+        for g in sorted(paced_write_backs.get(tick, ())):
+            _host_step_write_back(out, plan, g, tick)
+        if tick == n_ticks:
+            for previous in written_back_later:
+                _host_step_write_back(out, plan, previous, tick)
+        if tick in device_steps:
+            k = device_rank[device_steps[tick]]
+            if k == 0:
+                _device_step_nvme_reads(out, plan, device_order[0], tick)
+            if k + 1 < len(device_order):
+                # the next step's OS is read from NVME before this one's goes back: the SSDs are one
+                # FIFO (simplex), so a write-back queued first would hold the next read behind the
+                # whole DEVICE round trip of this step (the streamed steps pipeline instead)
+                _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
+            _device_step(out, plan, device_steps[tick], tick)
+    flat = [item for items in out.per_tick for item in items]
+    return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
+    """When each tick starts if nothing waits: the cumulative compute of the moments (plus the
+    recompute of RECOMPUTE blocks at their first backward moment), then in the OPTIMIZER moment one
+    DEVICE step after the other at the pace of its busiest link. Only used to pace the SSDs."""
+    problem, hw = plan.problem, plan.problem.hardware
+    extra = [0.0] * len(problem.moments)
+    for b, mode in enumerate(plan.decisions.activation_modes):
+        if mode is ActivationMode.RECOMPUTE:
+            first = problem.blocks[b].backward_moments[0]
+            if first >= 0:
+                extra[first] += problem.blocks[b].recompute_seconds
+    hint = plan.decisions.moment_seconds_hint
+    start, t = [], 0.0
+    for m in problem.moments:
+        start.append(t)
+        t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
+    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    out: list[float] = []
+    lag = 0.0
+    for tick, m in enumerate(plan.tick_moment):
+        out.append(start[m] + lag)
+        g = step_at.get(tick)
+        if g is None:
+            continue
+        up = down = nvme = 0.0
+        for c in plan.trainable_chunks[g]:
+            os_bytes = sum(plan.chunk_bytes[x][c] for x in problem.os_lists)
+            param = plan.chunk_bytes[ChunkList.PARAM][c]
+            if plan.os_tier[c] is not Tier.DEVICE:
+                up += os_bytes
+                down += os_bytes
+            if plan.os_tier[c] is Tier.NVME:
+                nvme += os_bytes / (hw.nvme_read_bytes_per_s or math.inf) + os_bytes / (hw.nvme_write_bytes_per_s or math.inf)
+            if not plan.persistent[g]:
+                up += 2 * param
+                down += param
+        lag += max(up / hw.h2d_bytes_per_s, down / hw.d2h_bytes_per_s, nvme)
+    return out
+
+
+def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """Ticks at which the overlapped CPU steps, and the NVMe reads and write-backs of their OS, are issued.
+
+    The SSDs are one FIFO (simplex): a write-back issued before its CPU step is done holds every
+    later read (the next steps' OS, activation reloads, NVMe-homed PARAM, streamed OS) behind the
+    CPU queue. When the CPU optimizer is slower than backward produces final grads (175B: 75 s of
+    CPU Adam against 37 s of backward) that queue grows to tens of seconds. So the OS follows the
+    CPU's pace (estimated with `_estimated_tick_seconds` and the CPU optimizer rate): a step is
+    issued about one OS read before the CPU is estimated to reach it (its grads wait on HOST), its
+    OS is read two reads ahead of that (never before its first backward use), and written back
+    once the step is estimated done (never before the next step is issued: Fuyou §4.3's delayed
+    write-back). This also bounds the OS staged on HOST to the steps in flight. Steps the CPU is
+    estimated to reach only after the last tick get step tick n_ticks: the tail, issued there one
+    after the other with the delayed write-back chain. Steps without NVMe OS are not paced."""
+    d, problem = plan.decisions, plan.problem
+    if not d.pace_optimizer_io:
+        return {}, {}, {}
+    early = sorted((tick, g) for g, tick in plan.host_step_tick.items() if tick != optimizer_tick)
+    os_bytes = {g: sum(plan.chunk_bytes[x][c] for c in plan.trainable_chunks[g] for x in problem.os_lists
+                       if plan.os_tier[c] is Tier.NVME) for _, g in early}
+    if not any(os_bytes.values()):
+        return {}, {}, {}
+    est = _estimated_tick_seconds(plan)
+    n_ticks = len(plan.tick_moment)
+    rate = problem.hardware.host.optimizer_params_per_s
+    lead = max(os_bytes.values()) / (problem.hardware.nvme_read_bytes_per_s or math.inf)
+
+    def first_tick_at(seconds: float, lo: int, hi: int) -> int:
+        t = lo
+        while t < hi and est[t] < seconds:
+            t += 1
+        return t
+
+    step_tick: dict[int, int] = {}
+    cpu_end: dict[int, float] = {}
+    read_tick: dict[int, int] = {}
+    write_tick: dict[int, int] = {}
+    cpu_free = 0.0
+    last = 0
+    for tick, g in early:
+        elements = sum(d.layout.chunks[c].elements for c in plan.trainable_chunks[g])
+        start = max(est[tick], cpu_free)
+        cpu_free = cpu_end[g] = start + elements / rate
+        last = step_tick[g] = max(first_tick_at(start - lead, tick, n_ticks), last)
+        if step_tick[g] < n_ticks and os_bytes[g]:
+            read_tick[g] = first_tick_at(start - 2 * lead, plan.grad_first_tick[g], step_tick[g])
+    for k, (tick, g) in enumerate(early):
+        if g in read_tick:
+            after = step_tick[early[k + 1][1]] if k + 1 < len(early) else n_ticks
+            write_tick[g] = first_tick_at(cpu_end[g], max(after, step_tick[g]), n_ticks)
+    return step_tick, read_tick, write_tick
+
+
+def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> None:
+    g, kind = iv.entry >> 1, iv.entry & 1
+    if kind == PARAM_ENTRY:
+        for c in plan.group_chunks[g]:
+            if iv.write_back:  # updated on DEVICE by its optimizer step: home is stale
+                out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
+                if plan.home[c] is Tier.NVME:
+                    out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
+                    out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+            out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)
+        return
+    for c in plan.trainable_chunks[g]:
+        if iv.write_back:
+            out.copy(tick, Op.WRITE_BACK, ChunkList.GRAD, c, Tier.DEVICE, Tier.HOST)
+        out.evict(tick, ChunkList.GRAD, c, Tier.DEVICE)
+
+
+def _emit_start(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> None:
+    g, kind = iv.entry >> 1, iv.entry & 1
+    op = Op.PREFETCH if tick < iv.first_use else Op.FETCH
+    use = plan.tick_moment[iv.first_use]
+    if kind == GRAD_ENTRY:
+        for c in plan.trainable_chunks[g]:
+            if iv.allocate:
+                out.add(tick, op=Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.DEVICE)
+            else:
+                out.copy(tick, op, ChunkList.GRAD, c, Tier.HOST, Tier.DEVICE, deadline=use)
+        return
+    for c in plan.group_chunks[g]:
+        if plan.home[c] is Tier.NVME:
+            out.copy(tick, op, ChunkList.PARAM, c, Tier.NVME, Tier.HOST, deadline=use)
+        out.copy(tick, op, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=use)
+    if plan.ws > 1:
+        out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
+
+
+def _host_step_reads(out: _Emitter, plan: CachePlan, g: int, tick: int, *, os_state: bool = True, params: bool = True,
+                     deadline: int | None = None) -> None:
+    """What a HOST step needs on HOST besides the grads: OS (and PARAM) living on NVME.
+
+    With overlap the OS is read early (at the chunk's first backward use) so the SSDs work while
+    the device computes; a PARAM from NVME is read at the step (backward may still stage it)."""
+    for c in plan.trainable_chunks[g]:
+        if os_state and plan.os_tier[c] is Tier.NVME:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.PREFETCH, lst, c, Tier.NVME, Tier.HOST, deadline=deadline)
+        if params and not plan.persistent[g] and plan.home[c] is Tier.NVME:
+            out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.NVME, Tier.HOST)
+
+
+def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """CPU Adam on HOST, then everything updated goes back where the iteration started."""
+    for c in plan.trainable_chunks[g]:
+        if g not in plan.grad_final_tick:  # trainable but never reached by backward: zero grads
+            out.add(tick, op=Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.HOST)
+        out.add(tick, op=Op.OPTIMIZER_STEP, chunk=c, dst=Tier.HOST, channel=Channel.CPU_OPTIMIZER)
+        out.evict(tick, ChunkList.GRAD, c, Tier.HOST)
+        if plan.persistent[g]:
+            out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)  # stale now
+            # nothing this iteration needs it again: the work of this moment must not wait for it
+            out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
+        elif plan.home[c] is Tier.NVME:
+            out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
+            out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+    if plan.persistent[g] and plan.ws > 1:
+        out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
+
+
+def _host_step_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """The OS a HOST step updated goes back to NVME (where it lives)."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is Tier.NVME:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.WRITE_BACK, lst, c, Tier.HOST, Tier.NVME)
+                out.evict(tick, lst, c, Tier.HOST)
+
+
+def _device_step_nvme_reads(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """The OS of a DEVICE step that lives on NVME, read to HOST (staged there until its write-back)."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is Tier.NVME:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.FETCH, lst, c, Tier.NVME, Tier.HOST)
+
+
+def _device_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """GPU Adam: OS that lives lower comes up for the step and goes back down after it (the NVME
+    reads were issued by `_device_step_nvme_reads`, one step ahead)."""
+    for c in plan.trainable_chunks[g]:
+        os_tier = plan.os_tier[c]
+        for lst in plan.problem.os_lists:
+            if os_tier is not Tier.DEVICE:
+                out.copy(tick, Op.FETCH, lst, c, Tier.HOST, Tier.DEVICE)
+        out.add(tick, op=Op.OPTIMIZER_STEP, chunk=c, dst=Tier.DEVICE, channel=Channel.COMPUTE)
+        for lst in plan.problem.os_lists:
+            if os_tier is not Tier.DEVICE:
+                out.copy(tick, Op.WRITE_BACK, lst, c, Tier.DEVICE, Tier.HOST)
+                out.evict(tick, lst, c, Tier.DEVICE)
+            if os_tier is Tier.NVME:
+                out.copy(tick, Op.WRITE_BACK, lst, c, Tier.HOST, Tier.NVME)
+                out.evict(tick, lst, c, Tier.HOST)
+    if plan.persistent[g] and plan.ws > 1:
+        out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
+
+
+def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],
+                        checkpoint_tier: Tier | None = None) -> dict[int, list[dict]]:
+    """Per moment: the activation copies of SWAP blocks (offload after forward, reload before backward),
+    and of RECOMPUTE blocks' inputs when they are kept off DEVICE (`checkpoint_tier`)."""
+    out: dict[int, list[dict]] = {}
+    for b, mode in enumerate(modes):
+        if mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None:
+            fwd_last, reload, bwd_first = activation_moments(problem, b)
+            if fwd_last < 0 or reload <= fwd_last:
+                continue
+            nbytes = min(problem.blocks[b].input_bytes, problem.blocks[b].activation_bytes)
+            tier = checkpoint_tier
+        elif mode not in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+            continue
+        else:
+            fwd_last, reload, bwd_first = activation_moments(problem, b)
+            nbytes = problem.blocks[b].activation_bytes
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+        out.setdefault(fwd_last, []).append(dict(
+            op=Op.ACT_OFFLOAD, block=b, src=Tier.DEVICE, dst=tier,
+            channel=copy_channel(Tier.DEVICE, tier), bytes=nbytes, deadline=max(fwd_last, reload - 1)))
+        out.setdefault(reload, []).append(dict(
+            op=Op.ACT_RELOAD, block=b, src=tier, dst=Tier.DEVICE,
+            channel=copy_channel(tier, Tier.DEVICE), bytes=nbytes, deadline=bwd_first))
+    return out
+
+
+def initial_residency(plan: CachePlan) -> tuple[Residency, ...]:
+    """PARAM at home (DEVICE for persistent chunks, plus HOST when their step runs there), OS on
+    its tier; GRAD is absent (it lives from its first backward use to its optimizer step)."""
+    out = []
+    for c, chunk in enumerate(plan.decisions.layout.chunks):
+        g = c // plan.ws
+        if plan.persistent[g]:
+            tiers = (Tier.DEVICE, Tier.HOST) if plan.optimizer_tier[g] is Tier.HOST else (Tier.DEVICE,)
+        else:
+            tiers = (plan.home[c],)
+        out.append(Residency(list=ChunkList.PARAM, chunk=c, tiers=tiers))
+    stepped = {c for chunks in plan.trainable_chunks for c in chunks}  # a frozen-only chunk has no OS
+    for lst in plan.problem.os_lists:
+        for c in range(len(plan.decisions.layout.chunks)):
+            if c in stepped:
+                out.append(Residency(list=lst, chunk=c, tiers=(plan.os_tier[c],)))
+    return tuple(out)
+
+
+def block_activation_plans(problem: Problem, modes: Sequence[ActivationMode]) -> tuple[ActivationPlan, ...]:
+    return tuple(
+        ActivationPlan(block=b.id, module=b.module, mode=modes[b.id], bytes=b.activation_bytes, input_bytes=b.input_bytes,
+                       recompute_seconds=b.recompute_seconds, recompute_flops=b.recompute_flops)
+        for b in problem.blocks
+    )

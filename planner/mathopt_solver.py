@@ -1,0 +1,88 @@
+"""The linear solver the placement model is built on: the few pywraplp-style calls it makes, on an
+OR-Tools MathOpt model (HiGHS for the MIP, GLOP for its relaxation), with HiGHS's banner kept
+off the CLI's stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+import sys
+from typing import Any
+
+from ortools.math_opt.python import mathopt
+
+
+class MathOptSolver:
+    """The few calls the model makes, on an OR-Tools MathOpt model.
+
+    MathOpt rather than pywraplp: through pywraplp a HiGHS MIP stopped by its time limit reports
+    no solution at all, while MathOpt returns the incumbent and the proven bound."""
+
+    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.kind = self._TYPES[name]
+        self.model = mathopt.Model(name="placement")
+        self._rows = 0
+
+    @staticmethod
+    def infinity() -> float:
+        return math.inf
+
+    def NumVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802 (pywraplp's spelling)
+        return self.model.add_variable(lb=lo, ub=hi, name=name)
+
+    def IntVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802
+        return self.model.add_variable(lb=lo, ub=hi, is_integer=True, name=name)
+
+    def BoolVar(self, name: str) -> Any:  # noqa: N802
+        return self.model.add_binary_variable(name=name)
+
+    def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
+        self._rows += 1
+        return self.model.add_linear_constraint(bounded, name=name)
+
+    def Minimize(self, expr: Any) -> None:  # noqa: N802
+        self.model.minimize(expr)
+
+    def NumVariables(self) -> int:  # noqa: N802
+        return sum(1 for _ in self.model.variables())
+
+    def NumConstraints(self) -> int:  # noqa: N802
+        return self._rows
+
+    def solve(self, *, time_limit_seconds: float, relative_gap: float) -> Any:
+        params = mathopt.SolveParameters(
+            time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
+            random_seed=0,  # deterministic (HiGHS runs its MIP search on one thread)
+            enable_output=False,
+        )
+        if self.kind is mathopt.SolverType.HIGHS:
+            params.relative_gap_tolerance = relative_gap
+        with quiet_stdout():
+            return mathopt.solve(self.model, self.kind, params=params)
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """HiGHS prints its banner on the process's stdout (fd 1), where the CLI's summary goes."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real fd 1 (embedded): nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+__all__ = ["MathOptSolver", "quiet_stdout"]

@@ -1,0 +1,164 @@
+"""The placement model's input: stages, blocks and chunk classes (interchangeable chunks, counted
+instead of carried one by one) with their bytes and the hardware's capacities and rates, built
+from a Problem and a chunk layout (`placement_input`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from planner.problem import Problem
+from schemas._base import frozen
+from schemas.schedule import ChunkLayout, ChunkList, Phase, Tier
+from schemas.trace import DTYPE_BYTES
+
+
+@frozen
+class GroupData:
+    """Interchangeable chunks: same stages touch them, same size, same trainability."""
+
+    id: int
+    chunks: tuple[int, ...]  # chunk ids (layout order)
+    param_bytes: int  # PARAM (and GRAD) bytes of one chunk, compute dtype
+    os_bytes: int  # optimizer-state bytes of one chunk (MASTER + M + V, or M + V in fp32)
+    elements: int  # elements of one chunk (optimizer work)
+    trainable: bool  # has grads and optimizer state
+    use_stages: tuple[int, ...]  # stages whose work touches these chunks (sorted)
+    first_backward_stage: int  # first backward stage touching them, -1 if none
+    last_backward_stage: int  # grads final after this stage (optimizer may start), -1 if none
+
+    @property
+    def count(self) -> int:
+        return len(self.chunks)
+
+
+@frozen
+class BlockData:
+    """A block's activation choice and where it acts."""
+
+    id: int
+    activation_bytes: int  # saved for backward (KEEP holds it, SWAP moves it)
+    input_bytes: int  # what RECOMPUTE keeps instead
+    recompute_seconds: float
+    forward_stage: int  # stage of the block's forward (the activations appear there)
+    backward_stage: int  # stage of the block's backward (they are needed there)
+
+
+@frozen
+class StageData:
+    id: int
+    name: str
+    phase: Phase
+    compute_seconds: float  # sum of the moments' compute
+    non_model_bytes: int  # max of the moments' non-model curve (all activations kept)
+    tail_non_model_bytes: int = -1  # the curve at the stage's last moment (-1: same as the max)
+
+
+@frozen
+class PlacementInput:
+    """Everything the placement model needs, in bytes and seconds (built from a Problem + layout)."""
+
+    groups: tuple[GroupData, ...]
+    blocks: tuple[BlockData, ...]
+    stages: tuple[StageData, ...]
+    device_bytes: int
+    host_bytes: int
+    nvme_bytes: int
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    nvme_read_bytes_per_s: float  # 0 when there are no SSDs
+    nvme_write_bytes_per_s: float
+    cpu_adam_seconds_per_element: float
+    gpu_adam_seconds_per_element: float
+    optimizer_overlap: bool  # CPU Adam runs during backward as soon as a chunk's grads are final
+    optimizer_stage: int  # the stage holding the optimizer step (the last stage)
+    stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
+    checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
+    param_nvme_home: bool = True  # non-persistent CPU-stepped PARAM may live on NVME instead of HOST (Fuyou)
+
+    @property
+    def has_nvme(self) -> bool:
+        return self.nvme_bytes > 0 and self.nvme_read_bytes_per_s > 0 and self.nvme_write_bytes_per_s > 0
+
+    def with_capacity(self, tier: Tier, value: int) -> PlacementInput:
+        field = {Tier.DEVICE: "device_bytes", Tier.HOST: "host_bytes", Tier.NVME: "nvme_bytes"}[tier]
+        return dataclasses.replace(self, **{field: value})
+
+
+def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap: bool = True) -> PlacementInput:
+    """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
+
+    Chunks are grouped by the stages that touch them (plus size and trainability); a block's
+    activation plan acts between the stage of its forward and the stage of its backward.
+    """
+    hw = problem.hardware
+    stages = problem.stages
+    n_stages = len(stages)
+    stage_of_moment: dict[int, int] = {}
+    for st in stages:
+        for m in range(st.first_moment, st.last_moment + 1):
+            stage_of_moment[m] = st.id
+    chunk_of_tensor: dict[int, int] = {}
+    trainable_chunk: dict[int, bool] = defaultdict(bool)
+    for slot in layout.tensors:
+        chunk_of_tensor.setdefault(slot.tensor, slot.chunk)
+        trainable_chunk[slot.chunk] |= slot.trainable
+    uses: dict[int, set[int]] = defaultdict(set)
+    stage_data = []
+    for st in stages:
+        compute = 0.0
+        peak = 0
+        tail = problem.moments[st.last_moment].non_model_bytes
+        for m in range(st.first_moment, st.last_moment + 1):
+            mom = problem.moments[m]
+            compute += mom.compute_seconds
+            peak = max(peak, mom.non_model_bytes)
+            if mom.phase is Phase.OPTIMIZER:
+                continue  # the optimizer touches every chunk; where it steps is the chunk plans' decision
+            for t in mom.tensors:
+                if t in chunk_of_tensor:
+                    uses[chunk_of_tensor[t]].add(st.id)
+        stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak,
+                                    tail_non_model_bytes=tail))
+    optimizer_stage = n_stages - 1
+    for st in stages:
+        if st.phase is Phase.OPTIMIZER:
+            optimizer_stage = st.id
+    param_item = DTYPE_BYTES[problem.compute_dtype]
+    os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
+    keyed: dict[tuple, list[int]] = {}
+    for c in layout.chunks:
+        use = tuple(sorted(uses.get(c.id, ())))
+        key = (use, c.elements, trainable_chunk[c.id])
+        keyed.setdefault(key, []).append(c.id)
+    groups = []
+    for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
+        backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
+        groups.append(GroupData(
+            id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
+            elements=elements, trainable=trainable, use_stages=use,
+            first_backward_stage=min(backward) if backward else -1,
+            last_backward_stage=max(backward) if backward else -1))
+    blocks = []
+    for b in problem.blocks:
+        p = stage_of_moment[b.forward_moments[1]]
+        c = stage_of_moment[b.backward_moments[0]]
+        blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
+                                recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
+    return PlacementInput(
+        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
+        device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
+        h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,
+        nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s, nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
+        cpu_adam_seconds_per_element=1.0 / hw.host.optimizer_params_per_s,
+        gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
+        optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
+    )
+
+
+def group_summary(data: PlacementInput) -> str:
+    return f"{len(data.groups)} chunk groups, {sum(g.count for g in data.groups)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
+
+
+__all__ = ["BlockData", "GroupData", "PlacementInput", "StageData", "group_summary", "placement_input"]

@@ -1,0 +1,152 @@
+"""What a solve produces: a placement solution turned into Decisions and a schedule, and the report.
+
+`decisions_from_placement` turns the placement model's counts per chunk class into concrete chunks
+(OS tier, optimizer tier, persistent PARAM, PARAM home); `build_schedule` materializes them;
+`with_header_stats` writes the objective, bound and gap into the header. `planner.solve` and
+`planner.exact` both end here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
+from planner.placement import PlacementInput, PlacementSolution
+from planner.problem import Problem
+from schemas._base import frozen
+from schemas.schedule import ChunkLayout, ChunkPlan, Schedule, SolverStatus, Tier
+
+POLICY = "tide"
+
+
+@frozen
+class Candidate:
+    """One evaluated chunk size."""
+
+    chunk_elements: int
+    relaxation_seconds: float  # LP relaxation of the placement (math.inf: does not fit)
+    wasted_elements: int
+    chunks: int
+
+
+@frozen
+class SolveReport:
+    """What a solve produced and how (printed by the CLI; only `schedule` goes into the file)."""
+
+    schedule: Schedule
+    placement: PlacementSolution | None  # None: no placement MIP solved (several ranks, reference plans only)
+    data: PlacementInput
+    candidates: tuple[Candidate, ...]
+    chunk_elements: int
+    model_objective_seconds: float  # the placement model's own objective (the header's objective)
+    lower_bound_seconds: float
+    physical_bound_seconds: float
+    relaxation_bound_seconds: float
+    solve_seconds: float  # wall clock (never written into the schedule)
+    simulated_seconds: float = math.nan  # the chosen plan's replay in planner.simulate
+    evaluated: tuple[tuple[str, float], ...] = ()  # (plan, simulated seconds) of every plan replayed
+    chosen: str = ""  # which of them won
+
+
+def with_header_stats(schedule: Schedule, objective: float | PlacementSolution, status: SolverStatus | float,
+                      bound: float | None = None) -> Schedule:
+    """Header: objective = the chosen plan's iteration time (the solved placement model's, or the
+    simulator's for a reference decision set; the materialized cost-model prediction is in
+    `schedule.prediction`), its lower bound and the gap between them.
+
+    Also called as with_header_stats(schedule, placement_solution, bound)."""
+    if isinstance(objective, PlacementSolution):
+        sol, bound = objective, float(status)  # type: ignore[arg-type]
+        objective, status = sol.objective_seconds, sol.status
+    assert bound is not None and isinstance(status, SolverStatus)
+    bound = min(bound, objective)
+    gap = (objective - bound) / objective if objective > 0 else 0.0
+    status = SolverStatus.OPTIMAL if status is SolverStatus.OPTIMAL and gap <= 1e-3 else SolverStatus.FEASIBLE
+    header = dataclasses.replace(schedule.header, solver_status=status, objective_seconds=objective,
+                                 lower_bound_seconds=bound, gap=gap)
+    return dataclasses.replace(schedule, header=header)
+
+
+def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: PlacementInput, sol: PlacementSolution, *,
+                             notes: tuple[str, ...] = ()) -> Decisions:
+    """planner.materialize.Decisions from a placement solution (counts -> concrete chunks)."""
+    plans: dict[int, ChunkPlan] = {}
+    persistent: set[int] = set()
+    for g, counts, pers in zip(data.groups, sol.os_counts, sol.persistent):
+        n_dev, n_host, n_stream = int(counts["DEVICE"]), int(counts["HOST"]), int(counts.get("STREAM", 0))
+        n_nvme_stream = int(counts.get("NVME_STREAM", 0))
+        n_pers = int(pers)
+        for j, chunk in enumerate(g.chunks):  # chunks of a group are interchangeable: take them in order
+            if j < n_pers:
+                persistent.add(chunk)
+            if not g.trainable:
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+            elif j < n_dev:
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+            elif j < n_dev + n_host:
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+            elif j < n_dev + n_host + n_stream:  # OS streamed to the DEVICE for GPU Adam
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE)
+            elif j < n_dev + n_host + n_stream + n_nvme_stream:  # OS streamed from NVME for GPU Adam
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE)
+            else:
+                plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.HOST)
+    chunk_plans = tuple(plans[c.id] for c in layout.chunks)
+    # PARAM homed on NVME: the group's last chunks that leave DEVICE and step on the CPU (the model's
+    # rows param_nvme + persistent + streamed <= count guarantee there are enough of them)
+    home = {c.id: Tier.HOST for c in layout.chunks}
+    for g, pers, n_nvme in zip(data.groups, sol.persistent, sol.param_nvme or (0.0,) * len(data.groups)):
+        left = int(n_nvme)
+        for j in reversed(range(len(g.chunks))):
+            if left <= 0:
+                break
+            chunk = g.chunks[j]
+            if j >= int(pers) and plans[chunk].optimizer_tier is Tier.HOST:
+                home[chunk] = Tier.NVME
+                left -= 1
+    param_home_tiers = tuple(home[c.id] for c in layout.chunks)
+    if all(t is Tier.HOST for t in param_home_tiers):
+        param_home_tiers = ()
+    modes = tuple(sol.activation_modes)
+    # The budget is all the room the DEVICE leaves PARAM+GRAD at each moment under this plan's OS
+    # tiers and activation modes. The plan's own PARAM+GRAD bytes per stage (the resident counts,
+    # `sol.param_bytes_per_stage`) always fit in it; the extra room only lets materialize's
+    # Belady eviction keep more and prefetch earlier (measured on the shipped 1.3B/12B/13B traces:
+    # the same predicted time, 1-25% fewer H2D bytes than budgets cut to the resident counts).
+    checkpoint_tier = Tier.HOST if getattr(sol, "checkpoint_offload", False) else None
+    budget = param_budget_bytes(problem, layout, chunk_plans, modes, checkpoint_tier)
+    return Decisions(
+        policy=POLICY, layout=layout, chunk_plans=chunk_plans, activation_modes=modes,
+        param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
+        optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
+        notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
+        moment_seconds_hint=moment_seconds(problem, sol), pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
+    )
+
+
+def moment_seconds(problem: Problem, sol: PlacementSolution) -> tuple[float, ...]:
+    """Each moment's share of its stage's placement time (in proportion to its compute; evenly when
+    the stage computes nothing): the timeline materialize paces the overlapped CPU steps' SSD
+    traffic by, the same one the placement's HOST rows assume."""
+    out = [0.0] * len(problem.moments)
+    for st, seconds in zip(problem.stages, sol.stage_seconds):
+        ids = range(st.first_moment, st.last_moment + 1)
+        compute = sum(problem.moments[m].compute_seconds for m in ids)
+        for m in ids:
+            share = problem.moments[m].compute_seconds / compute if compute > 0 else 1.0 / len(ids)
+            out[m] = seconds * share
+    return tuple(out)
+
+
+def build_schedule(problem: Problem, layout: ChunkLayout, data: PlacementInput, sol: PlacementSolution, *,
+                   notes: tuple[str, ...] = ()) -> Schedule:
+    """The schedule of one placement solution (materialized, its solver stats in the header)."""
+    decisions = decisions_from_placement(problem, layout, data, sol, notes=notes)
+    stats = SolverStats(status=sol.status, objective_seconds=sol.objective_seconds,
+                        lower_bound_seconds=sol.bound_seconds, gap=sol.gap)
+    return materialize(problem, decisions, stats=stats)
+
+
+__all__ = ["Candidate", "POLICY", "SolveReport", "build_schedule", "decisions_from_placement", "moment_seconds",
+           "with_header_stats"]

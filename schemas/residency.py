@@ -1,0 +1,131 @@
+"""Which tiers hold a (valid) copy of each chunk of each chunk list, action by action.
+
+The one set of residency rules of the schedule format (see `schemas.schedule`): the simulator and
+the planner's materializer step through it, and the executor can refuse at attach what they reject.
+- a copy (FETCH, PREFETCH, WRITE_BACK) needs a valid copy on its source;
+- EVICT drops a held copy; dropping the last valid copy of live data is refused (a GRAD chunk is
+  dead from its optimizer step until ALLOCATE or the backward writes it again);
+- ALLOCATE makes a fresh zero chunk on its tier (copies elsewhere are stale);
+- the backward's grad writes leave GRAD valid on DEVICE only;
+- OPTIMIZER_STEP needs its inputs valid (and GRAD live) on its tier and leaves them valid there only;
+  GRAD is dead afterwards.
+Tiers are bits by `schemas.schedule.TIER_INDEX` (bit 0: DEVICE), lists are indices into `lists`.
+The state machine only says yes or no (`ResidencyRefused` names the rule broken); each caller words
+its own error and counts its own bytes (`hold`, `copy`, `allocate` and `gather` say when a tier
+newly holds a copy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from schemas.schedule import TIER_INDEX, ChunkList, Tier
+
+DEVICE_BIT = 1 << TIER_INDEX[Tier.DEVICE]
+
+
+class Refusal(StrEnum):
+    NO_SOURCE = "NO_SOURCE"  # a copy from a tier without a valid copy
+    NOT_HELD = "NOT_HELD"  # an EVICT from a tier that holds no copy
+    LAST_COPY = "LAST_COPY"  # an EVICT of the last valid copy of live data
+    STEP_INPUT = "STEP_INPUT"  # an optimizer step without a valid (GRAD: live) input on its tier
+
+
+class ResidencyRefused(Exception):
+    """An action the residency rules refuse; `list_index` is the list concerned (a step: the input missing)."""
+
+    def __init__(self, refusal: Refusal, *, list_index: int, chunk: int, tier: int, stale: bool = False) -> None:
+        self.refusal, self.list_index, self.chunk, self.tier = refusal, list_index, chunk, tier
+        self.stale = stale  # NO_SOURCE: the source holds a stale copy (else none)
+        super().__init__(f"{refusal.value}: list {list_index}, chunk {chunk}, tier {tier}")
+
+
+class ValidCopies:
+    """held[list][chunk] and valid[list][chunk] as tier bitmasks, and which GRAD chunks are live."""
+
+    __slots__ = ("lists", "index", "held", "valid", "grad_live", "_grad")
+
+    def __init__(self, lists: Sequence[ChunkList], n_chunks: int) -> None:
+        self.lists = tuple(lists)
+        self.index = {x: i for i, x in enumerate(self.lists)}
+        self.held = [[0] * n_chunks for _ in self.lists]
+        self.valid = [[0] * n_chunks for _ in self.lists]
+        self.grad_live = [False] * n_chunks
+        self._grad = self.index.get(ChunkList.GRAD, -1)
+
+    def is_valid(self, li: int, c: int, t: int) -> bool:
+        return bool(self.valid[li][c] >> t & 1)
+
+    def holds(self, li: int, c: int, t: int) -> bool:
+        return bool(self.held[li][c] >> t & 1)
+
+    def hold(self, li: int, c: int, t: int) -> bool:
+        """Tier t holds a copy (valid or not, the caller says); True when it did not before."""
+        bit = 1 << t
+        if self.held[li][c] & bit:
+            return False
+        self.held[li][c] |= bit
+        return True
+
+    def start(self, li: int, c: int, t: int) -> bool:
+        """The iteration starts with a valid copy on tier t (`Schedule.initial_residency`)."""
+        new = self.hold(li, c, t)
+        self.valid[li][c] |= 1 << t
+        return new
+
+    def copy(self, li: int, c: int, src: int, dst: int) -> bool:
+        if not self.valid[li][c] >> src & 1:
+            raise ResidencyRefused(Refusal.NO_SOURCE, list_index=li, chunk=c, tier=src, stale=self.holds(li, c, src))
+        new = self.hold(li, c, dst)
+        self.valid[li][c] |= 1 << dst
+        return new
+
+    def evict(self, li: int, c: int, src: int) -> None:
+        bit = 1 << src
+        if not self.held[li][c] & bit:
+            raise ResidencyRefused(Refusal.NOT_HELD, list_index=li, chunk=c, tier=src)
+        live = li != self._grad or self.grad_live[c]
+        if live and self.valid[li][c] == bit:
+            raise ResidencyRefused(Refusal.LAST_COPY, list_index=li, chunk=c, tier=src)
+        self.held[li][c] &= ~bit
+        self.valid[li][c] &= ~bit
+
+    def allocate(self, li: int, c: int, dst: int) -> bool:
+        new = self.hold(li, c, dst)
+        self.valid[li][c] = 1 << dst
+        if li == self._grad:
+            self.grad_live[c] = True
+        return new
+
+    def gather(self, li: int, c: int) -> bool:
+        """An ALL_GATHER leaves a valid copy of the chunk on DEVICE."""
+        new = self.hold(li, c, TIER_INDEX[Tier.DEVICE])
+        self.valid[li][c] |= DEVICE_BIT
+        return new
+
+    def write_grads(self, c: int) -> None:
+        """The backward accumulated into GRAD chunk c on DEVICE (the caller checked a valid copy was there)."""
+        self.valid[self._grad][c] = DEVICE_BIT
+        self.grad_live[c] = True
+
+    def step(self, c: int, t: int, inputs: Sequence[int]) -> None:
+        """OPTIMIZER_STEP of chunk c on tier t over the lists `inputs` (PARAM, GRAD, the OS lists)."""
+        for li in inputs:
+            if not self.valid[li][c] >> t & 1 or (li == self._grad and not self.grad_live[c]):
+                raise ResidencyRefused(Refusal.STEP_INPUT, list_index=li, chunk=c, tier=t)
+        for li in inputs:
+            if li == self._grad:
+                self.grad_live[c] = False
+            else:
+                self.valid[li][c] = 1 << t
+
+    def ends_as_started(self, li: int, c: int, started: int) -> bool:
+        """Steady state: the tiers hold what they held at the start (`started`), and (GRAD aside,
+        whose copies may be dead) every one of them valid."""
+        if li == self._grad:
+            return self.held[li][c] == started
+        return self.held[li][c] == started and self.valid[li][c] == started
+
+
+__all__ = ["DEVICE_BIT", "Refusal", "ResidencyRefused", "ValidCopies"]
