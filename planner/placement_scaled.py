@@ -74,14 +74,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from planner.mathopt_solver import MathOptSolver as _MathOpt
+from planner.mathopt_solver import quiet_stdout as _quiet_stdout
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
     PlacementModel,
     PlacementSolution,
     _is_zero,
-    _MathOpt,
-    _quiet_stdout,
     _runs,
 )
 
