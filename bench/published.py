@@ -4,7 +4,7 @@
     python bench/published.py --quick      # the CI subset: the checks tests/test_published.py makes
     python bench/published.py --markdown   # the table as Markdown, for bench/RESULTS.md
 
-For each figure: the published value, the simulated value (today's `planner.baselines` policies,
+For each figure: the published value, the simulated value (the `planner.policies` systems,
 through their public functions `baseline` and `simulate`, and `planner.maxsize.feasible_fn` for
 tide), their ratio, the tolerance and whether the row is inside it, and the assumption (batch,
 sequence, checkpointing, which policy stands for the system) with where it comes from. A row outside
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from planner.baselines import baseline  # noqa: E402
+from planner.policies import baseline  # noqa: E402
 from planner.compare import TIDE  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.families import gpt_param_count, gpt_trace  # noqa: E402
@@ -215,7 +215,8 @@ FIGURES: tuple[Figure, ...] = (
         assumption=f"best of batch 8-64 (§5.3: 'at their highest throughput'), seq 1024; {note}")
       for p, name, pub, cb, note in (
           ("fuyou", "Fuyou", 202.0, 32, "§5.3 text: 202"),
-          ("zero-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); the policy is today's ZeRO-2 offload"),
+          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, "
+                                                            "checkpoints on CPU memory (§5.1)"),
           ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, "202/3.42 (§5.3)"),
           ("gemini", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini`"))),
     *(F(key=f"fy-5c-{p}", paper="Fuyou Fig. 5c (§5.3)", label=f"{name} 13B on RTX 4090, TFLOPS", kind="throughput",
@@ -223,14 +224,14 @@ FIGURES: tuple[Figure, ...] = (
         assumption=f"best of batch 8-64 (§5.3), seq 1024; {note}")
       for p, name, pub, cb, note in (
           ("fuyou", "Fuyou", 156.0, 32, "§5.3 text: 156"),
-          ("zero-offload", "ZeRO-Offload", 156 / 2.36, 8, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
+          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 8, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
           ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 32, "156/3.47 (§5.3: 45)"))),
     F(key="fy-trend-a100", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on A100", kind="trend",
       published=0.86, of=("fy-5a-a100", "fy-5b-fuyou"), assumption="§5.3: 'on the smaller 13B model, it maintains 86%'"),
     F(key="fy-trend-4090", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on RTX 4090", kind="trend",
       published=86.0 / 156.0, of=("fy-5a-4090", "fy-5c-fuyou"), assumption="86/156 (§5.3, '55%')"),
     F(key="fy-trend-zo", paper="Fuyou §5.3", label="ZeRO-Offload 13B, A100 / RTX 4090", kind="trend",
-      published=(202 / 2.46) / (156 / 2.36), of=("fy-5b-zero-offload", "fy-5c-zero-offload"),
+      published=(202 / 2.46) / (156 / 2.36), of=("fy-5b-zero3-offload", "fy-5c-zero3-offload"),
       assumption="ratio of the two ZeRO-Offload rows"),
     # Angel-PTM §6.2 Table 5: one 8 x A100 40 GB server, batch 1
     F(key="angel-ds", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: DeepSpeed",
@@ -243,10 +244,10 @@ FIGURES: tuple[Figure, ...] = (
                  "seconds per size, no MIP)"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
-      kind="largest", published="13B", policy="zero-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
+      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
       assumption="batch 10, 32 heads, checkpointing (DeepSpeed docs/_tutorials/zero-offload.md, the 10B run), seq 1024"),
     F(key="zo-10b", paper="ZeRO-Offload (Ren et al. 2021) §1", label="ZeRO-Offload 10B on 1x V100, TFLOPS",
-      kind="throughput", published=40.0, policy="zero-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
+      kind="throughput", published=40.0, policy="zero2-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
       ci_batch=10, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
                               "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
 )
@@ -272,13 +273,13 @@ MISSES: dict[str, str] = {
     "fy-5b-fuyou": "COMPUTE busy 78%, stall 19% (params arrive late: LRU + 16-moment horizon, not Fuyou's FIFO, "
                    "FY.4); the preset's 200 TFLOPS device peak with every block recomputed caps model FLOPs at "
                    "~150; counted with recompute (Megatron's formula) it is 156, x0.77",
-    "fy-5b-zero-offload": "too fast: compute-bound (COMPUTE 78%, CPU Adam 19% at 1.5e9 params/s, a tide estimate); "
+    "fy-5b-zero3-offload": "too fast: compute-bound (COMPUTE 78%, CPU Adam 19% at 1.5e9 params/s, a tide estimate); "
                           "pageable copies (Z3.12) and DeepSpeed's serial fetch (ZI.7) are not modelled",
     "fy-5b-zero-infinity": "too fast: NVMe/PCIe transfers overlap compute on independent channels, while Fuyou §3 "
                            "(Fig. 2a) measured them serialised and §5.5 pageable staging (ZI.7, Z3.12 not modelled)",
     "fy-5b-gemini": "too fast: the gemini policy keeps OS on HOST and is compute-bound (78%); Fuyou ran Colossal-AI "
                     "with its OS on SSDs (tensor-NVMe) and pageable memory (GM.8), neither modelled",
-    "fy-5c-zero-offload": "OOM: today's zero-offload is ZeRO-2 (26.2 GB of fp16 params on a 24 GB card); Fuyou's "
+    "fy-5c-zero3-offload": "OOM: today's zero-offload is ZeRO-2 (26.2 GB of fp16 params on a 24 GB card); Fuyou's "
                           "ZeRO-Offload is ZeRO-3 with params on the CPU (docs/baselines.md §1-2)",
     "fy-5c-zero-infinity": "too fast, as fy-5b-zero-infinity: serial dataflow (Fuyou §3) and pageable staging not "
                            "modelled (COMPUTE 54%, stall 7%)",

@@ -88,6 +88,16 @@ from schemas.schedule import (
 from schemas.trace import DTYPE_BYTES, Phase
 
 
+@frozen
+class Reservation:
+    """Bytes a system keeps for itself on a tier (pinned staging buffers, swap pools, fp32 grad
+    partitions): the schedule's budget on that tier is the capacity minus every reservation."""
+
+    tier: Tier
+    bytes: int
+    what: str  # the buffer and its source (config default or code path of the real system)
+
+
 class EvictionRule(StrEnum):
     BELADY_CLEAN_FIRST = "BELADY_CLEAN_FIRST"  # tide: farthest next use, clean entries before dirty ones
     FARTHEST_NEXT_USE = "FARTHEST_NEXT_USE"  # PatrickStar §8.3: farthest next use, clean or not
@@ -119,6 +129,17 @@ class Decisions:
     # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
     # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
     pace_optimizer_io: bool = False
+    # -- what a real system needs (issue 16, planner/policies/): defaults are tide's behaviour --
+    # DDP: every rank holds every chunk (layout built for one rank), grads all-reduced when final
+    replicated: bool = False
+    # bytes the system reserves per tier for its buffers (subtracted from the schedule's budgets)
+    reserved_bytes: tuple[Reservation, ...] = ()
+    # prefetch: at most this many PARAM bytes fetched ahead of their use at any tick (DeepSpeed's
+    # stage3_prefetch_bucket_size); None: no cap (tide: as early as the budget allows)
+    prefetch_bucket_bytes: int | None = None
+    # a PARAM entry leaves DEVICE after its last use in forward and again in backward, even with room
+    # to keep it (sharded systems re-shard: PatrickStar Alg. 4, ZeRO-3's release, Gemini)
+    release_between_phases: bool = False
 
 
 @frozen
@@ -279,7 +300,7 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
     actions, deadlines = _emit(plan, intervals)
     residency = _initial_residency(plan)
     activation_plans = _activation_plans(problem, decisions.activation_modes)
-    budgets = Budgets(device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes)
+    budgets = _reserved_budgets(problem, decisions)
     draft = Schedule(
         header=_header(problem, decisions, stats, 0.0),
         budgets=budgets,
@@ -294,7 +315,7 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
                               peak_bytes_per_tier={}),
     )
     replay = replay_residency(draft)
-    _check_capacity(problem, replay)
+    _check_capacity(problem, replay, budgets, decisions.reserved_bytes)
     stages, prediction = _predict(problem, draft, deadlines, replay)
     return Schedule(
         header=_header(problem, decisions, stats, prediction.iteration_seconds),
@@ -341,14 +362,15 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
         if mode is not ActivationMode.KEEP and activation_moments(problem, b)[0] < 0:
             raise PlannerError(f"decisions of {d.policy!r}: block {b} has no forward or no backward moment, "
                                f"so its activations can only be kept, found {mode}")
+    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own group
     for c in d.layout.chunks:
-        if c.comm_group != c.id // problem.world_size:
+        if c.comm_group != c.id // ws:
             raise PlannerError(f"decisions of {d.policy!r}: chunk {c.id} is in comm group {c.comm_group}, expected "
-                               f"{c.id // problem.world_size}; build the layout with planner.layout")
+                               f"{c.id // ws}; build the layout with planner.layout")
 
 
 def _plan(problem: Problem, d: Decisions) -> _Plan:
-    layout, ws = d.layout, problem.world_size
+    layout, ws = d.layout, 1 if d.replicated else problem.world_size
     n_chunks = len(layout.chunks)
     n_groups = math.ceil(n_chunks / ws)
     group_chunks = [range(g * ws, min((g + 1) * ws, n_chunks)) for g in range(n_groups)]
@@ -567,11 +589,32 @@ def _demand_pass(plan: _Plan) -> list[_Interval]:
                 victims.push(e, next_use=next_use(e), last_use=tick, dirty=dirty)
             else:
                 victims.drop(e)
+        if plan.decisions.release_between_phases:
+            occupied -= _release_at_phase_end(plan, tick, needs, resident, victims, next_use)
         # a GRAD written back after its last backward use goes with the trim; mark it dirty now
         for e in needs:
             if e & 1 == GRAD_ENTRY and ptr[e] >= len(uses[e]) and plan.device_step_tick.get(e >> 1) != tick:
                 resident[e].write_back = True
     return intervals
+
+
+def _release_at_phase_end(plan: _Plan, tick: int, needs: list[int], resident: dict[int, _Interval],
+                          victims: _Victims, next_use) -> int:
+    """End the stay of every needed PARAM entry whose next use is in another phase (or never):
+    a sharded system releases a gathered group after its last use in forward and in backward."""
+    phase = plan.problem.moments[plan.tick_moment[tick]].phase
+    freed = 0
+    for e in needs:
+        if e & 1 != PARAM_ENTRY or plan.persistent[e >> 1] or e not in resident:
+            continue
+        nxt = next_use(e)
+        if nxt < len(plan.tick_moment) and plan.problem.moments[plan.tick_moment[nxt]].phase is phase:
+            continue
+        iv = resident.pop(e)
+        iv.end = tick + 1
+        victims.drop(e)
+        freed += int(plan.entry_bytes[e])
+    return freed
 
 
 def _stuck_message(plan: _Plan, tick: int, short: int) -> str:
@@ -603,6 +646,8 @@ def _prefetch(plan: _Plan, intervals: list[_Interval]) -> None:
         delta[end] -= plan.entry_bytes[iv.entry]
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
+    bucket = plan.decisions.prefetch_bucket_bytes
+    ahead = np.zeros(n_ticks, dtype=np.int64)  # bytes fetched ahead of their use, per tick (with a bucket)
     previous_end: dict[int, int] = {}
     issued = 0  # copies are issued in the order they are needed: a channel is a FIFO, so a fetch for
     # later must never be queued ahead of one for sooner
@@ -618,11 +663,22 @@ def _prefetch(plan: _Plan, intervals: list[_Interval]) -> None:
         size = plan.entry_bytes[iv.entry]
         window = slack[lower:iv.start]
         blocked = np.flatnonzero(window < size)
+        if bucket is not None:
+            blocked = np.union1d(blocked, _over_bucket(ahead[lower:iv.start], size, bucket))
         start = lower + (int(blocked[-1]) + 1 if blocked.size else 0)
         if start < iv.start:
             slack[start:iv.start] -= size
+            if bucket is not None:
+                ahead[start:iv.start] += size
             iv.start = start
         issued = start
+
+
+def _over_bucket(ahead: np.ndarray, size: int, bucket: int) -> np.ndarray:
+    """Ticks where the bucket of bytes fetched ahead is full: DeepSpeed issues one more prefetch while
+    fewer than `prefetch_bucket_size` elements are in flight (the last one may overshoot it;
+    `partitioned_param_coordinator.py` `fetch_sub_module`, the `numel_prefetching` loop)."""
+    return np.flatnonzero(ahead >= bucket)
 
 
 # -- actions -----------------------------------------------------------------------------------
@@ -694,6 +750,9 @@ def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], 
         if plan.ws > 1:
             for g in sorted(finals.get(tick, ())):
                 out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+        elif plan.decisions.replicated and plan.problem.world_size > 1:
+            for g in sorted(finals.get(tick, ())):
+                _all_reduce(out, plan, g, tick)
         for iv in sorted(ends.get(tick, ()), key=key):
             _emit_end(out, plan, iv, tick)
         for iv in sorted(starts.get(tick, ()), key=key):
@@ -738,6 +797,17 @@ def _emit(plan: _Plan, intervals: list[_Interval]) -> tuple[tuple[Action, ...], 
             _device_step(out, plan, device_steps[tick], tick)
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _all_reduce(out: _Emitter, plan: _Plan, g: int, tick: int) -> None:
+    """DDP's all-reduce of a final GRAD chunk (replicated decisions): a ring reduce-scatter then
+    all-gather, each moving (p-1)/p of the used grad bytes per rank (torch DDP, bucketed during
+    backward; modelled per chunk)."""
+    p = plan.problem.world_size
+    for c in plan.trainable_chunks[g]:
+        half = (p - 1) * plan.decisions.layout.chunks[c].used_elements * plan.problem.list_itemsize(ChunkList.GRAD) // p
+        for op in (Op.REDUCE_SCATTER, Op.ALL_GATHER):
+            out.add(tick, op=op, list=ChunkList.GRAD, chunk=c, channel=Channel.INTER_GPU, bytes=half)
 
 
 def _estimated_tick_seconds(plan: _Plan) -> list[float]:
@@ -865,7 +935,8 @@ def _emit_start(out: _Emitter, plan: _Plan, iv: _Interval, tick: int) -> None:
         if plan.home[c] is Tier.NVME:
             out.copy(tick, op, ChunkList.PARAM, c, Tier.NVME, Tier.HOST, deadline=use)
         out.copy(tick, op, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=use)
-    if plan.ws > 1:
+    # an optimizer step needs the owners' own chunks only: no all-gather for it (PatrickStar Alg. 4)
+    if plan.ws > 1 and plan.device_step_tick.get(g) != iv.first_use:
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
 
 
@@ -1107,7 +1178,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
                 act_bytes[TIER_INDEX[a.src]] -= a.bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
-            elif a.op is Op.ALL_GATHER:
+            elif a.op is Op.ALL_GATHER and a.list is not ChunkList.GRAD:  # a GRAD one: DDP's all-reduce, in place
                 for c in range(a.chunk * schedule.header.world_size,
                                min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
                     add(a.list, c, 0)
@@ -1171,17 +1242,32 @@ def _check_steady_state(schedule: Schedule, held: dict, valid: dict, fail) -> No
 # -- checks and prediction ---------------------------------------------------------------------
 
 
-def _check_capacity(problem: Problem, replay: ResidencyReplay) -> None:
-    for tier, per_moment, capacity in ((Tier.DEVICE, replay.device_bytes, problem.device_bytes),
-                                       (Tier.HOST, replay.host_bytes, problem.host_bytes),
-                                       (Tier.NVME, replay.nvme_bytes, problem.nvme_bytes)):
+def _reserved_budgets(problem: Problem, d: Decisions) -> Budgets:
+    """The schedule's budgets: each tier's capacity minus what the policy reserves there (its buffers)."""
+    held = {t: sum(r.bytes for r in d.reserved_bytes if r.tier is t) for t in Tier}
+    return Budgets(device_bytes=max(0, problem.device_bytes - held[Tier.DEVICE]),
+                   host_bytes=max(0, problem.host_bytes - held[Tier.HOST]),
+                   nvme_bytes=max(0, problem.nvme_bytes - held[Tier.NVME]))
+
+
+def _check_capacity(problem: Problem, replay: ResidencyReplay, budgets: Budgets | None = None,
+                    reserved: Sequence[Reservation] = ()) -> None:
+    budgets = budgets or Budgets(device_bytes=problem.device_bytes, host_bytes=problem.host_bytes,
+                                 nvme_bytes=problem.nvme_bytes)
+    for tier, per_moment, capacity in ((Tier.DEVICE, replay.device_bytes, budgets.device_bytes),
+                                       (Tier.HOST, replay.host_bytes, budgets.host_bytes),
+                                       (Tier.NVME, replay.nvme_bytes, budgets.nvme_bytes)):
         peak = max(per_moment)
         if peak > capacity:
             m = problem.moments[int(np.argmax(per_moment))]
+            buffers = sum(r.bytes for r in reserved if r.tier is tier)
+            held = (f" (after {buffers} bytes of the system's own buffers: "
+                    + ", ".join(r.what.split(";")[0] for r in reserved if r.tier is tier) + ")") if buffers else ""
             raise InfeasibleError(
                 f"{tier.value} runs out at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}): "
-                f"it needs {peak} bytes, the capacity is {capacity} ({peak - capacity} bytes short); the smallest "
-                f"{tier.value} capacity that would work with these decisions is {peak} bytes ({peak / 1e9:.2f} GB)")
+                f"it needs {peak} bytes, the capacity is {capacity}{held} ({peak - capacity} bytes short); the smallest "
+                f"{tier.value} capacity that would work with these decisions is {peak + buffers} bytes "
+                f"({(peak + buffers) / 1e9:.2f} GB)")
 
 
 def _predict(problem: Problem, schedule: Schedule, deadlines: Sequence[int],
@@ -1335,7 +1421,7 @@ def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "t
 
 
 __all__ = [
-    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats",
+    "Decisions", "EvictionRule", "ReplayError", "Reservation", "ResidencyReplay", "SolverStats",
     "activation_moments", "materialize", "non_model_curve", "os_device_bytes", "param_budget_bytes",
     "replay_residency", "uniform_decisions",
 ]
