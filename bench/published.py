@@ -255,42 +255,47 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": "zero-infinity (ZeRO-3, CPU) keeps no fp16 params on the GPU, so only HOST bounds it: 12B at >= 30 "
-                  "TFLOPS, 13B over HOST (204 GB); PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and "
-                  "peak non-model data must be in GPU' (§9.2.1) - its buffers (prefetch bucket, persistent params, "
-                  "pageable staging; docs/baselines.md Z3.2-Z3.12) are not modelled",
-    "ps-t3-8-ps": "6B reaches 224 TFLOPS at batch 16 (< 8 x 30), and batch 32 runs out of DEVICE: the packed 8-rank "
-                  "layout gathers a comm group of 8 chunks (8.6 GB) at once, and PatrickStar's per-moment chunk "
-                  "budget (docs/baselines.md PS.4) and grad-in-param-slot (PS.2) are not modelled",
+    "ps-t3-1-ds": "zero-infinity without SSDs (ZeRO-3, params on the CPU) keeps no fp16 params on the GPU, so only "
+                  "HOST bounds it: 10B at >= 30 TFLOPS, 12B over HOST with the fp32 grad partition reserved; "
+                  "PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and peak non-model data must be in "
+                  "GPU' (§9.2.1); pageable staging (Z3.12) and per-sub-module gathers are not modelled",
+    "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
+                  "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
+                  "schedule format cannot express)",
     "ps-922-6B": "CPU Adam after backward is 50% busy at the preset's 4e8 params/s (a tide estimate, "
-                 "v100-32g-240g.toml) against 44% COMPUTE: 41.6 vs 56 (x0.74, just outside)",
-    "fy-f4-4090-128": "Fuyou's FIFO prefetch buffer, pinned staging and per-layer backward temporaries are not "
-                      "counted (docs/baselines.md FY.4, FY.8, FY.9) and params + OS live on the SSDs, so 128 GB of "
-                      "HOST never binds: 412B fits, 805B fails on DEVICE only",
-    "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 77% busy, with 51% "
-                  "stall at batch 8; batch 16 runs out of DEVICE even with checkpoints only (two 3.6 GB param chunks "
-                  "at h.95's backward), so the paper's larger batches are out of reach",
-    "fy-5b-fuyou": "COMPUTE busy 78%, stall 19% (params arrive late: LRU + 16-moment horizon, not Fuyou's FIFO, "
-                   "FY.4); the preset's 200 TFLOPS device peak with every block recomputed caps model FLOPs at "
-                   "~150; counted with recompute (Megatron's formula) it is 156, x0.77",
-    "fy-5b-zero3-offload": "too fast: compute-bound (COMPUTE 78%, CPU Adam 19% at 1.5e9 params/s, a tide estimate); "
-                          "pageable copies (Z3.12) and DeepSpeed's serial fetch (ZI.7) are not modelled",
-    "fy-5b-zero-infinity": "too fast: NVMe/PCIe transfers overlap compute on independent channels, while Fuyou §3 "
-                           "(Fig. 2a) measured them serialised and §5.5 pageable staging (ZI.7, Z3.12 not modelled)",
-    "fy-5b-gemini": "too fast: the gemini policy keeps OS on HOST and is compute-bound (78%); Fuyou ran Colossal-AI "
-                    "with its OS on SSDs (tensor-NVMe) and pageable memory (GM.8), neither modelled",
-    "fy-5c-zero3-offload": "OOM: today's zero-offload is ZeRO-2 (26.2 GB of fp16 params on a 24 GB card); Fuyou's "
-                          "ZeRO-Offload is ZeRO-3 with params on the CPU (docs/baselines.md §1-2)",
+                 "v100-32g-240g.toml) against 44% COMPUTE: 41.5 vs 56 (x0.74, just outside)",
+    "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
+                      "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
+                      "have no size in the paper (docs/baselines.md FY.9)",
+    "fy-5a-a100": "Eq. 1-12 picks 74/96 blocks to swap to NVMe; the simulator's simplex SSDs then serve the reloads "
+                  "next to 2.1 TB of OS reads and writes in backward (stall 45%, 1.8 s per backward moment): "
+                  "measured 100.8 TFLOPS, while the same decisions with checkpoints only (D_start) give 126.2",
+    "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 50% busy, stall 67% at "
+                  "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
+    "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
+                   "at batch 64 (x0.73); the preset's 200 TFLOPS peak with recompute caps model FLOPs near 150",
+    "fy-5b-zero3-offload": "too fast (x1.45): compute-bound (COMPUTE 79%, stall 2%); DeepSpeed's pageable copies (Z3.12) "
+                           "and the serial fetch/compute dataflow Fuyou measured (ZI.7) are not modelled",
+    "fy-5b-zero-infinity": "too fast (x1.74): NVMe/PCIe transfers overlap compute on independent channels, while Fuyou "
+                           "§3 (Fig. 2a) measured them serialised, and pageable staging (ZI.7, Z3.12 not modelled)",
+    "fy-5b-gemini": "too fast: gemini auto keeps the OS on HOST (plugin default) and is compute-bound (78%); Fuyou ran "
+                    "Colossal-AI with its OS on SSDs (`os_on_nvme` option, not the compare row) and pageable memory "
+                    "(GM.8, not modelled)",
+    "fy-5c-fuyou": "Eq. 1-12 swaps 15/40 blocks to HOST: stall 20%, 104.6 TFLOPS; checkpoints only give 118.9 (x0.76)",
+    "fy-5c-zero3-offload": "x1.25, just outside: compute-bound (COMPUTE 67%, stall 6%); pageable copies (Z3.12) and "
+                           "the serial dataflow (ZI.7) are not modelled",
     "fy-5c-zero-infinity": "too fast, as fy-5b-zero-infinity: serial dataflow (Fuyou §3) and pageable staging not "
-                           "modelled (COMPUTE 54%, stall 7%)",
-    "fy-trend-a100": "the 13B row stalls 19% on fetches while the 175B row is compute-bound (99%): 175B comes out "
-                     "faster than 13B (x1.17 vs the paper's x0.86)",
-    "fy-trend-zo": "its 4090 row is OOM (fy-5c-zero-offload)",
+                           "modelled (COMPUTE 55%, stall 5%)",
+    "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
+    "fy-trend-zo": "x1.15: the A100 row is compute-bound and 45% too fast, the 4090 row 25% (see both)",
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
-                "and prefetches the next: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
+                "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
                 "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
     "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
                   "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
+    "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
+                  "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
+                  "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
 }
 FIGURES = tuple(dataclasses.replace(f, miss=MISSES.get(f.key, "")) for f in FIGURES)
 BY_KEY = {f.key: f for f in FIGURES}

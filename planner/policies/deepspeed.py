@@ -86,11 +86,10 @@ def _zero3(problem: Problem, name: str, home: Tier, *, offload_ratio: float, cpu
     modes = _modes(problem)
     ckpt = Tier.HOST if cpu_checkpointing else None  # ZI.6: on CPU memory, never on SSD
     item = problem.list_itemsize(ChunkList.PARAM)
-    grad_group = max((sum(c.elements for c in layout.chunks[g:g + ws]) for g in range(0, len(layout.chunks), ws)),
-                     default=0) * item
-    # at most stage3_max_live_parameters gathered (Z3.3), plus the GRAD of the group being reduced
-    # (a comm group is the unit that moves: with many ranks one group may exceed the cap, which is then its size)
-    cap = max(MAX_LIVE_PARAMETERS * item, grad_group) + grad_group
+    # at most stage3_max_live_parameters gathered (Z3.3), plus the GRADs being reduced. DeepSpeed fetches
+    # per sub-module; the unit here is a chunk (or a comm group of them), so where one moment's chunks
+    # (PARAM + GRAD) hold more than the cap, the cap is what that moment needs
+    cap = max(MAX_LIVE_PARAMETERS * item * 2, _largest_moment_bytes(problem, layout))
     homes = (home,) * len(layout.chunks) if home is not Tier.HOST else ()
     ratio = f", offload_optimizer.ratio {offload_ratio}" if offload_ratio < 1 else ""
     return Decisions(
@@ -104,6 +103,17 @@ def _zero3(problem: Problem, name: str, home: Tier, *, offload_ratio: float, cpu
                f"under stage3_max_live_parameters, released after use; CPU Adam after backward{ratio}; "
                f"checkpoints per block on {'HOST' if ckpt else 'DEVICE'}; "
                + ", ".join(r.what.split(" (")[0] for r in reserved) + " reserved",))
+
+
+def _largest_moment_bytes(problem: Problem, layout) -> int:
+    """PARAM + GRAD bytes of the comm groups one moment uses, the most over the moments."""
+    ws = problem.world_size
+    chunk_of = {t.tensor: t.chunk for t in layout.tensors}
+    group_bytes: dict[int, int] = {}
+    for c in layout.chunks:
+        group_bytes[c.id // ws] = group_bytes.get(c.id // ws, 0) + c.elements * problem.list_itemsize(ChunkList.PARAM)
+    return max((2 * sum(group_bytes[g] for g in {chunk_of[t] // ws for t in m.tensors if t in chunk_of})
+                for m in problem.moments), default=0)
 
 
 def zero3_offload(problem: Problem, *, offload_ratio: float = 1.0, cpu_checkpointing: bool = True,
