@@ -320,3 +320,24 @@ def test_zero_infinity_host_counts_every_rank_checkpoints_and_swap_pool_on_the_n
     between = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST, host_bytes=need_one)
     with pytest.raises(InfeasibleError, match="HOST runs out"):
         baseline("zero-infinity", between)
+
+
+def test_every_reference_decision_set_says_which_parts_are_the_systems_and_which_are_tides() -> None:
+    """Issue 16: a reference decision set is "system X's placement with tide's runtime"; its notes say so."""
+    from planner.policies import policy_layout
+    from planner.solve import reference_decisions
+
+    p = problem()
+    sets = reference_decisions(p, policy_layout(p), os_device_groups=1)
+    assert len(sets) >= 6
+    for name, d in sets:
+        assert d.notes[0] == f"reference decision set: {name}"
+        assert d.notes[1].startswith("the system's: ") and len(d.notes[1]) > len("the system's: ") + 10
+        assert d.notes[2].startswith("tide's: ") and "prefetch" in d.notes[2] and "Belady" in d.notes[2]
+
+
+def test_every_baseline_note_says_it_is_the_systems_own() -> None:
+    p = problem()
+    for name in POLICIES:
+        first = baseline(name, p).header.notes[0]
+        assert first.startswith(name.split("-")[0]) and "(the system's)" in first
