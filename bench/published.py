@@ -270,7 +270,8 @@ MISSES: dict[str, str] = {
                  "v100-32g-240g.toml) against 44% COMPUTE: 41.5 vs 56 (x0.74, just outside)",
     "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
                       "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
-                      "have no size in the paper (docs/baselines.md FY.9)",
+                      "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "
+                      "with only 128 GB': a feasibility claim the harness reads as the maximum",
     "fy-5a-a100": "Eq. 1-12 picks 74/96 blocks to swap to NVMe; the simulator's simplex SSDs then serve the reloads "
                   "next to 2.1 TB of OS reads and writes in backward (stall 45%, 1.8 s per backward moment): "
                   "measured 100.8 TFLOPS, while the same decisions with checkpoints only (D_start) give 126.2",
