@@ -17,12 +17,11 @@ import torch
 from torch import nn
 
 from executor.errors import ExecutorError
+from executor.models import MODELS, build_model, make_batch, model_spec, parse_dtype
 from executor.recorder import record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from executor.models import MODELS
-
     p = subparsers.add_parser(
         "record", help="record one training iteration of a model into a trace file",
         description="Record one training iteration (forward, backward, optimizer step) of a named model, or of "
@@ -53,8 +52,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from executor.models import parse_dtype
-
     if (args.model is None) == (args.module is None):
         raise ExecutorError("record: give either a MODEL_NAME or --module PKG.MOD:FACTORY (exactly one)")
     device = "meta" if args.meta else args.device
@@ -82,8 +79,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _named_model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> tuple:
-    from executor.models import build_model, make_batch, model_spec
-
     spec = model_spec(args.model, batch=args.batch, seq=args.seq)
     model = build_model(spec, device=device, dtype=dtype)
     batch = make_batch(spec, device=device)

@@ -68,15 +68,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from ortools.math_opt.python import mathopt
+
+import planner.solve as solve_mod
+from planner.bounds import physical_lower_bound_seconds
 from planner.mathopt_solver import MathOptSolver as _MathOpt
 from planner.mathopt_solver import quiet_stdout as _quiet_stdout
 from planner.placement import (
+    SECONDARY_TERMS,
+    SECONDARY_WEIGHT,
+    TIME_UNIT,
     PlacementInfeasible,
     PlacementInput,
     PlacementModel,
@@ -84,6 +92,7 @@ from planner.placement import (
     _is_zero,
     _runs,
 )
+from planner.solve import PIN_MODES_BLOCKS, _solve_mip, solve_report
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +148,6 @@ def _group_of(name: str) -> int | None:
 def _tries(data: PlacementInput, lp_flags: dict[str, float], lp_modes: tuple | None) -> list[tuple[dict[str, int], tuple | None]]:
     """The pins in planner.solve._solve_mip's order: switches and modes, switches only, then the
     switches released one at a time, least used by the LP first."""
-    from planner.solve import PIN_MODES_BLOCKS
 
     pinned = _pinned(lp_flags)
     tries: list[tuple[dict[str, int], tuple | None]] = []
@@ -166,7 +174,6 @@ def solve_mip_fixed(data: PlacementInput, lp_flags: dict[str, float], budget: fl
         if sol is not None:
             stats["pins"] = f"try {n_try}: {'modes pinned' if modes is not None else 'modes free'}"
             return sol
-    from planner.solve import _solve_mip
 
     stats.update(attempt="today's pinned MIP", seconds=math.nan)
     return _solve_mip(data, lp_flags, max(1.0, budget - (time.perf_counter() - started)), lp_modes)
@@ -223,11 +230,8 @@ def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 60.0
     speed. Measured at 32 blocks (hidden 4096, a100-80g-12ssd, chunk 67257720): LP 2.1194 s, root
     2.2164 s, which is what brings the true gap under 5% where the LP leaves it at 8.9%.
     Returns 0.0 when HiGHS stops without a bound."""
-    import datetime
 
-    from ortools.math_opt.python import mathopt
 
-    from planner.placement import SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT
 
     model = PlacementModel(data)
     params = mathopt.SolveParameters(time_limit=datetime.timedelta(seconds=time_limit_seconds), node_limit=1,
@@ -247,9 +251,7 @@ class _DualSimplexMathOpt(_MathOpt):
     optimum. Deterministic as GLOP's default (one thread)."""
 
     def solve(self, *, time_limit_seconds: float, relative_gap: float) -> Any:
-        import datetime
 
-        from ortools.math_opt.python import mathopt
 
         if self.kind is not mathopt.SolverType.GLOP:
             return super().solve(time_limit_seconds=time_limit_seconds, relative_gap=relative_gap)
@@ -301,7 +303,6 @@ def _groups_near(data: PlacementInput, names: list[str]) -> set[int]:
 
 @contextlib.contextmanager
 def _mip_step(replacement) -> Iterator[None]:
-    import planner.solve as solve_mod
 
     saved = solve_mod._solve_mip, solve_mod.PlacementModel
     solve_mod._solve_mip, solve_mod.PlacementModel = replacement, _SearchLP
@@ -334,7 +335,6 @@ class ScaledReport:
 
 def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_limit_s: float = 60.0) -> ScaledReport:
     """planner.solve.solve_report with the MIP step solved by LP-integral fixing."""
-    from planner.solve import solve_report
 
     mips: list[dict[str, Any]] = []
     best = [math.inf]  # the best MIP objective so far (chunk sizes come in LP order)
@@ -342,7 +342,6 @@ def solve_scaled_report(trace: Any, hardware: Any, *, trace_digest: str, time_li
     def step(data, lp_flags, budget, lp_modes=None):
         stats: dict[str, Any] = {}
         mips.append(stats)
-        from planner.bounds import physical_lower_bound_seconds
 
         values, lp_bound = _stashed(data)
         sol = solve_mip_fixed(data, lp_flags, budget, lp_modes, stats=stats, lp_values=values)

@@ -202,7 +202,7 @@ def test_on_demand_fetch_fits_a_block_with_no_room_to_prefetch():
 def test_the_simulator_picks_the_plan_and_tide_is_never_slower_than_its_references_or_the_baselines(hw):
     """Every solved placement and every reference decision set (the baselines' decisions through tide's
     engine) is replayed; the fastest replay is the schedule, so tide is no slower than any of them."""
-    from planner.baselines import POLICIES, baseline
+    from planner.policies import POLICIES, baseline
     from planner.problem import build_problem
     from planner.simulate import simulate
 
