@@ -52,6 +52,7 @@ paused during the instrumented run so storage lifetimes, and the trace, are dete
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -66,7 +67,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from schemas.trace import (
     Activation,
@@ -156,6 +157,18 @@ def _batch_shape(batch: Batch) -> tuple[int, ...]:
 # ----------------------------------------------------------------------------- the tape
 
 
+
+# FLOP formulas torch's flop counter lacks: the CPU flash-attention kernel (what SDPA runs on a CPU and
+# what executor.models records attention with on the meta device) does the same matmuls as the GPU
+# flash kernel, so it takes the same formulas (torch.utils.flop_counter's sdpa_flop_count: 2 matmuls
+# forward, 4 backward, causal masking not discounted, as for the GPU kernels)
+_EXTRA_FLOPS: dict[Any, Callable[..., int]] = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *args, out_val=None, **kwargs: sdpa_flop_count(q.shape, k.shape, v.shape),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad_out, q, k, v, *args, out_val=None, **kwargs: sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
+}
+
 class _MomentLog:
     """What one moment's work did (mutable while recording, frozen into a `Moment` at the end)."""
 
@@ -207,7 +220,8 @@ class _Tape:
 
     # -- ops ---------------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict, out: Any, seconds: float) -> None:
-        formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+        packet = getattr(func, "_overloadpacket", None)
+        formula = flop_registry.get(packet) or _EXTRA_FLOPS.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):
@@ -712,6 +726,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="parameter (compute) dtype (default float32)")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd (default adamw)")
+    p.add_argument("--attention", default=None, choices=["sdpa", "math"],
+                   help="our GPT's attention: sdpa (fused, the default) or math (scores written out and kept)")
+    p.add_argument("--loss", default=None, choices=["chunked", "full"],
+                   help="our GPT's loss head: chunked (no full logits kept, the default) or full (F.cross_entropy on all logits)")
     p.add_argument("--timing-iterations", type=int, default=5,
                    help="timed iterations of a real recording; times are per-moment minima (default 5)")
     p.set_defaults(func=_main)
@@ -721,6 +739,11 @@ def _main(args: argparse.Namespace) -> int:
     from executor.models import build_model, make_batch, model_spec, parse_dtype
 
     spec = model_spec(args.model, batch=args.batch, seq=args.seq)
+    flags = {k: v for k, v in (("attention", args.attention), ("loss", args.loss)) if v is not None}
+    if flags and spec.family != "gpt":
+        raise ExecutorError(f"--{next(iter(flags))}: only our GPT models take it; {args.model} is {spec.family}")
+    if flags:
+        spec = dataclasses.replace(spec, config={**spec.config, **flags})
     device = "meta" if args.meta else args.device
     try:
         torch.device(device)
