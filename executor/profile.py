@@ -410,8 +410,9 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
         att = [(1, 16, 1024, 128)] if quick else [(b, 16, t, d) for b in (1, 8) for t in (512, 1024, 2048, 4096) for d in (64, 128)]
         figures["attention_rates"] = attention_sweep(dev, torch.bfloat16, att, seconds=0.1 * scale)
         figures.update(cuda_copy_rates(nbytes=256 * _MIB, seconds=0.5 * scale))
+        torch.cuda.empty_cache()  # what the sweeps left in the caching allocator is not the context
         free_b, total_b = torch.cuda.mem_get_info()
-        figures["cuda_context_gb"] = (total_b - free_b) / 1e9
+        figures["cuda_context_gb"] = max(0, total_b - free_b - torch.cuda.memory_reserved()) / 1e9
         memory_gb = props.total_memory / 1e9 if device_memory_gb is None else device_memory_gb
         compute = figures["device_bf16_tflops"]
     else:
@@ -437,7 +438,7 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
     # the allocator margin: on a GPU, what the CUDA context already holds plus 2% of the memory for
     # fragmentation (a tide estimate: PatrickStar §8.2 keeps a "margin" of the same kind, unsized);
     # the emulated pool is allocated exactly, so none
-    margin_gb = figures["cuda_context_gb"] + 0.02 * memory_gb if cuda else 0.0
+    margin_gb = min(figures["cuda_context_gb"] + 0.02 * memory_gb, 0.5 * 0.9 * memory_gb) if cuda else 0.0
     description = (
         f"measured by `python -m executor profile` on {host} at {when} (torch {torch.__version__}, {figures['seconds']:.1f} s): "
         + (f"GPU {device_name}: bf16 matmul {figures['device_bf16_tflops']:.1f} TFLOPS, fp32 {figures['device_fp32_tflops']:.1f}; "
