@@ -126,7 +126,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         n, chunk = x.shape[0], ctx.chunk
         scale = grad.to(lse.dtype) / n
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        # the weight grad accumulates in place in the weight's dtype, chunk by chunk (as Liger-Kernel's fused
+        # linear cross-entropy does): no (vocab, hidden) temporary beyond the grad itself
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         for s in range(0, n, chunk):
             xs = x[s:s + chunk]
             probs = (F.linear(xs, weight).to(lse.dtype) - lse[s:s + chunk].unsqueeze(1)).exp_()
@@ -136,8 +138,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             if grad_x is not None:
                 grad_x[s:s + chunk] = g @ weight
             if grad_w is not None:
-                grad_w += (g.t() @ xs).to(grad_w.dtype)
-        return grad_x, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+                grad_w.addmm_(g.t(), xs)
+        return grad_x, grad_w, None, None
 
 
 class CausalSelfAttention(nn.Module):

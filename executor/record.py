@@ -158,7 +158,7 @@ def _batch_shape(batch: Batch) -> tuple[int, ...]:
 
 
 
-# FLOP formulas torch's flop counter lacks: the CPU flash-attention kernel (what SDPA runs on a CPU and
+# FLOP formulas torch's flop counter lacks. The CPU flash-attention kernel (what SDPA runs on a CPU and
 # what executor.models records attention with on the meta device) does the same matmuls as the GPU
 # flash kernel, so it takes the same formulas (torch.utils.flop_counter's sdpa_flop_count: 2 matmuls
 # forward, 4 backward, causal masking not discounted, as for the GPU kernels)
@@ -167,6 +167,9 @@ _EXTRA_FLOPS: dict[Any, Callable[..., int]] = {
         lambda q, k, v, *args, out_val=None, **kwargs: sdpa_flop_count(q.shape, k.shape, v.shape),
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
         lambda grad_out, q, k, v, *args, out_val=None, **kwargs: sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
+    # in-place addmm (a weight grad accumulated chunk by chunk): the flop counter knows only addmm
+    torch.ops.aten.addmm_:
+        lambda acc, a, b, *args, out_val=None, **kwargs: 2 * a.shape[0] * a.shape[1] * b.shape[1],
 }
 
 class _MomentLog:
