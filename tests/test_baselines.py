@@ -34,9 +34,9 @@ def box(*, device_gb: float = 4.0, host_gb: float = 16.0, ssds: int = 2, link_gb
     )
 
 
-def small_trace(*, layers: int = 8, hidden: int = 1024, batch: int = 2, seq: int = 128):
+def small_trace(*, layers: int = 8, hidden: int = 1024, batch: int = 2, seq: int = 128, **variant: str):
     """~109 M params: 0.22 GB of fp16 params, 1.7 GB of model data."""
-    return gpt_trace(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=8192)
+    return gpt_trace(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=8192, **variant)
 
 
 def problem(hw: Hardware | None = None, **kw: int):

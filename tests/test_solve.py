@@ -21,7 +21,10 @@ HW = "rtx4090-768g-12ssd"  # transfers matter next to its compute: the placement
 
 
 def _trace(layers: int, **kw):
-    args = dict(layers=layers, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32")
+    # the written-out variant (scores and full logits kept): the instances these targets were set on. With
+    # the fused default (issue 17 item 3) the 2-layer instance stops FEASIBLE at a 5.0% gap: a finding
+    # for the planner's bound (issue 17 item 4), not hidden by loosening the 2% here
+    args = dict(layers=layers, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32", attention="math", loss="full")
     args.update(kw)
     return gpt_trace(**args)
 
@@ -176,7 +179,9 @@ def test_params_homed_on_nvme_when_host_cannot_hold_them():
     from schemas.schedule import ChunkList
     from test_baselines import box, small_trace
 
-    tr = small_trace()
+    # the written-out variant, the instance this was set on: on the fused default (issue 17 item 3) HiGHS found
+    # no integral plan within the 30 s on a loaded 2-core machine (the written-out one took 33 s there too)
+    tr = small_trace(attention="math", loss="full")
     hw = box(device_gb=1.0, host_gb=0.3, ssds=2)
     schedule = solve(tr, hw, trace_digest=_digest(tr), time_limit_s=30)
     on_nvme = [c for c in schedule.initial_residency if c.list is ChunkList.PARAM and c.tiers == (Tier.NVME,)]
