@@ -128,8 +128,12 @@ def _nested_dataclasses(hint: Any) -> list[type]:
     return [c for a in typing.get_args(hint) for c in _nested_dataclasses(a)]
 
 
-def json_schema(root: type, *, format_name: str, format_version: int, title: str) -> dict[str, Any]:
-    """The JSON Schema document of a file whose top-level object mirrors `root`."""
+def json_schema(root: type, *, format_name: str, format_version: int, title: str,
+                trailer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema document of a file whose top-level object mirrors `root`.
+
+    `trailer`: required top-level fields after the dataclass's (e.g. the schedule's content digest).
+    """
     defs: dict[str, Any] = {}
     _collect(root, defs)
     top = dict(defs.pop(root.__name__))
@@ -137,8 +141,9 @@ def json_schema(root: type, *, format_name: str, format_version: int, title: str
         "format": {"const": format_name},
         "format_version": {"const": format_version},
         **top["properties"],
+        **(trailer or {}),
     }
-    top["required"] = ["format", "format_version", *top["required"]]
+    top["required"] = ["format", "format_version", *top["required"], *(trailer or {})]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://tide.invalid/schemas/{format_name}.v{format_version}.schema.json",
