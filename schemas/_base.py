@@ -372,9 +372,15 @@ def check_header(kind: str, source: str, data: Any, format_name: str, version: i
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    """Write to a temp file in the same folder, fsync, rename, fsync the folder: readers never see half
+    a file, and after a crash (power loss included) the name holds the old file or the new one.
+
+    A temp file of an earlier write of the same target that was killed before its rename (SIGKILL
+    runs no cleanup) is removed first: one writer per target, so it can only be stale.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         umask = os.umask(0)
@@ -385,12 +391,44 @@ def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+        fsync_directory(target.parent)  # the rename itself is durable only once the folder is (ext4/xfs)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+
+
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Delete `.<name>.*.tmp` left in `target`'s folder by a killed `atomic_write_bytes`; returns them."""
+    stale = list(target.parent.glob(f".{glob_escape(target.name)}.*.tmp"))
+    for tmp in stale:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+    return stale
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+def fsync_directory(folder: Path) -> None:
+    """fsync a folder so a rename or unlink in it survives a crash (POSIX; a no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (and Windows) refuse fsync on a directory; the rename is done anyway
+    finally:
+        os.close(fd)
 
 
 def read_bytes(kind: str, path: str | os.PathLike[str]) -> bytes:

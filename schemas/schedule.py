@@ -327,6 +327,10 @@ class Schedule:
     def read(cls, path: str | Path) -> Schedule:
         return cls.from_msgpack(read_bytes(_KIND, path), source=str(path))
 
+    def content_digest(self) -> str:
+        """The `content_digest` its file carries (a checkpoint names the schedule it belongs to with it)."""
+        return content_digest({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)})
+
 
 DIGEST_FIELD = "content_digest"
 
