@@ -347,6 +347,18 @@ def require(condition: bool, kind: str, source: str, path: str, message: str, fi
         raise FormatError(kind, source, path, message, fix)
 
 
+def format_bytes(n: float) -> str:
+    """A byte count in the unit that shows its digits: 512 B, 12.3 KB, 45.6 MB, 1.23 GB (decimal units).
+
+    Never "0.00 GB" for a small model (issue 21); three significant digits.
+    """
+    value = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{int(value)} B" if value == int(value) else f"{value:.3g} B"
+
+
 def finite_positive(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 

@@ -196,6 +196,8 @@ HW_CASES = [
          ("> 0",)),
     Case("hw-zero-memory", HW, _toml(_replace("memory_gb = 1.0", "memory_gb = 0.0")), "device.memory_gb", ("> 0",)),
     Case("hw-zero-bandwidth", HW, _toml(_replace("h2d_gb_per_s = 4.0", "h2d_gb_per_s = 0")), "links.h2d_gb_per_s", ("> 0",)),
+    Case("hw-absurd-bandwidth", HW, _toml(_replace("h2d_gb_per_s = 4.0", "h2d_gb_per_s = 1e-300")), "links.h2d_gb_per_s",
+         ("between 1e-06 and 1e+06 GB/s", "1e-300")),
     Case("hw-fraction-above-one", HW, _toml(_replace("usable_fraction = 0.5", "usable_fraction = 1.5")),
          "host.usable_fraction", ("<= 1",)),
     Case("hw-ssd-without-rate", HW, _toml(_replace("read_gb_per_s_each = 1.0", "read_gb_per_s_each = 0.0")),
