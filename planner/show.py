@@ -19,9 +19,12 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas import FormatError, Hardware, Schedule, Trace, load_any
+from schemas._base import read_bytes
 from schemas.hardware import HARDWARE_FORMAT, HARDWARE_VERSION, estimated_fields
 from schemas.schedule import SCHEDULE_FORMAT, SCHEDULE_VERSION, Op, Tier
 from schemas.trace import DTYPE_BYTES, TRACE_FORMAT, TRACE_VERSION, Phase
+
+from planner.errors import PlannerError
 
 FORMATS: dict[type, tuple[str, str, int]] = {
     Trace: ("trace", TRACE_FORMAT, TRACE_VERSION),
@@ -36,9 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "validate",
         description="Load FILE (trace .msgpack, schedule .msgpack or hardware .toml) with every check tide applies; "
-                    "exit 0 if it is valid, 2 with one line naming the field and the fix if not.",
+                    "a schedule is also replayed by the simulator (valid sources, last copies, one optimizer step "
+                    "per param, bytes per channel == prediction) and checked against --trace. "
+                    "Exit 0 if it is valid, 2 with one line naming the field and the fix if not.",
     )
     p.add_argument("file", metavar="FILE", help="a tide trace, schedule (.msgpack) or hardware profile (.toml)")
+    p.add_argument("--trace", metavar="TRACE", help="schedule only: the trace it was solved from (checks header.trace_digest)")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help="schedule only: hardware to replay it on (default: the preset named in its header)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run_validate)
 
@@ -59,7 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     try:
         obj = load_any(args.file)
-    except FormatError as exc:
+        if isinstance(obj, Schedule):
+            _verify(obj, args)
+        elif getattr(args, "trace", None) or getattr(args, "hardware", None):
+            raise PlannerError(f"{args.file}: --trace and --hardware apply to a schedule, this is a "
+                               f"{FORMATS[type(obj)][0]}; drop them")
+    except (FormatError, PlannerError) as exc:
         if args.json:  # scripts get a JSON answer on stdout too; the one line still goes to stderr
             print(json.dumps({"ok": False, "file": args.file, "error": str(exc)}))
         raise
@@ -72,6 +85,33 @@ def run_validate(args: argparse.Namespace) -> int:
         if extra.get("estimates"):
             print(f"  tide estimates (no source, check them): {', '.join(extra['estimates'])}")
     return 0
+
+
+def _verify(schedule: Schedule, args: argparse.Namespace) -> None:
+    """The simulator's semantic checks and the trace digest (planner/verify.py)."""
+    import sys
+
+    from schemas.trace import trace_digest
+
+    from planner.presets import PRESET_DIR, resolve_hardware
+    from planner.verify import verify_schedule
+
+    hardware_spec = getattr(args, "hardware", None)
+    if hardware_spec:
+        hardware = resolve_hardware(hardware_spec)
+    elif (PRESET_DIR / f"{schedule.header.hardware_name}.toml").exists():
+        hardware = resolve_hardware(schedule.header.hardware_name)
+    else:
+        raise PlannerError(f"{args.file}: solved for hardware {schedule.header.hardware_name!r}, which is not a preset; "
+                           "pass --hardware NAME|FILE to replay it")
+    if hardware.digest != schedule.header.hardware_digest:
+        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
+              f"({schedule.header.hardware_name!r})", file=sys.stderr)
+    digest = None
+    if getattr(args, "trace", None):
+        Trace.read(args.trace)  # a trace that does not load is its own one-line error
+        digest = trace_digest(read_bytes("trace", args.trace))
+    verify_schedule(schedule, hardware, source=args.file, trace_digest=digest)
 
 
 # ----------------------------------------------------------------------------- show

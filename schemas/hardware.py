@@ -301,6 +301,30 @@ class Hardware:
         return cls.from_toml(text, source=str(path))
 
 
+# Plausible ranges of the rates and capacities: wide (a thousand times beyond any machine on either
+# side) so that no real profile is refused, narrow enough that a typo such as 1e-300 GB/s is named
+# here instead of surfacing as "does not fit ... none helps" from the solver (issue 21). Upper ends:
+# NVLink 5 moves 1.8 TB/s per GPU and a B200 does ~2.3 PFLOPS dense bf16 (NVIDIA Blackwell datasheet);
+# lower ends: 1 KB/s, 1 MFLOPS, 1 KB of memory, 1 param/s.
+_RATE_GB_PER_S = (1e-6, 1e6, "GB/s")
+_SIZE_GB = (1e-6, 1e6, "GB")
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "device.memory_gb": _SIZE_GB,
+    "device.compute_tflops": (1e-6, 1e6, "TFLOPS"),
+    "device.optimizer_params_per_s": (1.0, 1e15, "params/s"),
+    "host.memory_gb": _SIZE_GB,
+    "host.optimizer_params_per_s": (1.0, 1e15, "params/s"),
+    "nvme.capacity_gb_each": _SIZE_GB,
+    "nvme.read_gb_per_s_each": _RATE_GB_PER_S,
+    "nvme.write_gb_per_s_each": _RATE_GB_PER_S,
+    "links.h2d_gb_per_s": _RATE_GB_PER_S,
+    "links.d2h_gb_per_s": _RATE_GB_PER_S,
+    "links.inter_gpu_gb_per_s": _RATE_GB_PER_S,
+}
+_ZERO_MEANS_NONE = {"nvme.capacity_gb_each", "nvme.read_gb_per_s_each", "nvme.write_gb_per_s_each",
+                    "links.inter_gpu_gb_per_s"}
+
+
 def validate_hardware(hw: Hardware, *, source: str) -> None:
     """Semantic rules: every number finite; NVMe rates present when SSDs are; GPUs consistent."""
 
@@ -314,6 +338,12 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
             value = getattr(spec, name)
             if isinstance(value, float):
                 req(math.isfinite(value), f"{section}.{name}", f"a finite number, found {value}")
+    for path, (low, high, unit) in PLAUSIBLE.items():
+        section, name = path.split(".")
+        value = getattr(getattr(hw, section), name)
+        if value == 0 and path in _ZERO_MEANS_NONE:
+            continue  # no SSDs / one GPU: checked below
+        req(low <= value <= high, path, f"a value between {low:g} and {high:g} {unit}, found {value:g}")
     if hw.nvme.count > 0:
         for name in ("capacity_gb_each", "read_gb_per_s_each", "write_gb_per_s_each"):
             req(getattr(hw.nvme, name) > 0, f"nvme.{name}", f"a positive number when nvme.count={hw.nvme.count}, found {getattr(hw.nvme, name)}")

@@ -78,12 +78,13 @@ def test_infeasible_explains_tier_stage_bytes_and_minimal_capacity(hw):
     message = str(info.value)
     assert "DEVICE runs out at stage" in message
     assert "bytes short" in message
-    found = re.search(r"DEVICE >= ([0-9.]+) GB", message)
+    found = re.search(r"DEVICE >= [0-9.]+ [KMGT]?B \(([0-9]+) bytes\)", message)
     assert found, message
-    need = float(found.group(1)) * 1e9
+    assert "0.00 GB" not in message  # sizes in the unit that shows the number (issue 21)
+    need = int(found.group(1))
     assert need > 1_000_000
-    # the capacity it names is enough (rounded to the 0.01 GB it prints)
-    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=int(need + 0.01e9))
+    # the capacity it names is enough
+    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=need)
     assert schedule.prediction.peak_bytes_per_tier
 
 
