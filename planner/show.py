@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from planner.errors import PlannerError
+from planner.presets import PRESET_DIR, resolve_hardware
+from planner.verify import verify_schedule
 from schemas import FormatError, Hardware, Schedule, Trace, load_any
 from schemas._base import read_bytes
 from schemas.hardware import HARDWARE_FORMAT, HARDWARE_VERSION, estimated_fields
 from schemas.schedule import SCHEDULE_FORMAT, SCHEDULE_VERSION, Op, Tier
-from schemas.trace import DTYPE_BYTES, TRACE_FORMAT, TRACE_VERSION, Phase
-
-from planner.errors import PlannerError
+from schemas.trace import DTYPE_BYTES, TRACE_FORMAT, TRACE_VERSION, Phase, trace_digest
 
 FORMATS: dict[type, tuple[str, str, int]] = {
     Trace: ("trace", TRACE_FORMAT, TRACE_VERSION),
@@ -89,13 +91,6 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def _verify(schedule: Schedule, args: argparse.Namespace) -> None:
     """The simulator's semantic checks and the trace digest (planner/verify.py)."""
-    import sys
-
-    from schemas.trace import trace_digest
-
-    from planner.presets import PRESET_DIR, resolve_hardware
-    from planner.verify import verify_schedule
-
     hardware_spec = getattr(args, "hardware", None)
     if hardware_spec:
         hardware = resolve_hardware(hardware_spec)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import glob
 import hashlib
 import json
 import math
@@ -425,7 +426,6 @@ def remove_stale_temp_files(target: Path) -> list[Path]:
 
 
 def glob_escape(name: str) -> str:
-    import glob
 
     return glob.escape(name)
 
