@@ -266,8 +266,6 @@ MISSES: dict[str, str] = {
     "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
                   "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
                   "schedule format cannot express)",
-    "ps-922-6B": "CPU Adam after backward is 50% busy at the preset's 4e8 params/s (a tide estimate, "
-                 "v100-32g-240g.toml) against 44% COMPUTE: 41.5 vs 56 (x0.74, just outside)",
     "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
                       "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
                       "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "
