@@ -160,6 +160,8 @@ class ActivationManager:
         self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[Record]]] = {}
         self._param_storages: set[int] = set()
         self._root_backward_seen = False
+        # True while the engine evaluates between iterations: the forward saves nothing for backward
+        self.paused = False
         self._handles: list[Any] = []
         self._closed = False
         self._finalizer = weakref.finalize(self, cleanup, self._worker, self._nvme_dir,
@@ -224,7 +226,7 @@ class ActivationManager:
 
     # -- hooks (thin) ---------------------------------------------------------------------------
     def _pre_forward(self, b: Block, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if in_backward():
+        if self.paused or in_backward():
             return  # a recomputation inside backward: its saved tensors are transient
         b.move(BlockState.CAPTURING)
         self._log("capture", b.index)
@@ -246,7 +248,7 @@ class ActivationManager:
                 b.own = None
 
     def _post_forward(self, b: Block, module: nn.Module, args: tuple, output: Any) -> None:
-        if b.state is not BlockState.CAPTURING or in_backward():
+        if self.paused or b.state is not BlockState.CAPTURING or in_backward():
             return
         gen, b.generator = b.generator, None
         ctx, b.hooks_ctx = b.hooks_ctx, None
@@ -271,7 +273,7 @@ class ActivationManager:
                     t.register_hook(functools.partial(self._block_grad_arrived, b))
 
     def _root_post_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if in_backward() or not torch.is_grad_enabled():
+        if self.paused or in_backward() or not torch.is_grad_enabled():
             return
         self._root_backward_seen = False
         for t in tensors_in(output):

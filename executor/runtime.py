@@ -26,10 +26,11 @@ code they explain.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
+from executor.evaluation import Evaluation
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
@@ -60,6 +62,7 @@ class EngineState(enum.Enum):
 
     IDLE = "idle"  # attached, between iterations: the next event must be moment 0 (root pre_forward)
     REPLAYING = "replaying"  # inside an iteration: moments 0..cursor-1 were applied
+    EVALUATING = "evaluating"  # between iterations, inside an evaluation forward (executor/evaluation.py)
     FAILED = "failed"  # a replay check failed mid-iteration; every later event raises
     DETACHED = "detached"  # `detach()` ran: hooks removed, params hold plain tensors again
 
@@ -69,6 +72,8 @@ _ENGINE_TRANSITIONS = {
     (EngineState.IDLE, EngineState.FAILED), (EngineState.REPLAYING, EngineState.FAILED),
     (EngineState.IDLE, EngineState.DETACHED), (EngineState.REPLAYING, EngineState.DETACHED),
     (EngineState.FAILED, EngineState.DETACHED),
+    (EngineState.IDLE, EngineState.EVALUATING), (EngineState.EVALUATING, EngineState.IDLE),
+    (EngineState.EVALUATING, EngineState.DETACHED),
 }
 
 
@@ -89,7 +94,7 @@ class EngineFailure:
         return bool(self.updated_chunks) and bool(self.pending_chunks)
 
 
-class Engine(ParamBinding, OptimizerSteps):
+class Engine(ParamBinding, OptimizerSteps, Evaluation):
     """Replays one schedule on one model; see the module docstring and its notes. Build it with `executor.run`."""
 
     def __init__(self, model: nn.Module, schedule: Schedule, *, params: Iterable[Any] | None = None,
@@ -179,6 +184,7 @@ class Engine(ParamBinding, OptimizerSteps):
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._saved_hooks_on = False
         self._grad_handles = self._register_grad_hooks(by_name)
+        self._grad_handles += self._register_state_dict_hooks(model)  # Note [state_dict while attached]
         # registered after the grad hooks, so a unit's post_backward (which may fire from a param
         # grad hook) always sees its grads already in the GRAD chunk
         # first of all forward hooks: after a failure the model's next forward stops here, before the
@@ -200,6 +206,7 @@ class Engine(ParamBinding, OptimizerSteps):
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
             alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
+        self._setup_evaluation(model)
 
     # Note [activations]
     # Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
@@ -281,8 +288,9 @@ class Engine(ParamBinding, OptimizerSteps):
         if self.comm is not None:
             raise ExecutorError("engine.state_dict() with world_size > 1: a rank holds only its own chunks; call "
                                 "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
-        out: dict[str, Any] = {"model": state_io.model_state_dict(self, self.model),
-                               "optimizer": state_io.optimizer_state_dict(self, self.optimizer)}
+        with self._own_state_dict():
+            out: dict[str, Any] = {"model": state_io.model_state_dict(self, self.model),
+                                   "optimizer": state_io.optimizer_state_dict(self, self.optimizer)}
         master = state_io.master_state_dict(self)
         if master:
             out["master"] = master
@@ -304,7 +312,8 @@ class Engine(ParamBinding, OptimizerSteps):
             save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
                          loss_scaler=self.scaler)
             return
-        state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
+        with self._own_state_dict():
+            state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
 
     def load(self, path: str | Path) -> None:
         self._require_idle("load()")
@@ -352,6 +361,23 @@ class Engine(ParamBinding, OptimizerSteps):
             raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
         if self.state is EngineState.DETACHED:
             return
+        if self.state is EngineState.EVALUATING:
+            if not (event.kind is MomentKind.PRE_FORWARD and event.module == ""):
+                self._evaluation_event(event)
+                return
+            self._end_evaluation()  # the last evaluation forward raised before its end: a new forward starts
+        if m == 0 and self.state is EngineState.IDLE:
+            if event.kind is MomentKind.PRE_FORWARD and event.module == "" and self._is_evaluation():
+                self._begin_evaluation()
+                self._evaluation_event(event)
+                return
+            if event.phase is Phase.BACKWARD:
+                raise ExecutorError("backward without a training forward: the last forward ran as an evaluation "
+                                    "(model.eval() or torch.no_grad()); call model.train() and run the training "
+                                    "forward with grad enabled before loss.backward()")
+        elif event.kind is MomentKind.PRE_FORWARD and event.module == "" and self._is_evaluation():
+            self._fail(f"moment {m}: an evaluation forward (model.eval() or torch.no_grad()) in the middle of an "
+                       "iteration; evaluate between engine.step() and the next training forward")
         moments = self.schedule.moments
         ref = self._check_event(m, event)
         if m == 0:
@@ -593,6 +619,7 @@ class Engine(ParamBinding, OptimizerSteps):
 
     def _require_consistent(self, what: str) -> None:
         """Between iterations, or after a failure that left a consistent state (Note [failures])."""
+        self._end_evaluation()
         if self.state is not EngineState.FAILED:
             self._require_idle(what)
             return
@@ -607,7 +634,33 @@ class Engine(ParamBinding, OptimizerSteps):
             raise ExecutorError(f"engine.{what}: after the failure ({failure.message}) no valid copy is left of "
                                 + ", ".join(f"{lst.value} chunk {c}" for lst, c in self._lost))
 
+    @contextlib.contextmanager
+    def _own_state_dict(self) -> Iterator[None]:
+        """executor.state reads the chunks itself: the model's state-dict hooks stand aside."""
+        self._sd_off = True
+        try:
+            yield
+        finally:
+            self._sd_off = False
+
+    def _state_dict_allowed(self) -> None:
+        """model.state_dict() while attached (Note [state_dict while attached] in executor/binding.py)."""
+        if self.state is EngineState.REPLAYING:
+            raise ExecutorError(f"model.state_dict() between iterations only (after engine.step()): the engine is "
+                                f"{self.state.value} at moment {self.cursor} and the chunks are moving")
+        self._require_consistent("state_dict() (via model.state_dict())")
+
+    def _enter_evaluating(self) -> None:
+        self._enter(EngineState.EVALUATING)
+
+    def _leave_evaluating(self) -> None:
+        self._enter(EngineState.IDLE)
+
+    def _evaluating_state(self) -> EngineState:
+        return EngineState.EVALUATING
+
     def _require_idle(self, what: str) -> None:
+        self._end_evaluation()  # an evaluation forward that raised before its end
         if self.state is not EngineState.IDLE:
             raise ExecutorError(f"engine.{what} between iterations only (after engine.step()), the engine is "
                                 f"{self.state.value} at moment {self.cursor}")

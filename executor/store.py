@@ -278,8 +278,10 @@ class ChunkStore:
         if tier is Tier.DEVICE:
             self.on_device_change(lst, chunk, tensor)
 
-    def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str) -> int:
-        """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved."""
+    def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str,
+             counter: dict[Channel, int] | None = None) -> int:
+        """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved (counted in
+        `bytes_per_channel`, or in `counter`: an evaluation's copies are kept apart from the iterations')."""
         expected = COPY_CHANNEL.get((src, dst))  # NVME copies go through executor/nvme.py
         if expected is None or expected is not channel:
             raise ExecutorError(f"schedule violation: {why} copies {src.value} -> {dst.value} on channel "
@@ -312,7 +314,7 @@ class ChunkStore:
         d.ready = ready
         self._move(d, lst, chunk, dst, CopyState.ARRIVING)
         nbytes = self.nbytes(lst, chunk)
-        self.bytes_per_channel[channel] += nbytes
+        (self.bytes_per_channel if counter is None else counter)[channel] += nbytes
         return nbytes
 
     def allocate(self, lst: ChunkList, chunk: int, tier: Tier, *, why: str, zero: bool = True) -> None:
@@ -355,6 +357,11 @@ class ChunkStore:
             self.pools[tier].free(p.tensor, after=retire_after)
         p.tensor = None
         self._move(p, lst, chunk, tier, CopyState.ABSENT)
+
+    def mark_stale(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        """A payload goes back to STALE (an evaluation refreshed a stale copy it then gives back)."""
+        self.wait(lst, chunk, tier)
+        self._move(self._payloads[(lst, chunk, tier)], lst, chunk, tier, CopyState.STALE)
 
     def updated(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
         """The payload on `tier` was written in place (optimizer step): copies elsewhere are stale.
