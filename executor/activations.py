@@ -38,12 +38,17 @@ from executor.activation_records import (
     recompute_contexts,
     resolve_checkpoint_tiers,
 )
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, out_of_memory
 from executor.hooks import find_blocks, tensors_in
 from executor.nvme import ALIGN_BYTES
 from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
 __all__ = ["ActivationManager", "ActivationStats", "BlockState", "checkpoint_tiers"]
+
+
+def _device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A reloaded record's DEVICE buffer (a module function so tests can inject an out-of-memory error)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -383,7 +388,7 @@ class ActivationManager:
         """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
         host = record.host
         if produced is not None:
-            stream = self._stream()
+            stream = self._stream(src.device)
             with torch.cuda.stream(stream):
                 stream.wait_event(produced)
                 host.copy_(src, non_blocking=True)
@@ -420,7 +425,15 @@ class ActivationManager:
         if record.reload is not None or record.device is not None:
             return
         tier = record.tier
-        dst = torch.empty(record.nbytes, dtype=torch.uint8, device=record.home)
+        try:
+            dst = _device_empty(record.nbytes, record.home)
+        except torch.OutOfMemoryError as exc:
+            b = self.blocks[record.block]
+            error = out_of_memory(f"the reload of a saved tensor of block {b.index} ({b.name!r})", record.nbytes,
+                                  record.home, exc)
+            if self._on_failure is not None:
+                self._on_failure(str(error))
+            raise error from exc
         allocated = None
         if dst.device.type == "cuda":
             allocated = torch.cuda.Event()
@@ -444,7 +457,7 @@ class ActivationManager:
             b.nvme_read(self._nvme_dir, record.nvme_offset, host)
         record.device = dst
         if allocated is not None:
-            stream = self._stream()
+            stream = self._stream(dst.device)
             with torch.cuda.stream(stream):
                 stream.wait_event(allocated)
                 dst.copy_(host, non_blocking=True)
@@ -532,6 +545,10 @@ class ActivationManager:
                 reloaded_bytes_per_block=tuple(self._reloaded_per_block),
                 live_bytes=self._live, peak_live_bytes=self._peak, stall_seconds=self._stall)
 
+    def saved_bytes(self, block: int) -> int:
+        """Bytes block `block` saved for backward since the counters were reset (what the recorder counts)."""
+        return self._saved_per_block[block]
+
     @property
     def live_bytes(self) -> int:
         """Bytes the manager holds on DEVICE now."""
@@ -569,9 +586,10 @@ class ActivationManager:
                 continue
         return out
 
-    def _stream(self) -> torch.cuda.Stream:
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The copy stream, on the DEVICE's GPU (made on the worker thread, whose current device is GPU 0)."""
         if self._cuda_stream is None:
-            self._cuda_stream = torch.cuda.Stream()
+            self._cuda_stream = torch.cuda.Stream(device=device)
         return self._cuda_stream
 
     def _log(self, what: str, block: int) -> None:

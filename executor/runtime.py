@@ -44,7 +44,7 @@ from executor.attach import RERECORD, check_attach, check_model, resolve_device,
 from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.dtypes import TORCH_DTYPES
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, out_of_memory
 from executor.evaluation import Evaluation
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
@@ -52,9 +52,17 @@ from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
 from executor.store import ChunkStore
-from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, MomentRef, Op, Schedule, Tier
+from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
+
+
+# Note [batch drift]: a block may save a little more than recorded for a batch of the recorded shape
+# (measured: 1.10x for the tiny GPT-2 of tests/test_integrations_hf.py fed by the HF Trainer, whose
+# collator adds an attention mask the recording did not have); a doubled batch saves 2x (1.99x-2.0x
+# measured on the tests' GPT). 1.5 sits between the two; a real overflow is also caught by the
+# DEVICE budget check of every moment (Note [activations]).
+BATCH_DRIFT_RATIO = 1.5
 
 
 class EngineState(enum.Enum):
@@ -207,6 +215,13 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
             alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
         self._setup_evaluation(model)
+        # Note [batch drift]: per block, the activation bytes the recording saw it save for backward (what
+        # it keeps: RECOMPUTE keeps its input). The hand-built schedules of tests carry 0: unknown, unchecked.
+        index = {b.name: b.index for b in self.activations.blocks}
+        self._act_expected = {
+            p.module: (index[p.module], p.input_bytes if p.mode is ActivationMode.RECOMPUTE else p.bytes)
+            for p in schedule.activation_plans if (p.bytes or p.input_bytes)}
+        self._act_before: dict[int, int] = {}
 
     # Note [activations]
     # Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
@@ -380,6 +395,8 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
                        "iteration; evaluate between engine.step() and the next training forward")
         moments = self.schedule.moments
         ref = self._check_event(m, event)
+        if event.block >= 0 and event.phase is Phase.FORWARD and event.module in self._act_expected:
+            self._check_batch(m, event)
         if m == 0:
             self._enter(EngineState.REPLAYING)
             self._stats.begin_iteration(self)
@@ -396,6 +413,8 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
             if self.state is not EngineState.FAILED:
                 self._fail(str(exc))
             raise
+        except torch.OutOfMemoryError as exc:  # an allocation outside the store (an optimizer step's temporaries)
+            self._fail(f"moment {m}: {out_of_memory('its actions', None, self.device, exc)}")
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
 
@@ -414,6 +433,28 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
             self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
                        f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
         return ref
+
+    # Note [batch drift]
+    # A batch larger than the recorded one (batch size, sequence length) makes every block save more
+    # activation bytes than the schedule planned for, so its DEVICE memory no longer holds (or holds by
+    # chance). At each block's post_forward the engine compares what the block saved in this forward
+    # (the activation manager counts as the recorder does, so an unchanged batch gives exactly the
+    # plan's bytes) with the plan, and refuses one over BATCH_DRIFT_RATIO x the plan naming the batch: at
+    # the first block, before any param, grad or optimizer state changed. Smaller batches (a short last
+    # batch) are allowed; a slightly larger count of the same batch shape too (below).
+    def _check_batch(self, m: int, event: MomentEvent) -> None:
+        index, want = self._act_expected[event.module]
+        saved = self.activations.saved_bytes(index)
+        if event.kind is MomentKind.PRE_FORWARD:
+            self._act_before[index] = saved
+            return
+        got = saved - self._act_before.pop(index, saved)
+        if got > BATCH_DRIFT_RATIO * want:
+            self._fail(f"moment {m}: block {event.module!r} saved {got} bytes of activations for backward, the "
+                       f"recorded batch {want} ({got / want:.3g}x): this batch is larger than the recorded one "
+                       "(batch size or sequence length), so the schedule's memory plan no longer holds; train with "
+                       "batches of the recorded shape (or smaller), or re-record with this batch (`python -m "
+                       "executor record ...`) and re-solve (`python -m planner solve ...`)")
 
     # Note [gradient accumulation]
     # Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;

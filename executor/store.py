@@ -28,7 +28,7 @@ import torch
 
 from executor.copies import CpuCopyEngine, CudaCopyEngine, Ready
 from executor.dtypes import TORCH_DTYPES
-from executor.errors import ExecutorError
+from executor.errors import ExecutorError, out_of_memory
 from executor.nvme import NvmeStore, aligned_empty
 from schemas.schedule import COPY_CHANNEL, TIERS, Channel, ChunkLayout, ChunkList, Tier
 
@@ -104,10 +104,11 @@ class Pool:
         else:
             if self.capacity_bytes is not None:
                 self._trim(self.capacity_bytes - self.in_use_bytes - nbytes)
-            if self.aligned:
-                tensor = aligned_empty(numel, dtype, pin_memory=self.pin)
-            else:
-                tensor = torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin)
+            try:
+                tensor = _empty(numel, dtype, device=self.device, pin=self.pin, aligned=self.aligned)
+            except torch.OutOfMemoryError as exc:  # the budget promised memory the device does not have
+                self._trim(0)  # the cached buffers go first; the caller's failure path settles the rest
+                raise out_of_memory(what, nbytes, self.device, exc) from exc
         self.in_use_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
         return tensor
@@ -465,6 +466,13 @@ class ChunkStore:
         p.state = to
         if to is not CopyState.ARRIVING:
             p.stepping, p.copy_before_step = False, None
+
+
+def _empty(numel: int, dtype: torch.dtype, *, device: torch.device, pin: bool, aligned: bool) -> torch.Tensor:
+    """A new pool buffer (one place, so tests can inject an out-of-memory error)."""
+    if aligned:
+        return aligned_empty(numel, dtype, pin_memory=pin)
+    return torch.empty(numel, dtype=dtype, device=device, pin_memory=pin)
 
 
 def _succeeded(ready: Ready | None) -> bool:

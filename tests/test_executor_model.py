@@ -129,3 +129,156 @@ def test_backward_through_an_evaluation_forward_is_refused_and_changes_nothing(t
     after = engine.state_dict()
     assert all(torch.equal(v, after["model"][k]) for k, v in before["model"].items())
     engine_run(engine, model, loss_fn, batches[1:])
+
+
+# ----------------------------------------------------------------------------- drift, refused before anything changes
+
+def test_model_mismatch_is_one_short_line_with_a_count(tmp_path):
+    from executor.models import GPT, GPTConfig
+
+    schedule = plan("gpt")
+    torch.manual_seed(0)
+    other = GPT(GPTConfig(n_layer=12, n_head=2, n_embd=32, vocab_size=80, block_size=16))
+    before = {n: p.detach().clone() for n, p in other.named_parameters()}
+    with pytest.raises(ExecutorError) as info:
+        executor.run(other, schedule)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 600, message
+    assert "'wte.weight': shape (80, 32), the schedule expects (64, 32)" in message
+    assert "more" in message and "re-record" in message
+    assert all(torch.equal(p, before[n]) for n, p in other.named_parameters())
+
+
+@pytest.mark.parametrize("change", ["module-added", "module-missing", "dtype"])
+def test_a_changed_model_is_refused_at_attach_and_left_untouched(change):
+    build, *_ = MODELS["gpt"]
+    schedule = plan("gpt")
+    model = build()
+    if change == "module-added":
+        model.extra = torch.nn.Linear(4, 4)
+        expect = "'extra.weight': in the model, not in the schedule"
+    elif change == "module-missing":
+        del model.h[2]
+        expect = "'h.2.ln_1.weight': in the schedule, not in the model"
+    else:
+        model.to(torch.float64)
+        expect = "dtype torch.float64"
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(ExecutorError, match="re-record") as info:
+        executor.run(model, schedule)
+    assert expect in str(info.value)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_another_moment_sequence_at_the_first_iteration_changes_nothing(tmp_path):
+    build, loss_fn, vocab, _, model, engine = attached("gpt", "host", tmp_path)
+    initial = {k: v.clone() for k, v in build().state_dict().items()}
+    model.h = torch.nn.ModuleList([model.h[1], model.h[0], model.h[2]])  # same modules, another order
+    with pytest.raises(ExecutorError, match=r"expects FORWARD pre_forward of 'h.0'.*re-record"):
+        loss_fn(model, gpt_batches(1, vocab=vocab)[0])
+    got = engine.state_dict()  # still readable: the refusal came before any step
+    assert all(torch.equal(got["model"][k], v) for k, v in initial.items())
+    assert all(torch.equal(t, torch.zeros_like(t)) for s in got["optimizer"]["state"].values()
+               for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+
+
+@pytest.mark.parametrize("factor", [2, 8])
+def test_a_larger_batch_is_refused_naming_the_batch_before_anything_changes(factor, tmp_path):
+    build, loss_fn, vocab, _, model, engine = attached("gpt", "swap-host", tmp_path)
+    batches = gpt_batches(2, vocab=vocab)
+    engine_run(engine, model, loss_fn, batches[:1])
+    before = engine.state_dict()
+    big = batches[1].repeat(factor, 1)
+    with pytest.raises(ExecutorError, match=rf"larger than the recorded one \(batch size or sequence length\)") as info:
+        loss_fn(model, big)
+    assert "block 'h.0'" in str(info.value) and "budget" not in str(info.value)
+    after = engine.state_dict()
+    assert all(torch.equal(after["model"][k], v) for k, v in before["model"].items())
+    # a smaller batch (a short last batch) trains
+    build2 = executor.run(model2 := build(), plan("gpt", swap=True), lr=LR, nvme_dir=tmp_path)
+    engine_run(build2, model2, loss_fn, [batches[0][:1]])
+
+
+# ----------------------------------------------------------------------------- out of memory when the budget lies
+
+def test_out_of_memory_in_a_chunk_allocation_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
+    import executor.store
+
+    _, loss_fn, vocab, _, model, engine = attached("gpt", "host", tmp_path)
+    batches = gpt_batches(2, vocab=vocab)
+    engine_run(engine, model, loss_fn, batches[:1])
+    before = engine.state_dict()
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    engine.store.pools[Tier.DEVICE]._trim(0)  # no cached buffer: the next DEVICE allocation is a new one
+    monkeypatch.setattr(executor.store, "_empty", no_memory)
+    with pytest.raises(ExecutorError, match=r"out of memory on cpu: moment \d+ action \d+ \(\w+\).* needed \d+ bytes"
+                                            r".*re-solve with a smaller `--device-memory-gb`") as info:
+        loss_fn(model, batches[1]).backward()
+    assert "\n" not in str(info.value)
+    assert engine.state is EngineState.FAILED
+    after = engine.state_dict()  # nothing lost: the state of the last step
+    assert all(torch.equal(after["model"][k], v) for k, v in before["model"].items())
+    with pytest.raises(ExecutorError, match="replay stopped earlier"):
+        loss_fn(model, batches[1])
+
+
+def test_out_of_memory_in_an_activation_reload_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
+    import executor.activations
+
+    _, loss_fn, vocab, _, model, engine = attached("gpt", "swap-host", tmp_path)
+    batches = gpt_batches(2, vocab=vocab)
+    engine_run(engine, model, loss_fn, batches[:1])
+    before = engine.state_dict()
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(executor.activations, "_device_empty", no_memory)
+    loss = loss_fn(model, batches[1])
+    with pytest.raises(ExecutorError, match=r"out of memory on cpu: the reload of a saved tensor of block \d"):
+        loss.backward()
+    assert engine.state is EngineState.FAILED
+    after = engine.state_dict()
+    assert all(torch.equal(after["model"][k], v) for k, v in before["model"].items())
+
+
+# ----------------------------------------------------------------------------- attach refuses what the simulator rejects
+
+def _mutated(schedule, index, **changes):
+    import dataclasses
+
+    actions = list(schedule.actions)
+    actions[index] = dataclasses.replace(actions[index], **changes)
+    return dataclasses.replace(schedule, actions=tuple(actions))
+
+
+@pytest.mark.parametrize("mutation", ["step-chunk-shifted", "write-back-dropped"])
+def test_attach_refuses_a_schedule_the_simulator_rejects(mutation):
+    import dataclasses
+
+    from planner.simulate import ScheduleViolation, simulate
+    from planner.presets import resolve_hardware
+    from schemas.schedule import ChunkList, Op
+
+    build, *_ = MODELS["gpt"]
+    schedule = plan("gpt")
+    if mutation == "step-chunk-shifted":  # the bit flip of issue 21: three params never updated
+        i = next(i for i, a in enumerate(schedule.actions) if a.op is Op.OPTIMIZER_STEP)
+        bad = _mutated(schedule, i, chunk=schedule.actions[i].chunk + 1)
+        expect = r"invalid schedule: .*(drops the last valid copy|steps the chunk a second time|never steps)"
+    else:
+        i = next(i for i, a in enumerate(schedule.actions) if a.op is Op.WRITE_BACK and a.list is ChunkList.GRAD)
+        bad = dataclasses.replace(schedule, actions=schedule.actions[:i] + schedule.actions[i + 1:])
+        expect = r"invalid schedule: .*(drops the last valid copy|needs a valid)"
+    with pytest.raises(ScheduleViolation):
+        simulate(bad, resolve_hardware("cpu-emulated"))
+    model = build()
+    before = {n: (p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    with pytest.raises(ExecutorError, match=expect) as info:
+        executor.run(model, bad)
+    assert "\n" not in str(info.value) and "planner simulate" in str(info.value)
+    for n, p in model.named_parameters():
+        assert p.data_ptr() == before[n][0] and torch.equal(p, before[n][1])
