@@ -38,9 +38,10 @@ from executor.activation_records import (
     recompute_contexts,
     resolve_checkpoint_tiers,
 )
-from executor.errors import ExecutorError, out_of_memory
+from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
 from executor.nvme import ALIGN_BYTES
+from executor.store import out_of_memory
 from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
 __all__ = ["ActivationManager", "ActivationStats", "BlockState", "checkpoint_tiers"]

@@ -14,7 +14,8 @@ exactly as if the evaluation had not happened. Its copies are counted apart
 
 A backward through an evaluation forward is refused (one line, nothing changed): call `model.train()`
 (and leave `no_grad`) before the training forward. An evaluation forward in the middle of an
-iteration (between a training forward and `engine.step()`) is refused too.
+iteration (between a training forward and `engine.step()`) is refused too, and so is one with
+several ranks (a rank holds only its own chunks).
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Evaluation:
         return not torch.is_grad_enabled() or not self.model.training
 
     def _begin_evaluation(self) -> None:
+        if self.comm is not None:  # a rank holds only its own chunks' HOST/NVME copies
+            raise ExecutorError("an evaluation forward (model.eval() or torch.no_grad()) with world_size > 1 is not "
+                                "supported: evaluate after engine.detach(), or on a model loaded from engine.save()")
         self._enter_evaluating()
         self.activations.paused = True
         self._eval_open = [set()]

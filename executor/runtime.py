@@ -17,6 +17,10 @@ Replay: `MomentHooks` (executor/hooks.py) report every moment; the engine checks
 they differ, then applies the actions of moment m in list order (ACTION SEMANTICS in
 schemas/schedule.py) and waits for the PARAM chunks moment m's work touches. The engine never decides.
 
+Between iterations a forward under `torch.no_grad()` or with `model.eval()` is an evaluation, not a
+replay (EVALUATING, executor/evaluation.py); `model.state_dict()` reads the chunks (Note [state_dict
+while attached] in executor/binding.py); a larger batch than recorded is refused (Note [batch drift]).
+
 The engine dispatches; its parts live beside it: the param/grad/saved-tensor binding to the chunks
 in executor/binding.py, optimizer steps, clipping and loss scaling in executor/stepping.py, the
 chunk store in executor/store.py, activations in executor/activations.py. The notes below (Note
@@ -44,14 +48,14 @@ from executor.attach import RERECORD, check_attach, check_model, resolve_device,
 from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.dtypes import TORCH_DTYPES
-from executor.errors import ExecutorError, out_of_memory
+from executor.errors import ExecutorError
 from executor.evaluation import Evaluation
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
-from executor.store import ChunkStore
+from executor.store import ChunkStore, out_of_memory
 from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
@@ -323,11 +327,11 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         """Checkpoint atomically (executor.state.save): model, optimizer, masters, loss scaler."""
         self._require_consistent("save()")
         self._drain_stale()
-        if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
-            save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
-                         loss_scaler=self.scaler)
-            return
         with self._own_state_dict():
+            if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
+                save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
+                             loss_scaler=self.scaler)
+                return
             state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
 
     def load(self, path: str | Path) -> None:
@@ -690,6 +694,9 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
             raise ExecutorError(f"model.state_dict() between iterations only (after engine.step()): the engine is "
                                 f"{self.state.value} at moment {self.cursor} and the chunks are moving")
         self._require_consistent("state_dict() (via model.state_dict())")
+        if self.comm is not None:
+            raise ExecutorError("model.state_dict() with world_size > 1: a rank holds only its own chunks; call "
+                                "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
 
     def _enter_evaluating(self) -> None:
         self._enter(EngineState.EVALUATING)
