@@ -91,15 +91,23 @@ class Evaluation:
                 return
             if len(self._eval_open) > 1:
                 self._eval_open.pop()
-            self._eval_open[-1].update(need)
+            self._use(need)
         else:
-            self._eval_open[-1].update(need)
+            self._use(need)
         try:
             for chunk in sorted(need):
                 self._eval_fetch(chunk, event)
         except ExecutorError:
             self._end_evaluation()
             raise
+
+    def _use(self, need: frozenset[int]) -> None:
+        """The work after this event computes with `need`: an open unit keeps what it used (its forward
+        goes on after its children's); outside every unit only the current work's chunks are pinned."""
+        if len(self._eval_open) > 1:
+            self._eval_open[-1].update(need)
+        else:
+            self._eval_open[0] = set(need)
 
     def _eval_fetch(self, chunk: int, event: MomentEvent) -> None:
         store = self.store

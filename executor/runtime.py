@@ -204,6 +204,9 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         self._refuse_handle = model.register_forward_pre_hook(self._refuse_if_failed, prepend=True)
         self.hooks = MomentHooks(model, blocks=self._blocks, units=self._units, on_event=self._on_event)
         self.hooks.install()
+        # after the hooks' own root post_forward; always_call: also when the forward raised
+        self._forward_depth = 0
+        self._after_handle = model.register_forward_hook(self._after_forward, always_call=True)
         # after MomentHooks: a block's pre_forward moment (its FETCHes) runs before the manager starts
         # capturing, and the manager's post_forward (prepended) finishes before the moment's EVICTs
         modules = dict(model.named_modules())
@@ -211,6 +214,7 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         if missing:
             self.hooks.remove()
             self._refuse_handle.remove()
+            self._after_handle.remove()
             raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
                                 f"the model. {RERECORD}")
         self.activations = ActivationManager.from_schedule(
@@ -350,6 +354,7 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
             return
         self.hooks.remove()
         self._refuse_handle.remove()
+        self._after_handle.remove()
         self.activations.close()
         for h in self._grad_handles:
             h.remove()
@@ -656,6 +661,16 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
     def _refuse_if_failed(self, module: nn.Module, args: Any) -> None:
         if self.state is EngineState.FAILED:
             raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
+        self._forward_depth += 1
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._forward_depth = max(0, self._forward_depth - 1)
+        if (self._forward_depth == 0 and self.state in (EngineState.IDLE, EngineState.EVALUATING)
+                and self.hooks.root_open):
+            # an evaluation forward raised before the root's post_forward: give everything back, and
+            # the hooks forget that forward, so the next one starts a new moment 0
+            self._end_evaluation()
+            self.hooks.reset()
 
     def _failed_elsewhere(self, message: str) -> None:
         """The activation manager's copy worker failed (raised to the user by the manager's hook)."""

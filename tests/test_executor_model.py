@@ -282,3 +282,42 @@ def test_attach_refuses_a_schedule_the_simulator_rejects(mutation):
     assert "\n" not in str(info.value) and "planner simulate" in str(info.value)
     for n, p in model.named_parameters():
         assert p.data_ptr() == before[n][0] and torch.equal(p, before[n][1])
+
+
+def test_evaluation_stays_within_the_device_budget_by_giving_chunks_back(tmp_path):
+    build, loss_fn, vocab, schedule, model, engine = attached("gpt", "host", tmp_path)
+    batches = gpt_batches(3, vocab=vocab)
+    ref = build()
+    engine_run(engine, model, loss_fn, batches[:1])
+    plain_run(ref, loss_fn, batches[:1])
+    # between steps, room for one unit's chunks and one more (the schedule's budget is not tight for this
+    # tiny model): the evaluation must give chunks back as it goes
+    pool = engine.store.pools[Tier.DEVICE]
+    widest = max(len(need) for need in engine._eval_needs.values())  # the most chunks one unit computes with
+    budget, pool.capacity_bytes = pool.capacity_bytes, pool.in_use_bytes + (widest + 1) * max(
+        4 * c.elements for c in schedule.layout.chunks)
+    pool.peak_bytes = pool.in_use_bytes
+    assert sum(4 * c.elements for c in schedule.layout.chunks) > pool.capacity_bytes
+    with torch.no_grad():
+        got, want = loss_fn(model, batches[2]), loss_fn(ref, batches[2])
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    assert pool.peak_bytes <= pool.capacity_bytes
+    pool.capacity_bytes = 1  # nothing fits: one clear line, and the training state is untouched
+    with pytest.raises(ExecutorError, match="do not fit the DEVICE budget"), torch.no_grad():
+        loss_fn(model, batches[2])
+    assert engine.state is EngineState.IDLE
+    pool.capacity_bytes = budget
+    assert engine_run(engine, model, loss_fn, batches[1:2]) == pytest.approx(plain_run(ref, loss_fn, batches[1:2]),
+                                                                              rel=1e-6)
+
+
+def test_an_evaluation_forward_that_raises_leaves_the_training_untouched(tmp_path):
+    build, loss_fn, vocab, _, model, engine = attached("gpt", "host", tmp_path)
+    batches = gpt_batches(3, vocab=vocab)
+    want = plain_run(build(), loss_fn, batches)
+    got = engine_run(engine, model, loss_fn, batches[:1])
+    with pytest.raises(IndexError), torch.no_grad():
+        model(torch.full((2, 16), vocab + 5))  # the user's own error, inside the forward
+    assert engine.state is EngineState.IDLE
+    got += engine_run(engine, model, loss_fn, batches[1:])
+    assert got == pytest.approx(want, rel=1e-6)
