@@ -41,9 +41,15 @@ from executor.activation_records import (
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
 from executor.nvme import ALIGN_BYTES
+from executor.store import out_of_memory
 from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
 __all__ = ["ActivationManager", "ActivationStats", "BlockState", "checkpoint_tiers"]
+
+
+def _device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A reloaded record's DEVICE buffer (a module function so tests can inject an out-of-memory error)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -160,6 +166,8 @@ class ActivationManager:
         self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[Record]]] = {}
         self._param_storages: set[int] = set()
         self._root_backward_seen = False
+        # True while the engine evaluates between iterations: the forward saves nothing for backward
+        self.paused = False
         self._handles: list[Any] = []
         self._closed = False
         self._finalizer = weakref.finalize(self, cleanup, self._worker, self._nvme_dir,
@@ -224,7 +232,7 @@ class ActivationManager:
 
     # -- hooks (thin) ---------------------------------------------------------------------------
     def _pre_forward(self, b: Block, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if in_backward():
+        if self.paused or in_backward():
             return  # a recomputation inside backward: its saved tensors are transient
         b.move(BlockState.CAPTURING)
         self._log("capture", b.index)
@@ -246,7 +254,7 @@ class ActivationManager:
                 b.own = None
 
     def _post_forward(self, b: Block, module: nn.Module, args: tuple, output: Any) -> None:
-        if b.state is not BlockState.CAPTURING or in_backward():
+        if self.paused or b.state is not BlockState.CAPTURING or in_backward():
             return
         gen, b.generator = b.generator, None
         ctx, b.hooks_ctx = b.hooks_ctx, None
@@ -271,7 +279,7 @@ class ActivationManager:
                     t.register_hook(functools.partial(self._block_grad_arrived, b))
 
     def _root_post_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if in_backward() or not torch.is_grad_enabled():
+        if self.paused or in_backward() or not torch.is_grad_enabled():
             return
         self._root_backward_seen = False
         for t in tensors_in(output):
@@ -381,7 +389,7 @@ class ActivationManager:
         """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
         host = record.host
         if produced is not None:
-            stream = self._stream()
+            stream = self._stream(src.device)
             with torch.cuda.stream(stream):
                 stream.wait_event(produced)
                 host.copy_(src, non_blocking=True)
@@ -418,7 +426,15 @@ class ActivationManager:
         if record.reload is not None or record.device is not None:
             return
         tier = record.tier
-        dst = torch.empty(record.nbytes, dtype=torch.uint8, device=record.home)
+        try:
+            dst = _device_empty(record.nbytes, record.home)
+        except torch.OutOfMemoryError as exc:
+            b = self.blocks[record.block]
+            error = out_of_memory(f"the reload of a saved tensor of block {b.index} ({b.name!r})", record.nbytes,
+                                  record.home, exc)
+            if self._on_failure is not None:
+                self._on_failure(str(error))
+            raise error from exc
         allocated = None
         if dst.device.type == "cuda":
             allocated = torch.cuda.Event()
@@ -442,7 +458,7 @@ class ActivationManager:
             b.nvme_read(self._nvme_dir, record.nvme_offset, host)
         record.device = dst
         if allocated is not None:
-            stream = self._stream()
+            stream = self._stream(dst.device)
             with torch.cuda.stream(stream):
                 stream.wait_event(allocated)
                 dst.copy_(host, non_blocking=True)
@@ -530,6 +546,10 @@ class ActivationManager:
                 reloaded_bytes_per_block=tuple(self._reloaded_per_block),
                 live_bytes=self._live, peak_live_bytes=self._peak, stall_seconds=self._stall)
 
+    def saved_bytes(self, block: int) -> int:
+        """Bytes block `block` saved for backward since the counters were reset (what the recorder counts)."""
+        return self._saved_per_block[block]
+
     @property
     def live_bytes(self) -> int:
         """Bytes the manager holds on DEVICE now."""
@@ -567,9 +587,10 @@ class ActivationManager:
                 continue
         return out
 
-    def _stream(self) -> torch.cuda.Stream:
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        """The copy stream, on the DEVICE's GPU (made on the worker thread, whose current device is GPU 0)."""
         if self._cuda_stream is None:
-            self._cuda_stream = torch.cuda.Stream()
+            self._cuda_stream = torch.cuda.Stream(device=device)
         return self._cuda_stream
 
     def _log(self, what: str, block: int) -> None:

@@ -12,11 +12,13 @@ from torch import nn
 from executor.activations import checkpoint_tiers
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
-from schemas.schedule import ActivationMode, ChunkList, Op, Schedule, Tier
+from schemas.residency import Refusal, ResidencyRefused, ValidCopies
+from schemas.schedule import TIER_INDEX, ActivationMode, ChunkList, Op, Schedule, Tier
 from schemas.trace import DType, Phase
 
 RERECORD = ("the model no longer does what was recorded: re-record it with `python -m executor record ...` "
              "and re-solve with `python -m planner solve ...`")
+SHOWN_DIFFERENCES = 3  # an error stays one readable line; check_model(...) returns every difference
 PRECISIONS = {"fp32": DType.FLOAT32, "float32": DType.FLOAT32, "bf16": DType.BFLOAT16, "bfloat16": DType.BFLOAT16,
                "fp16": DType.FLOAT16, "float16": DType.FLOAT16}
 
@@ -39,10 +41,13 @@ def check_attach(model: nn.Module, schedule: Schedule, *, precision: str | None,
     if grad_clip_norm is not None and not grad_clip_norm > 0:
         raise ExecutorError(f"grad_clip_norm={grad_clip_norm}: expected a positive number or None")
     check_schedule_supported(schedule, grad_clip_norm=grad_clip_norm, compute=compute, nvme_dir=nvme_dir)
+    check_residency(schedule)
     problems = check_model(model, schedule, compute=compute)
     if problems:
+        shown = problems[:SHOWN_DIFFERENCES]
+        more = f"; and {len(problems) - len(shown)} more" if len(problems) > len(shown) else ""
         raise ExecutorError(f"the model does not match the schedule ({len(problems)} differences): "
-                            + "; ".join(problems) + f". {RERECORD}")
+                            + "; ".join(shown) + f"{more} (executor.attach.check_model lists them all). {RERECORD}")
 
 
 def check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
@@ -115,6 +120,95 @@ def check_model(model: nn.Module, schedule: Schedule, *, compute: DType) -> list
         if name not in in_layout:
             problems.append(f"param {name!r}: in the model, not in the schedule")
     return problems
+
+
+def check_residency(schedule: Schedule) -> None:
+    """Replay the schedule's actions once through the residency rules (`schemas.residency`, the ones
+    `planner simulate` applies) and refuse, in one line, a copy without a valid source, an EVICT of the
+    last valid copy of live data, work or an optimizer step without its chunks valid where it runs, a
+    trainable chunk not stepped exactly once per iteration, or an iteration that does not end as it
+    started. A one-time cost at attach; the per-iteration replay stays free of checks (the store's
+    state transitions remain the backstop)."""
+    layout = schedule.layout
+    lists = layout.lists
+    li = {lst: i for i, lst in enumerate(lists)}
+    n = len(layout.chunks)
+    copies = ValidCopies(lists, n)
+    for r in schedule.initial_residency:
+        for tier in r.tiers:
+            copies.start(li[r.list], r.chunk, TIER_INDEX[tier])
+    started = {(r.list, r.chunk): sum(1 << TIER_INDEX[t] for t in r.tiers) for r in schedule.initial_residency}
+    chunk_of = {s.tensor: s.chunk for s in layout.tensors}
+    trainable = {s.tensor for s in layout.tensors if s.trainable}
+    pi, gi = li[ChunkList.PARAM], li.get(ChunkList.GRAD)
+    step_inputs = [li[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, ChunkList.MASTER, ChunkList.M, ChunkList.V)
+                   if lst in li]
+    by_moment: list[list[int]] = [[] for _ in schedule.moments]
+    for i, a in enumerate(schedule.actions):
+        if 0 <= a.moment < len(by_moment):
+            by_moment[a.moment].append(i)
+    stepped = [0] * n
+    device = TIER_INDEX[Tier.DEVICE]
+    several = schedule.header.world_size > 1  # a rank's view: collectives bring what other ranks own
+
+    def refuse(where: str, what: str) -> None:
+        raise ExecutorError(f"invalid schedule: {where} {what}; `python -m planner simulate` rejects it too: "
+                            "re-solve with `python -m planner solve ...` (or restore the file you were given)")
+
+    for m in schedule.moments:
+        for i in by_moment[m.id]:
+            a = schedule.actions[i]
+            where = f"moment {m.id} action {i} ({a.op.value}"
+            where += f" {a.list.value} chunk {a.chunk})" if a.list is not None else f" chunk {a.chunk})"
+            try:
+                if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
+                    copies.copy(li[a.list], a.chunk, TIER_INDEX[a.src], TIER_INDEX[a.dst])
+                elif a.op is Op.EVICT:
+                    copies.evict(li[a.list], a.chunk, TIER_INDEX[a.src])
+                elif a.op is Op.ALLOCATE:
+                    copies.allocate(li[a.list], a.chunk, TIER_INDEX[a.dst])
+                elif a.op is Op.ALL_GATHER:
+                    for c in (ch.id for ch in layout.chunks if ch.comm_group == a.chunk):
+                        copies.gather(li[a.list], c)
+                elif a.op is Op.OPTIMIZER_STEP:
+                    stepped[a.chunk] += 1
+                    if stepped[a.chunk] > 1:
+                        refuse(where, "steps the chunk a second time in one iteration")
+                    copies.step(a.chunk, TIER_INDEX[a.dst], step_inputs)
+            except ResidencyRefused as exc:
+                if several:
+                    continue  # other ranks' shards: the simulator's multi-rank view, not replayed here
+                what = {Refusal.NO_SOURCE: f"copies from {a.src.value if a.src else '?'}, which holds "
+                                           f"{'a stale copy' if exc.stale else 'no copy'}",
+                        Refusal.NOT_HELD: f"evicts from {a.src.value if a.src else '?'}, which holds no copy",
+                        Refusal.LAST_COPY: "drops the last valid copy of live data (write it back first)",
+                        Refusal.STEP_INPUT: f"needs a valid {lists[exc.list_index].value} copy on "
+                                            f"{a.dst.value if a.dst else '?'}"}[exc.refusal]
+                refuse(where, what)
+        if m.phase is Phase.OPTIMIZER or several:
+            continue
+        for c in sorted({chunk_of[t] for t in m.tensors if t in chunk_of}):
+            if not copies.is_valid(pi, c, device):
+                refuse(f"moment {m.id} ({m.phase.value} {m.kind.value} of {m.module or '<root>'!r}):",
+                       f"its work needs PARAM chunk {c} on DEVICE, where no valid copy is")
+        if m.phase is Phase.BACKWARD and gi is not None:
+            for c in sorted({chunk_of[t] for t in m.tensors if t in trainable and t in chunk_of}):
+                if not copies.is_valid(gi, c, device):
+                    refuse(f"moment {m.id} ({m.phase.value} {m.kind.value} of {m.module or '<root>'!r}):",
+                           f"its backward accumulates GRAD chunk {c} on DEVICE, where no valid copy is")
+                copies.write_grads(c)
+    if several:
+        return
+    if gi is not None:
+        missed = sorted({s.chunk for s in layout.tensors if s.trainable} - {c for c in range(n) if stepped[c]})
+        if missed:
+            refuse("the iteration:", f"never steps chunks {missed[:5]}{' ...' if len(missed) > 5 else ''}, which hold "
+                   f"trainable params ({len(missed)} chunks)")
+    for lst in lists:
+        for c in range(n):
+            if not copies.ends_as_started(li[lst], c, started.get((lst, c), 0)):
+                refuse("the iteration:", f"ends with {lst.value} chunk {c} elsewhere than it started (the next "
+                       "iteration would not replay)")
 
 
 def uses_nvme(schedule: Schedule) -> bool:

@@ -168,6 +168,55 @@ class ParamBinding:
             s = place.slot
             place.param.data = tensor[s.offset_elements:s.offset_elements + s.numel].view(s.shape)
 
+    # Note [state_dict while attached]
+    # `model.state_dict()` (of the model or any submodule) while attached returns the real values:
+    # a state-dict hook on every module that owns params replaces each param's entry (a placeholder
+    # or a view into a reusable chunk buffer) by a CPU copy read from its PARAM chunk, wherever it
+    # lives (executor.state reads the same way). It costs nothing per iteration (it runs only when
+    # state_dict is called); in the middle of an iteration it raises (the chunks are moving).
+    # `param.data` itself stays a placeholder while its chunk is off DEVICE: read params through
+    # `model.state_dict()` or `engine.state_dict()`, not `named_parameters()`.
+    def _register_state_dict_hooks(self, model: nn.Module) -> list[Any]:
+        slot_of = {id(place.param): place.slot for places in self._places.values() for place in places}
+        handles = []
+        self._sd_cache: dict[int, torch.Tensor] | None = None
+        self._sd_off = False  # the engine's own state_dict reads the chunks itself
+        for module in model.modules():
+            own = [(local, slot_of[id(p)]) for local, p in module._parameters.items()
+                   if p is not None and id(p) in slot_of]
+            if own:
+                handles.append(module._register_state_dict_hook(
+                    lambda mod, sd, prefix, meta, own=own: self._fill_state_dict(sd, prefix, own)))
+        handles.append(model.register_state_dict_pre_hook(self._state_dict_begins))
+        handles.append(model._register_state_dict_hook(self._state_dict_ends))
+        return handles
+
+    def _state_dict_begins(self, module: nn.Module, prefix: str, keep_vars: bool) -> None:
+        self._sd_cache = {}  # one read per chunk for the whole model.state_dict()
+
+    def _state_dict_ends(self, module: nn.Module, sd: Any, prefix: str, meta: Any) -> None:
+        self._sd_cache = None
+
+    def _fill_state_dict(self, sd: Any, prefix: str, own: list[tuple[str, TensorSlot]]) -> None:
+        if self._sd_off:
+            return
+        self._state_dict_allowed()
+        cache = self._sd_cache if self._sd_cache is not None else {}
+        for local, s in own:
+            key = prefix + local
+            if key not in sd:
+                continue
+            if s.chunk not in cache:
+                cache[s.chunk] = self.read_chunk(ChunkList.PARAM, s.chunk)
+            value = cache.get(-1 - s.tensor)  # tied names: one tensor under every name, as in PyTorch
+            if value is None:
+                value = cache[-1 - s.tensor] = cache[s.chunk][s.offset_elements:s.offset_elements + s.numel].view(
+                    s.shape).clone()
+            sd[key] = value
+
+    def _state_dict_allowed(self) -> None:  # the engine's: raises in the middle of an iteration
+        raise NotImplementedError
+
     def _push_saved_hooks(self) -> None:
         if not self._evicts_params or self._saved_hooks_on:
             return

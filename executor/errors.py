@@ -10,3 +10,4 @@ class ExecutorError(Exception):
     """
 
     exit_code = 2
+

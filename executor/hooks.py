@@ -143,6 +143,11 @@ class _Unit:
         self.state = to
         return True
 
+    @property
+    def root_open(self) -> bool:
+        """The root's forward started and its post_forward did not fire (yet)."""
+        return self._root.state is UnitState.FORWARD
+
     def reset(self) -> None:
         self.state, self.by_params, self.grads_seen = UnitState.IDLE, False, set()
 
@@ -209,6 +214,19 @@ class MomentHooks:
         self._root.reset()
         for unit in self._units:
             unit.reset()
+
+    @property
+    def root_open(self) -> bool:
+        """The root's forward started and its post_forward did not fire (yet)."""
+        return self._root.state is UnitState.FORWARD
+
+    def reset(self) -> None:
+        """Every unit back to IDLE: after a forward that raised before its end (the next root
+        pre_forward would otherwise be taken for a call inside it)."""
+        self._root.reset()
+        for unit in self._units:
+            unit.reset()
+        self._open.clear()
 
     def remove(self) -> None:
         for handle in self._handles:

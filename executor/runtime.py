@@ -17,6 +17,10 @@ Replay: `MomentHooks` (executor/hooks.py) report every moment; the engine checks
 they differ, then applies the actions of moment m in list order (ACTION SEMANTICS in
 schemas/schedule.py) and waits for the PARAM chunks moment m's work touches. The engine never decides.
 
+Between iterations a forward under `torch.no_grad()` or with `model.eval()` is an evaluation, not a
+replay (EVALUATING, executor/evaluation.py); `model.state_dict()` reads the chunks (Note [state_dict
+while attached] in executor/binding.py); a larger batch than recorded is refused (Note [batch drift]).
+
 The engine dispatches; its parts live beside it: the param/grad/saved-tensor binding to the chunks
 in executor/binding.py, optimizer steps, clipping and loss scaling in executor/stepping.py, the
 chunk store in executor/store.py, activations in executor/activations.py. The notes below (Note
@@ -26,10 +30,11 @@ code they explain.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,15 +49,24 @@ from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
+from executor.evaluation import Evaluation
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
-from executor.store import ChunkStore
-from schemas.schedule import COPY_CHANNEL, Channel, ChunkList, MomentRef, Op, Schedule, Tier
+from executor.store import ChunkStore, out_of_memory
+from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
 from schemas.trace import DType, MomentKind, Phase
 
+
+
+# Note [batch drift]: a block may save a little more than recorded for a batch of the recorded shape
+# (measured: 1.10x for the tiny GPT-2 of tests/test_integrations_hf.py fed by the HF Trainer, whose
+# collator adds an attention mask the recording did not have); a doubled batch saves 2x (1.99x-2.0x
+# measured on the tests' GPT). 1.5 sits between the two; a real overflow is also caught by the
+# DEVICE budget check of every moment (Note [activations]).
+BATCH_DRIFT_RATIO = 1.5
 
 
 class EngineState(enum.Enum):
@@ -60,6 +74,7 @@ class EngineState(enum.Enum):
 
     IDLE = "idle"  # attached, between iterations: the next event must be moment 0 (root pre_forward)
     REPLAYING = "replaying"  # inside an iteration: moments 0..cursor-1 were applied
+    EVALUATING = "evaluating"  # between iterations, inside an evaluation forward (executor/evaluation.py)
     FAILED = "failed"  # a replay check failed mid-iteration; every later event raises
     DETACHED = "detached"  # `detach()` ran: hooks removed, params hold plain tensors again
 
@@ -69,6 +84,8 @@ _ENGINE_TRANSITIONS = {
     (EngineState.IDLE, EngineState.FAILED), (EngineState.REPLAYING, EngineState.FAILED),
     (EngineState.IDLE, EngineState.DETACHED), (EngineState.REPLAYING, EngineState.DETACHED),
     (EngineState.FAILED, EngineState.DETACHED),
+    (EngineState.IDLE, EngineState.EVALUATING), (EngineState.EVALUATING, EngineState.IDLE),
+    (EngineState.EVALUATING, EngineState.DETACHED),
 }
 
 
@@ -89,7 +106,7 @@ class EngineFailure:
         return bool(self.updated_chunks) and bool(self.pending_chunks)
 
 
-class Engine(ParamBinding, OptimizerSteps):
+class Engine(ParamBinding, OptimizerSteps, Evaluation):
     """Replays one schedule on one model; see the module docstring and its notes. Build it with `executor.run`."""
 
     def __init__(self, model: nn.Module, schedule: Schedule, *, params: Iterable[Any] | None = None,
@@ -179,6 +196,7 @@ class Engine(ParamBinding, OptimizerSteps):
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._saved_hooks_on = False
         self._grad_handles = self._register_grad_hooks(by_name)
+        self._grad_handles += self._register_state_dict_hooks(model)  # Note [state_dict while attached]
         # registered after the grad hooks, so a unit's post_backward (which may fire from a param
         # grad hook) always sees its grads already in the GRAD chunk
         # first of all forward hooks: after a failure the model's next forward stops here, before the
@@ -186,6 +204,9 @@ class Engine(ParamBinding, OptimizerSteps):
         self._refuse_handle = model.register_forward_pre_hook(self._refuse_if_failed, prepend=True)
         self.hooks = MomentHooks(model, blocks=self._blocks, units=self._units, on_event=self._on_event)
         self.hooks.install()
+        # after the hooks' own root post_forward; always_call: also when the forward raised
+        self._forward_depth = 0
+        self._after_handle = model.register_forward_hook(self._after_forward, always_call=True)
         # after MomentHooks: a block's pre_forward moment (its FETCHes) runs before the manager starts
         # capturing, and the manager's post_forward (prepended) finishes before the moment's EVICTs
         modules = dict(model.named_modules())
@@ -193,6 +214,7 @@ class Engine(ParamBinding, OptimizerSteps):
         if missing:
             self.hooks.remove()
             self._refuse_handle.remove()
+            self._after_handle.remove()
             raise ExecutorError(f"the schedule's activation plan names blocks {missing}, which are not modules of "
                                 f"the model. {RERECORD}")
         self.activations = ActivationManager.from_schedule(
@@ -200,6 +222,14 @@ class Engine(ParamBinding, OptimizerSteps):
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
             alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
+        self._setup_evaluation(model)
+        # Note [batch drift]: per block, the activation bytes the recording saw it save for backward (what
+        # it keeps: RECOMPUTE keeps its input). The hand-built schedules of tests carry 0: unknown, unchecked.
+        index = {b.name: b.index for b in self.activations.blocks}
+        self._act_expected = {
+            p.module: (index[p.module], p.input_bytes if p.mode is ActivationMode.RECOMPUTE else p.bytes)
+            for p in schedule.activation_plans if (p.bytes or p.input_bytes)}
+        self._act_before: dict[int, int] = {}
 
     # Note [activations]
     # Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
@@ -281,8 +311,9 @@ class Engine(ParamBinding, OptimizerSteps):
         if self.comm is not None:
             raise ExecutorError("engine.state_dict() with world_size > 1: a rank holds only its own chunks; call "
                                 "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
-        out: dict[str, Any] = {"model": state_io.model_state_dict(self, self.model),
-                               "optimizer": state_io.optimizer_state_dict(self, self.optimizer)}
+        with self._own_state_dict():
+            out: dict[str, Any] = {"model": state_io.model_state_dict(self, self.model),
+                                   "optimizer": state_io.optimizer_state_dict(self, self.optimizer)}
         master = state_io.master_state_dict(self)
         if master:
             out["master"] = master
@@ -300,11 +331,12 @@ class Engine(ParamBinding, OptimizerSteps):
         """Checkpoint atomically (executor.state.save): model, optimizer, masters, loss scaler."""
         self._require_consistent("save()")
         self._drain_stale()
-        if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
-            save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
-                         loss_scaler=self.scaler)
-            return
-        state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
+        with self._own_state_dict():
+            if self.comm is not None:  # every rank calls it; rank 0 writes the one plain file
+                save_sharded(path, self, self.comm.collectives, model=self.model, optimizer=self.optimizer,
+                             loss_scaler=self.scaler)
+                return
+            state_io.save(path, self, model=self.model, optimizer=self.optimizer, loss_scaler=self.scaler)
 
     def load(self, path: str | Path) -> None:
         self._require_idle("load()")
@@ -322,6 +354,7 @@ class Engine(ParamBinding, OptimizerSteps):
             return
         self.hooks.remove()
         self._refuse_handle.remove()
+        self._after_handle.remove()
         self.activations.close()
         for h in self._grad_handles:
             h.remove()
@@ -352,8 +385,27 @@ class Engine(ParamBinding, OptimizerSteps):
             raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
         if self.state is EngineState.DETACHED:
             return
+        if self.state is EngineState.EVALUATING:
+            if not (event.kind is MomentKind.PRE_FORWARD and event.module == ""):
+                self._evaluation_event(event)
+                return
+            self._end_evaluation()  # the last evaluation forward raised before its end: a new forward starts
+        if m == 0 and self.state is EngineState.IDLE:
+            if event.kind is MomentKind.PRE_FORWARD and event.module == "" and self._is_evaluation():
+                self._begin_evaluation()
+                self._evaluation_event(event)
+                return
+            if event.phase is Phase.BACKWARD:
+                raise ExecutorError("backward without a training forward: the last forward ran as an evaluation "
+                                    "(model.eval() or torch.no_grad()); call model.train() and run the training "
+                                    "forward with grad enabled before loss.backward()")
+        elif event.kind is MomentKind.PRE_FORWARD and event.module == "" and self._is_evaluation():
+            self._fail(f"moment {m}: an evaluation forward (model.eval() or torch.no_grad()) in the middle of an "
+                       "iteration; evaluate between engine.step() and the next training forward")
         moments = self.schedule.moments
         ref = self._check_event(m, event)
+        if event.block >= 0 and event.phase is Phase.FORWARD and event.module in self._act_expected:
+            self._check_batch(m, event)
         if m == 0:
             self._enter(EngineState.REPLAYING)
             self._stats.begin_iteration(self)
@@ -370,6 +422,8 @@ class Engine(ParamBinding, OptimizerSteps):
             if self.state is not EngineState.FAILED:
                 self._fail(str(exc))
             raise
+        except torch.OutOfMemoryError as exc:  # an allocation outside the store (an optimizer step's temporaries)
+            self._fail(f"moment {m}: {out_of_memory('its actions', None, self.device, exc)}")
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
 
@@ -388,6 +442,28 @@ class Engine(ParamBinding, OptimizerSteps):
             self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
                        f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
         return ref
+
+    # Note [batch drift]
+    # A batch larger than the recorded one (batch size, sequence length) makes every block save more
+    # activation bytes than the schedule planned for, so its DEVICE memory no longer holds (or holds by
+    # chance). At each block's post_forward the engine compares what the block saved in this forward
+    # (the activation manager counts as the recorder does, so an unchanged batch gives exactly the
+    # plan's bytes) with the plan, and refuses one over BATCH_DRIFT_RATIO x the plan naming the batch: at
+    # the first block, before any param, grad or optimizer state changed. Smaller batches (a short last
+    # batch) are allowed; a slightly larger count of the same batch shape too (below).
+    def _check_batch(self, m: int, event: MomentEvent) -> None:
+        index, want = self._act_expected[event.module]
+        saved = self.activations.saved_bytes(index)
+        if event.kind is MomentKind.PRE_FORWARD:
+            self._act_before[index] = saved
+            return
+        got = saved - self._act_before.pop(index, saved)
+        if got > BATCH_DRIFT_RATIO * want:
+            self._fail(f"moment {m}: block {event.module!r} saved {got} bytes of activations for backward, the "
+                       f"recorded batch {want} ({got / want:.3g}x): this batch is larger than the recorded one "
+                       "(batch size or sequence length), so the schedule's memory plan no longer holds; train with "
+                       "batches of the recorded shape (or smaller), or re-record with this batch (`python -m "
+                       "executor record ...`) and re-solve (`python -m planner solve ...`)")
 
     # Note [gradient accumulation]
     # Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
@@ -585,6 +661,16 @@ class Engine(ParamBinding, OptimizerSteps):
     def _refuse_if_failed(self, module: nn.Module, args: Any) -> None:
         if self.state is EngineState.FAILED:
             raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
+        self._forward_depth += 1
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._forward_depth = max(0, self._forward_depth - 1)
+        if (self._forward_depth == 0 and self.state in (EngineState.IDLE, EngineState.EVALUATING)
+                and self.hooks.root_open):
+            # an evaluation forward raised before the root's post_forward: give everything back, and
+            # the hooks forget that forward, so the next one starts a new moment 0
+            self._end_evaluation()
+            self.hooks.reset()
 
     def _failed_elsewhere(self, message: str) -> None:
         """The activation manager's copy worker failed (raised to the user by the manager's hook)."""
@@ -593,6 +679,7 @@ class Engine(ParamBinding, OptimizerSteps):
 
     def _require_consistent(self, what: str) -> None:
         """Between iterations, or after a failure that left a consistent state (Note [failures])."""
+        self._end_evaluation()
         if self.state is not EngineState.FAILED:
             self._require_idle(what)
             return
@@ -607,7 +694,36 @@ class Engine(ParamBinding, OptimizerSteps):
             raise ExecutorError(f"engine.{what}: after the failure ({failure.message}) no valid copy is left of "
                                 + ", ".join(f"{lst.value} chunk {c}" for lst, c in self._lost))
 
+    @contextlib.contextmanager
+    def _own_state_dict(self) -> Iterator[None]:
+        """executor.state reads the chunks itself: the model's state-dict hooks stand aside."""
+        self._sd_off = True
+        try:
+            yield
+        finally:
+            self._sd_off = False
+
+    def _state_dict_allowed(self) -> None:
+        """model.state_dict() while attached (Note [state_dict while attached] in executor/binding.py)."""
+        if self.state is EngineState.REPLAYING:
+            raise ExecutorError(f"model.state_dict() between iterations only (after engine.step()): the engine is "
+                                f"{self.state.value} at moment {self.cursor} and the chunks are moving")
+        self._require_consistent("state_dict() (via model.state_dict())")
+        if self.comm is not None:
+            raise ExecutorError("model.state_dict() with world_size > 1: a rank holds only its own chunks; call "
+                                "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
+
+    def _enter_evaluating(self) -> None:
+        self._enter(EngineState.EVALUATING)
+
+    def _leave_evaluating(self) -> None:
+        self._enter(EngineState.IDLE)
+
+    def _evaluating_state(self) -> EngineState:
+        return EngineState.EVALUATING
+
     def _require_idle(self, what: str) -> None:
+        self._end_evaluation()  # an evaluation forward that raised before its end
         if self.state is not EngineState.IDLE:
             raise ExecutorError(f"engine.{what} between iterations only (after engine.step()), the engine is "
                                 f"{self.state.value} at moment {self.cursor}")

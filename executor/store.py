@@ -104,10 +104,11 @@ class Pool:
         else:
             if self.capacity_bytes is not None:
                 self._trim(self.capacity_bytes - self.in_use_bytes - nbytes)
-            if self.aligned:
-                tensor = aligned_empty(numel, dtype, pin_memory=self.pin)
-            else:
-                tensor = torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pin)
+            try:
+                tensor = _empty(numel, dtype, device=self.device, pin=self.pin, aligned=self.aligned)
+            except torch.OutOfMemoryError as exc:  # the budget promised memory the device does not have
+                self._trim(0)  # the cached buffers go first; the caller's failure path settles the rest
+                raise out_of_memory(what, nbytes, self.device, exc) from exc
         self.in_use_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.in_use_bytes)
         return tensor
@@ -278,8 +279,10 @@ class ChunkStore:
         if tier is Tier.DEVICE:
             self.on_device_change(lst, chunk, tensor)
 
-    def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str) -> int:
-        """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved."""
+    def copy(self, lst: ChunkList, chunk: int, src: Tier, dst: Tier, channel: Channel, *, why: str,
+             counter: dict[Channel, int] | None = None) -> int:
+        """FETCH / PREFETCH / WRITE_BACK: start a copy src -> dst; returns the bytes moved (counted in
+        `bytes_per_channel`, or in `counter`: an evaluation's copies are kept apart from the iterations')."""
         expected = COPY_CHANNEL.get((src, dst))  # NVME copies go through executor/nvme.py
         if expected is None or expected is not channel:
             raise ExecutorError(f"schedule violation: {why} copies {src.value} -> {dst.value} on channel "
@@ -312,7 +315,7 @@ class ChunkStore:
         d.ready = ready
         self._move(d, lst, chunk, dst, CopyState.ARRIVING)
         nbytes = self.nbytes(lst, chunk)
-        self.bytes_per_channel[channel] += nbytes
+        (self.bytes_per_channel if counter is None else counter)[channel] += nbytes
         return nbytes
 
     def allocate(self, lst: ChunkList, chunk: int, tier: Tier, *, why: str, zero: bool = True) -> None:
@@ -355,6 +358,11 @@ class ChunkStore:
             self.pools[tier].free(p.tensor, after=retire_after)
         p.tensor = None
         self._move(p, lst, chunk, tier, CopyState.ABSENT)
+
+    def mark_stale(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
+        """A payload goes back to STALE (an evaluation refreshed a stale copy it then gives back)."""
+        self.wait(lst, chunk, tier)
+        self._move(self._payloads[(lst, chunk, tier)], lst, chunk, tier, CopyState.STALE)
 
     def updated(self, lst: ChunkList, chunk: int, tier: Tier) -> None:
         """The payload on `tier` was written in place (optimizer step): copies elsewhere are stale.
@@ -458,6 +466,33 @@ class ChunkStore:
         p.state = to
         if to is not CopyState.ARRIVING:
             p.stepping, p.copy_before_step = False, None
+
+
+def out_of_memory(what: str, nbytes: int | None, device: object, exc: BaseException) -> ExecutorError:
+    """`torch.OutOfMemoryError` as one line: what needed the bytes, how many, what the GPU had free, the fix.
+
+    The schedule's DEVICE budget promised that memory: another process on the GPU, fragmentation or a
+    budget solved for a larger GPU took it (a real GPU's usable memory is less than its size)."""
+    free = ""
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if dev.type == "cuda":
+        try:
+            free_bytes, total_bytes = torch.cuda.mem_get_info(dev)
+            free = f"; the GPU has {free_bytes / 2**30:.3g} GiB free of {total_bytes / 2**30:.3g} GiB"
+        except Exception:  # noqa: BLE001 - the error itself must not fail
+            free = ""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    need = f"{nbytes} bytes" if nbytes is not None else "more memory"
+    return ExecutorError(f"out of memory on {dev}: {what} needed {need}{free} ({first}); the schedule's "
+                         "DEVICE budget is more than this GPU can give: re-solve with a smaller `--device-memory-gb` "
+                         "(`python -m planner solve ... --device-memory-gb N`)")
+
+
+def _empty(numel: int, dtype: torch.dtype, *, device: torch.device, pin: bool, aligned: bool) -> torch.Tensor:
+    """A new pool buffer (one place, so tests can inject an out-of-memory error)."""
+    if aligned:
+        return aligned_empty(numel, dtype, pin_memory=pin)
+    return torch.empty(numel, dtype=dtype, device=device, pin_memory=pin)
 
 
 def _succeeded(ready: Ready | None) -> bool:

@@ -384,7 +384,7 @@ def test_activation_bytes_count_against_the_device_budget():
     assert engine.stats().peak_activation_bytes > 0
 
 
-def test_attach_mismatch_lists_every_difference_and_leaves_the_model_untouched():
+def test_attach_mismatch_names_the_first_differences_and_leaves_the_model_untouched():
     schedule = build_schedule(small_gpt(), lambda m: gpt_loss(m, gpt_batches(1)[0]).backward())
     torch.manual_seed(0)
     other = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=80, block_size=16))
@@ -393,7 +393,7 @@ def test_attach_mismatch_lists_every_difference_and_leaves_the_model_untouched()
         executor.run(other, schedule)
     message = str(info.value)
     assert "'wte.weight': shape (80, 32), the schedule expects (64, 32)" in message
-    assert "'h.2.attn.c_attn.weight': in the model, not in the schedule" in message
+    assert "(13 differences)" in message and "and 10 more" in message  # the first few, and a count
     assert "re-record" in message
     for n, p in other.named_parameters():
         assert p.data_ptr() == before[n][0] and torch.equal(p, before[n][1])
