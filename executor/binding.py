@@ -19,9 +19,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.store import ChunkStore
-from schemas.schedule import ChunkList, Schedule, TensorSlot, Tier
+from schemas.schedule import OS_LISTS, ChunkList, Schedule, TensorSlot, Tier
 
 # Note "saved params": when the schedule evicts PARAM chunks from DEVICE, tensors autograd saves whose
 # storage is a DEVICE PARAM payload (a weight, `weight.t()`...) are saved as (chunk, offset, size,
@@ -251,16 +252,29 @@ class ParamBinding:
         """A CPU copy of the chunk's current data, from whichever tier holds a valid copy."""
         self.store.settle()
         tiers = self.store.valid_tiers(list, chunk)
+        if not tiers and list in OS_LISTS and chunk not in self._stepped_chunks():
+            # a chunk holding no trainable tensor (frozen params, a comm group's padding) has no optimizer
+            # state (planner/emit.py initial_residency); it reads as zeros, as its owner's share of a gather
+            layout = self.schedule.layout
+            return torch.zeros(layout.chunks[chunk].elements, dtype=TORCH_DTYPES[layout.list_dtypes[list]])
         if not tiers:
             raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
         if tiers[0] is Tier.NVME:
             return self.store.read_nvme(list, chunk)
         return self.store.tensor(list, chunk, tiers[0], why="read_chunk").detach().to("cpu", copy=True)
 
+    def _stepped_chunks(self) -> frozenset[int]:
+        """Chunks holding at least one trainable tensor: the ones with optimizer state."""
+        if getattr(self, "_stepped", None) is None:
+            self._stepped = frozenset(s.chunk for s in self.schedule.layout.tensors if s.trainable)
+        return self._stepped
+
     def write_chunk(self, list: ChunkList, chunk: int, tensor: torch.Tensor) -> None:  # noqa: A002
         """Write the chunk into every valid copy (stale copies stay stale: the schedule refreshes them)."""
         self.store.settle()
         tiers = self.store.valid_tiers(list, chunk)
+        if not tiers and list in OS_LISTS and chunk not in self._stepped_chunks():
+            return  # no optimizer state to write (see read_chunk)
         if not tiers:
             raise ExecutorError(f"{list.value} chunk {chunk} has no valid copy between iterations")
         for tier in tiers:
