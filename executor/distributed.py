@@ -121,6 +121,11 @@ def _dist_ready(world_size: int) -> None:
         raise ExecutorError(f"a checkpoint of world_size={world_size} needs torch.distributed initialized on every rank")
 
 
+def _stepped_chunks(layout: ChunkLayout) -> frozenset[int]:
+    """Chunks holding a trainable tensor: those with optimizer state."""
+    return frozenset(t.chunk for t in layout.tensors if t.trainable)
+
+
 def gather_full_chunks(local: state.ChunkSource, collectives: CommGroupCollectives, *, dst: int = 0
                        ) -> dict[tuple[ChunkList, int], Tensor] | None:
     """Every rank calls this; rank `dst` gets {(list, chunk): CPU tensor} of every chunk of every
@@ -130,7 +135,13 @@ def gather_full_chunks(local: state.ChunkSource, collectives: CommGroupCollectiv
     out: dict[tuple[ChunkList, int], Tensor] = {}
     for lst in (x for x in _STATE_LISTS if x in layout.lists):
         for g in range(collectives.n_groups):
-            mine = local.read_chunk(lst, collectives.owned_chunk(g)).detach()
+            own = collectives.owned_chunk(g)
+            if lst is not ChunkList.PARAM and own not in _stepped_chunks(layout):
+                # a padding chunk of its comm group (no trainable tensor: nothing steps it, so the
+                # schedule gives it no optimizer state, e.g. 4 ranks over a block of 2 chunks)
+                mine = torch.zeros(layout.chunks[own].elements, dtype=TORCH_DTYPES[layout.list_dtypes[lst]])
+            else:
+                mine = local.read_chunk(lst, own).detach()
             if ws == 1:
                 out[(lst, g)] = mine.to("cpu", copy=True)
                 continue
