@@ -28,7 +28,6 @@ from executor.models import build_model, model_spec
 from planner.layout import build_layout
 from planner.materialize import materialize, uniform_decisions
 from planner.problem import build_problem
-from planner.simulate import simulate
 from schemas import Trace
 from schemas.hardware import Hardware
 from schemas.schedule import Channel, Schedule
@@ -68,27 +67,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_two_nodes_price_collectives_over_the_nic(tmp_path) -> None:
-    """Same bytes per rank on one node or two; the NIC stage makes the collectives slower."""
-    one_node = cluster(tmp_path, gpus_per_node=WORLD)
-    two_nodes = cluster(tmp_path)
-    assert (one_node.cluster.nodes, two_nodes.cluster.nodes) == (1, 2)
-    per_rank = 3 * 1_000_000  # (p-1) x 1 MB
-    assert one_node.collective_seconds(per_rank) == pytest.approx(per_rank / 1e9)  # (p-1)/p S / intra
-    # max((q-1)/q S / intra, (N-1)/N S / nic) = max(0.5 x 4 MB / 1 GB/s, 0.5 x 4 MB / 0.5 GB/s)
-    assert two_nodes.collective_seconds(per_rank) == pytest.approx(4e-3)
-    s1, s2 = schedule_for(one_node), schedule_for(two_nodes)
-    assert s2.prediction.bytes_per_channel[Channel.INTER_GPU] == s1.prediction.bytes_per_channel[Channel.INTER_GPU] > 0
-    r1, r2 = simulate(s1, one_node), simulate(s2, two_nodes)
-    assert r2.busy_seconds_per_channel[Channel.INTER_GPU] == pytest.approx(4 / 3 * r1.busy_seconds_per_channel[Channel.INTER_GPU])  # 4e-3 / 3e-3, as above
-
-
-def test_more_ranks_than_a_node_needs_a_nic(tmp_path) -> None:
-    from schemas._base import FormatError
-    with pytest.raises(FormatError, match="links.inter_node_gb_per_s: .*positive NIC bandwidth"):
-        cluster(tmp_path, inter_node_gb_per_s=0.0)
 
 
 @needs_gloo
