@@ -260,14 +260,15 @@ class Hardware:
             return 0.0
         whole = per_rank_bytes * p / (p - 1)
         intra = (q - 1) / q * whole / self.intra_node_bytes_per_s if q > 1 else 0.0
-        inter = (n - 1) / n * whole / self.inter_node_bytes_per_s if n > 1 else 0.0
+        # no NIC given (a profile built in code; a file is refused by validate_hardware): not priced
+        inter = (n - 1) / n * whole / self.inter_node_bytes_per_s if n > 1 and self.inter_node_bytes_per_s > 0 else 0.0
         return max(intra, inter)
 
     @property
     def inter_gpu_bytes_per_s(self) -> float:
         """The INTER_GPU channel's rate: bytes one rank sends per second of a collective over the whole
         cluster (`collective_seconds`); the intra-node bus bandwidth on one node."""
-        if self.cluster.nodes <= 1 or self.cluster.world_size <= 1:
+        if self.cluster.nodes <= 1 or self.cluster.world_size <= 1 or self.inter_node_bytes_per_s <= 0:
             return self.intra_node_bytes_per_s
         return GB / self.collective_seconds(GB)
 
