@@ -238,6 +238,7 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("links.d2h_pageable_gb_per_s", link.d2h_pageable_gb_per_s, "GB/s", "", None, ""),
         ("links.duplex_h2d_gb_per_s", link.duplex_h2d_gb_per_s, "GB/s", "", None, ""),
         ("links.duplex_d2h_gb_per_s", link.duplex_d2h_gb_per_s, "GB/s", "", None, ""),
+        ("links.inter_node_gb_per_s", link.inter_node_gb_per_s, "GB/s", "", None, ""),
         ("cluster.world_size", c.world_size, "ranks", "", None, ""),
         ("cluster.gpus_per_node", c.gpus_per_node, "GPUs", "", None, ""),
     ]

@@ -18,7 +18,9 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
   last transfer or optimizer step are done.
 - Ranks. With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
   and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
-  (SPMD); NVMe, the CPU optimizer (one host per node) and collectives are shared. Bytes and busy
+  (SPMD); each node's ranks share its SSDs and its CPU optimizer (one server each per node), and
+  collectives share one cluster-wide server, priced intra- vs inter-node by
+  `Hardware.collective_seconds` (the slower of the NVLink and the NIC stage of a hierarchical ring). Bytes and busy
   seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
   (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
   (an ALL_GATHER after the owners' copies of the group arrived, a REDUCE_SCATTER after the grads
@@ -57,7 +59,7 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
 
 Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
 next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
-instantly, PCIe links are full duplex, collectives cost bytes / inter-GPU bandwidth, staging
+instantly, PCIe links are full duplex, collectives cost `Hardware.collective_seconds`, staging
 buffers in HOST for NVMe copies are not counted.
 """
 
@@ -369,11 +371,21 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     node_of = [r // per_node for r in range(world)]
     n_nodes = node_of[-1] + 1
     places = {_DEVICE: world, _HOST: n_nodes, _NVME: n_nodes}
-    nvme = _Server()
-    shared = {Channel.NVME_READ: nvme, Channel.NVME_WRITE: nvme, Channel.INTER_GPU: _Server(),
-              Channel.CPU_OPTIMIZER: _Server()}
-    servers = {(ch, rank): shared[ch] if ch in shared else _Server()
-               for ch in Channel for rank in range(schedule.header.world_size)}
+    # per node: the SSD set (one simplex server for reads and writes) and the CPU optimizer, shared by
+    # the node's ranks (PatrickStar §9.1's 12 cores serve its 8 ranks); collectives: one cluster-wide
+    # server priced by Hardware.collective_seconds (intra- vs inter-node)
+    nvme = [_Server() for _ in range(n_nodes)]
+    cpu = [_Server() for _ in range(n_nodes)]
+    collectives = _Server()
+
+    def server(ch: Channel, rank: int) -> _Server:
+        if ch in (Channel.NVME_READ, Channel.NVME_WRITE):
+            return nvme[node_of[rank]]
+        if ch is Channel.CPU_OPTIMIZER:
+            return cpu[node_of[rank]]
+        return collectives if ch is Channel.INTER_GPU else _Server()
+
+    servers = {(ch, rank): server(ch, rank) for ch in Channel for rank in range(schedule.header.world_size)}
     if hardware.device.kind is DeviceKind.CPU_EMULATED:  # one set of cores computes and steps
         for rank in range(world):
             servers[(Channel.CPU_OPTIMIZER, rank)] = servers[(Channel.COMPUTE, rank)]
@@ -479,15 +491,18 @@ def _blocks(schedule: Schedule) -> list[_Block]:
 
 
 def _transfer(sim: _Sim, channels: tuple[Channel, ...], nbytes: int, issue: float, ready: float, label: str,
-              *, m: int, i: int, action: Action, rank: int = 0) -> float:
-    """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes."""
+              *, m: int, i: int, action: Action, rank: int = 0, node_ranks: int = 1) -> float:
+    """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes.
+    `node_ranks`: how many ranks of the node move the same bytes at once (activations: every rank
+    swaps its own), which the node's shared SSDs carry together."""
     for ch in channels:
         if sim.rate[ch] <= 0:
             raise ScheduleViolation(ViolationKind.CHANNEL, f"{ch.value} has no bandwidth on hardware "
                                     f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
                                     list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
     start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
-    duration = max(nbytes / sim.rate[ch] for ch in channels)
+    duration = max(nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) / sim.rate[ch]
+                   for ch in channels)
     end = start + duration
     for ch in channels:
         sim.servers[(ch, rank)].free_at = end
@@ -644,7 +659,7 @@ def _activation(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block]
             raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_OFFLOAD to {a.dst.value} crosses "
                                     f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                     moment=m, action_index=i, block=b)
-        end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a)
+        end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
         act_bytes[_DEVICE] -= blk.device_bytes()
         blk.state, blk.tier = _ActState.OFFLOADED, a.dst
         act_bytes[TIER_INDEX[a.dst]] += moved
@@ -659,7 +674,7 @@ def _activation(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block]
         raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_RELOAD from {a.src.value} crosses "
                                 f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
                                 moment=m, action_index=i, block=b)
-    end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a)
+    end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
     act_bytes[TIER_INDEX[a.src]] -= moved
     blk.state, blk.tier, blk.ready_at = _ActState.ON_DEVICE, None, end
     act_bytes[_DEVICE] += blk.device_bytes()

@@ -164,14 +164,27 @@ class LinkSpec:
     each direction at its own rate)"""
     duplex_d2h_gb_per_s: float = constrained(minimum=0, default=0.0)
     """pinned device-to-host rate while a host-to-device copy runs at once; 0: not measured"""
+    inter_node_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """one node's network bandwidth to the other nodes, one direction (its NIC: 100 Gb/s = 12.5 GB/s),
+    shared by the node's `cluster.gpus_per_node` GPUs; 0: one node (required > 0 when
+    cluster.world_size > cluster.gpus_per_node)"""
 
 
 @frozen
 class ClusterSpec:
-    """How many ranks train together."""
+    """How many ranks train together: `world_size` ranks on world_size / gpus_per_node nodes (a
+    multiple of gpus_per_node, or fewer ranks than one node's GPUs)."""
 
     world_size: int = constrained(minimum=1)
     gpus_per_node: int = constrained(minimum=1)
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.world_size // self.gpus_per_node)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.world_size, self.gpus_per_node)
 
 
 @frozen
@@ -218,8 +231,46 @@ class Hardware:
         return self.links.d2h_gb_per_s * GB
 
     @property
-    def inter_gpu_bytes_per_s(self) -> float:
+    def intra_node_bytes_per_s(self) -> float:
+        """Per-GPU bus bandwidth of a collective inside one node (`links.inter_gpu_gb_per_s`)."""
         return self.links.inter_gpu_gb_per_s * GB
+
+    @property
+    def inter_node_bytes_per_s(self) -> float:
+        """One node's NIC bandwidth (`links.inter_node_gb_per_s`), shared by its GPUs; 0 on one node."""
+        return self.links.inter_node_gb_per_s * GB
+
+    def collective_seconds(self, per_rank_bytes: float) -> float:
+        """Seconds of one ring all-gather or reduce-scatter over the cluster's `world_size` ranks that
+        sends `per_rank_bytes` = (p-1)/p * S per rank (S: the whole gathered buffer; the schedule's
+        and the executor's convention, executor/collectives.py).
+
+        On one node (N = 1): (p-1)/p * S / inter_gpu (the ring's per-GPU bus bandwidth; NCCL
+        doc/PERFORMANCE.md of nccl-tests: all-gather/reduce-scatter busBw = algBw * (n-1)/n).
+        On N nodes x q GPUs, hierarchically (NCCL's ring crosses each node boundary once per ring,
+        one ring per GPU/NIC rail; equivalently the 2-level scheme of Horovod/BlueConnect, Cho et
+        al. 2019 §3): every GPU exchanges (q-1)/q * S with its node's peers over the intra-node link,
+        and each node's NIC carries (N-1)/N * S (its q GPUs' shares together) to the other nodes. The
+        two stages pipeline (NCCL splits a collective into chunks), so the slower one sets the time:
+
+            seconds = max((q-1)/q * S / intra_node, (N-1)/N * S / nic)
+        """
+        p, q, n = self.cluster.world_size, self.cluster.ranks_per_node, self.cluster.nodes
+        if p <= 1 or per_rank_bytes <= 0:
+            return 0.0
+        whole = per_rank_bytes * p / (p - 1)
+        intra = (q - 1) / q * whole / self.intra_node_bytes_per_s if q > 1 else 0.0
+        # no NIC given (a profile built in code; a file is refused by validate_hardware): not priced
+        inter = (n - 1) / n * whole / self.inter_node_bytes_per_s if n > 1 and self.inter_node_bytes_per_s > 0 else 0.0
+        return max(intra, inter)
+
+    @property
+    def inter_gpu_bytes_per_s(self) -> float:
+        """The INTER_GPU channel's rate: bytes one rank sends per second of a collective over the whole
+        cluster (`collective_seconds`); the intra-node bus bandwidth on one node."""
+        if self.cluster.nodes <= 1 or self.cluster.world_size <= 1 or self.inter_node_bytes_per_s <= 0:
+            return self.intra_node_bytes_per_s
+        return GB / self.collective_seconds(GB)
 
     @property
     def device_flops_per_s(self) -> float:
@@ -268,7 +319,11 @@ class Hardware:
 
     @property
     def digest(self) -> str:
-        return digest_bytes(pack_msgpack(to_plain(self)))
+        plain = to_plain(self)
+        if not self.links.inter_node_gb_per_s:
+            # a one-node profile keeps the digest it had before the field existed (schedules name it)
+            plain["links"] = {k: v for k, v in plain["links"].items() if k != "inter_node_gb_per_s"}
+        return digest_bytes(pack_msgpack(plain))
 
     # -- IO ---------------------------------------------------------------------------------
     def to_toml(self) -> str:
@@ -359,6 +414,10 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
         f"less than the usable DEVICE memory ({hw.device.memory_gb * hw.device.usable_fraction:g} GB), found {hw.device.memory_margin_gb}")
     req(hw.cluster.world_size % hw.cluster.gpus_per_node == 0 or hw.cluster.world_size < hw.cluster.gpus_per_node,
         "cluster.gpus_per_node", f"a divisor of world_size={hw.cluster.world_size}, found {hw.cluster.gpus_per_node}")
+    if hw.cluster.world_size > hw.cluster.gpus_per_node:
+        req(hw.links.inter_node_gb_per_s > 0, "links.inter_node_gb_per_s",
+            f"a positive NIC bandwidth per node when cluster.world_size={hw.cluster.world_size} spans "
+            f"{hw.cluster.nodes} nodes of gpus_per_node={hw.cluster.gpus_per_node}, found {hw.links.inter_node_gb_per_s}")
 
 
 _ESTIMATE = "tide estimate"

@@ -204,7 +204,8 @@ def hardwares(draw: Any) -> Hardware:
                       write_gb_per_s_each=draw(ssd_number), usable_fraction=draw(fractions)),
         links=LinkSpec(h2d_gb_per_s=draw(positive), d2h_gb_per_s=draw(positive),
                        inter_gpu_gb_per_s=draw(positive if world_size > 1 else st.just(0.0) | positive),
-                       duplex_h2d_gb_per_s=draw(positive), h2d_pageable_gb_per_s=draw(positive)),
+                       duplex_h2d_gb_per_s=draw(positive), h2d_pageable_gb_per_s=draw(positive),
+                       inter_node_gb_per_s=draw(positive if world_size > gpus_per_node else st.just(0.0) | positive)),
         cluster=ClusterSpec(world_size=world_size, gpus_per_node=gpus_per_node),
     )
 

@@ -51,9 +51,10 @@ needs_gloo = pytest.mark.skipif(not _gloo_available(), reason="torch.distributed
 
 
 def hardware(tmp_path: Path, world_size: int) -> Hardware:
-    """cpu-emulated with `world_size` ranks and an inter-GPU link."""
+    """cpu-emulated with `world_size` ranks (a node each: gpus_per_node stays 1) and links of 1 GB/s:
+    with 2 ranks the NIC stage, (N-1)/N of the gathered bytes, is the one-node ring's (p-1)/p."""
     text = (HARDWARE / "cpu-emulated.toml").read_text()
-    text = text.replace("inter_gpu_gb_per_s = 0.0", "inter_gpu_gb_per_s = 1.0")
+    text = text.replace("inter_gpu_gb_per_s = 0.0", "inter_gpu_gb_per_s = 1.0\ninter_node_gb_per_s = 1.0")
     text = text.replace("world_size = 1", f"world_size = {world_size}")
     path = tmp_path / f"cpu-emulated-{world_size}.toml"
     path.write_text(text)

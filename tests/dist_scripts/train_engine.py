@@ -1,7 +1,7 @@
 """The engine on several ranks, run by torchrun in tests/test_executor_distributed.py.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist_scripts/train_engine.py \
-        --schedule S.msgpack --init INIT.pt --out DIR [--steps 10 --save-at 5] \
+        --schedule S.msgpack --init INIT.pt --out DIR [--steps 10 --save-at 5 --eps E] \
         [--resume ONE.pt] [--accumulate N --accumulate-steps K --accumulate-schedule SA.msgpack] \
         [--fp16-schedule S16.msgpack --fp16-steps K \
          --fp16-init-scale X --fp16-poison STEP:PARAM]
@@ -103,6 +103,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--save-at", type=int, default=5)
+    parser.add_argument("--eps", type=float, help="Adam eps of the main phase (default: the engine's)")
     parser.add_argument("--resume", help="a checkpoint of step --save-at written by one process")
     parser.add_argument("--accumulate", type=int, default=0, help="micro-steps per step of the accumulate phase")
     parser.add_argument("--accumulate-steps", type=int, default=4)
@@ -118,7 +119,7 @@ def main() -> int:
     schedule = Schedule.read(args.schedule)
     init = state.load(args.init)["model"]
 
-    model, engine = attach(schedule, init)
+    model, engine = attach(schedule, init, **({"eps": args.eps} if args.eps is not None else {}))
     write_stats(out, "stats", train(model, engine, range(args.steps), save_at=args.save_at, out=out))
     engine.save(out / "final.pt")
     engine.detach()
