@@ -150,9 +150,11 @@ class ScheduleHeader:
     hardware_digest: str = constrained(pattern="^sha256:[0-9a-f]{64}$")
     world_size: int = constrained(minimum=1)
     solver_status: SolverStatus
-    objective_seconds: float = constrained(minimum=0)  # predicted iteration time of the solved model
-    lower_bound_seconds: float = constrained(minimum=0)  # no schedule of this trace on this hardware is faster
-    gap: float = constrained(minimum=0)  # (objective - lower bound) / objective
+    # tide's solve: the simulator's replay of this schedule (= prediction.iteration_seconds)
+    objective_seconds: float = constrained(minimum=0)
+    lower_bound_seconds: float = constrained(minimum=0)  # a valid bound: no plan the simulator can replay is faster
+    # the true gap (objective - lower bound) / objective, never clipped (the MIP's own gap is in the notes)
+    gap: float = constrained(minimum=0)
     notes: tuple[str, ...]  # why the policy did what it did, and anything infeasible
 
 
