@@ -218,7 +218,12 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
     bound = max(relaxation_bound if model_bound_valid else 0.0, physical, 0.0)
     sol = chosen.placement or min(solved.values(), key=lambda x: x.objective_seconds, default=None)
     model_objective = chosen.placement.objective_seconds if chosen.placement is not None else math.nan
-    mip_gap = chosen.placement.gap if chosen.placement is not None else math.nan
+    # the MIP's own gap: its model objective against the valid model bound of its chunk size (the
+    # dual bound of a pinned, partly fixed MIP bounds that restriction only)
+    mip_gap = math.nan
+    if chosen.placement is not None and chosen.placement.objective_seconds > 0:
+        own = bounds.get(chosen.chunk_elements, 0.0)
+        mip_gap = (chosen.placement.objective_seconds - own) / chosen.placement.objective_seconds
     notes = _notes(candidates, chosen, evaluated, relaxation_bound, physical)
     if not model_bound_valid:
         notes = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): the "
