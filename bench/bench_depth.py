@@ -94,8 +94,11 @@ def _instrument() -> None:
     solve_mod._os_margin = _timed("os margin (materialize bisection)", solve_mod._os_margin)
     solve_mod.placement_input = _timed("placement input", solve_mod.placement_input)
     layout_mod.build_layout = _timed("layout", layout_mod.build_layout)
-    bounds_mod.physical_lower_bound_seconds = _timed("bounds", bounds_mod.physical_lower_bound_seconds)
-    solve_mod.physical_lower_bound_seconds = bounds_mod.physical_lower_bound_seconds
+    solve_mod.materialize = _timed("materialize", solve_mod.materialize)  # solve's own names
+    solve_mod.simulate = _timed("simulate", solve_mod.simulate)
+    solve_mod.lower_bound = _timed("physical bound", bounds_mod.lower_bound)
+    solve_mod.root_bound_seconds = _timed("root node bound", solve_mod.root_bound_seconds)
+    solve_mod._fixed = _timed("LP-integral fixing (build + MIP)", solve_mod._fixed)
     solve_mod._least_demanding = _timed("least demanding (explain)", solve_mod._least_demanding)
 
 

@@ -94,11 +94,17 @@ MIP_NODE_LIMIT = 500
 # the pinned (unfixed) MIP that polishes a fixed plan more than 1% above the LP: GPT-3 13B closes in
 # a few nodes; 64 blocks x 4096 branched 749 nodes before its time limit (bench_depth.py), so cut there
 POLISH_NODE_LIMIT = 100
+# no polish from this depth on: at 256 blocks x 4096 (a100-80g-12ssd) the polishing MIPs took 7.4 and
+# 10.7 s CPU of a 44 s solve for no better plan (bench/bench_depth.py), and under load the second
+# reached its safety-net time limit, which would let the machine's speed decide the plan
+POLISH_MAX_BLOCKS = 128
 # the root node's bound is computed where the LP and physical bounds are further than this below the
 # best model objective (32 blocks x 4096: LP 8.9% below, root 2.9%, bench/bench_depth.py; 175B on
 # a100-80g-12ssd: LP 4.0% below, the root 24.6 s wall for no gain, so not there)
 ROOT_BOUND_GAP = 0.05
-LP_SAFETY_SECONDS = 300.0  # an LP's safety-net time limit (512 blocks: ~16 s of CPU per LP under load)
+# every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
+# and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
+SAFETY_SECONDS = 300.0
 
 
 def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS,
@@ -124,18 +130,16 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         return solve_exact_report(problem, optimizer_overlap=optimizer_overlap, time_limit_s=time_limit_s,
                                   started=started, progress=say)
     sizes = candidate_chunk_sizes(problem)
-    deadline = started + time_limit_s
     # PARAM homed on NVME only when no plan with every PARAM on HOST exists: the placement model
     # charges an NVMe-homed fetch as if the SSDs were free in its stage, while in the simulator they
     # queue behind the optimizer state's traffic (measured on 175B / a100-80g-12ssd: model 106 s,
     # simulator 191 s, against 118.5 s for the HOST-homed plan). It is what lets the largest
     # models fit (Fuyou's layout), where HOST cannot hold a copy of every PARAM.
-    search = _search(problem, sizes, deadline=deadline, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
+    search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                      checkpoint_offload=checkpoint_offload, nvme_home=False, say=say)
     if not search[2] and problem.nvme_bytes > 0 and hardware.nvme_read_bytes_per_s > 0:
         say("no plan with every PARAM on HOST: PARAM may live on NVME")
-        search = _search(problem, sizes, deadline=max(deadline, time.perf_counter() + time_limit_s / 2),
-                         time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
+        search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes = search
     # With several ranks the placement model plans whole chunks as one rank would (it neither shards
@@ -165,7 +169,7 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                 # again with HOST cut by what the paced schedule was short (DESIGN.md §4.5: iterate)
                 found = _replan_for_host(problem, layout, data, solved[size], flags.get(size, {}),
                                          lp_modes.get(size), size=size, wasted=by_size[size].wasted_elements,
-                                         budget=time_limit_s)
+                                         budget=max(SAFETY_SECONDS, time_limit_s))
                 if found is not None:
                     evaluated.append(found)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
@@ -353,20 +357,21 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
                      chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
 
 
-def _search(problem, sizes: list[int], *, deadline: float, time_limit_s: float, optimizer_overlap: bool,
+def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
             checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None]):
     """LP per chunk size, then branch and bound over chunk sizes with the MIP.
 
     Returns (candidates, inputs, solved MIPs, valid bounds per chunk size, LP switch values, LP
     modes); `solved` is empty when none fits. Nothing here reads the clock to decide: the solver
     calls stop at their optimum, gap or node limit (`time_limit_s` is each call's safety net), so
-    a loaded machine gives the same schedule. `deadline` is unused (kept for the callers)."""
+    a loaded machine gives the same schedule."""
     candidates: list[Candidate] = []
     inputs: dict[int, tuple[object, PlacementInput]] = {}
     flags: dict[int, dict[str, float]] = {}
     lp_modes: dict[int, tuple] = {}
     lp_values: dict[int, dict[str, float]] = {}
     bounds: dict[int, float] = {}
+    safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     for size in sizes:
         say(f"chunk size {size}: LP relaxation")
         layout = build_layout(problem, chunk_elements=size)
@@ -375,7 +380,7 @@ def _search(problem, sizes: list[int], *, deadline: float, time_limit_s: float, 
         inputs[size] = (layout, data)
         try:
             lp_model = PlacementModel(data, relax=True)
-            lp = lp_model.solve(time_limit_seconds=max(LP_SAFETY_SECONDS, time_limit_s))
+            lp = lp_model.solve(time_limit_seconds=safety)
             value = lp.objective_seconds
             bounds[size] = lp.bound_seconds  # 0 unless GLOP reached the LP's optimum
             flags[size] = lp_model.flag_values()
@@ -399,7 +404,7 @@ def _search(problem, sizes: list[int], *, deadline: float, time_limit_s: float, 
             break
         say(f"chunk size {cand.chunk_elements}: placement MIP")
         try:
-            sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), time_limit_s,
+            sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
                              lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
                              lp_seconds=cand.relaxation_seconds)
         except PlacementInfeasible as exc:
@@ -423,7 +428,7 @@ def _search(problem, sizes: list[int], *, deadline: float, time_limit_s: float, 
                 break  # the least bound is already a root node's
             done.add(size)
             say(f"chunk size {size}: root node bound")
-            bounds[size] = max(bounds[size], root_bound_seconds(inputs[size][1], time_limit_seconds=time_limit_s))
+            bounds[size] = max(bounds[size], root_bound_seconds(inputs[size][1], time_limit_seconds=safety))
     return candidates, inputs, solved, bounds, flags, lp_modes
 
 
@@ -497,8 +502,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
         sol = _fixed(data, flags, modes, lp_values, budget)
         if sol is None:
             continue
-        if sol.objective_seconds <= lp_seconds * (1 + MIP_RELATIVE_GAP):
-            return sol  # within the MIP's own gap target of the unpinned LP: nothing to polish
+        if sol.objective_seconds <= lp_seconds * (1 + MIP_RELATIVE_GAP) or len(data.blocks) >= POLISH_MAX_BLOCKS:
+            return sol  # within the MIP's own gap target of the unpinned LP, or too deep to polish
         # Fixing can cost a few percent against the pinned MIP where the LP is loose (GPT-3 13B on
         # rtx4090-768g-12ssd: 7.426 s fixed vs 7.279 s pinned, model objective): the pinned MIP
         # under a node limit too, the better plan of the two (ties to the fixed one). On the dense
@@ -613,7 +618,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", metavar="SCHEDULE", default=None,
                    help="schedule path (default: <trace stem>.<hardware name>.schedule.msgpack next to the trace)")
     p.add_argument("--time-limit", metavar="S", type=float, default=DEFAULT_TIME_LIMIT_SECONDS,
-                   help=f"seconds for the whole solve (default {DEFAULT_TIME_LIMIT_SECONDS:g})")
+                   help="safety-net seconds per solver call (at least "
+                        f"{SAFETY_SECONDS:g}; default {DEFAULT_TIME_LIMIT_SECONDS:g}): LPs stop at their optimum and "
+                        "MIPs at their gap or node limit, so the machine's speed never decides the schedule")
     p.add_argument("--exact", action="store_true",
                    help="one CP-SAT model over every chunk (small traces, 2-4 blocks): the optimum the default "
                         "planner is measured against")

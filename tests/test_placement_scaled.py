@@ -1,5 +1,5 @@
-"""`planner.placement_scaled` (issue 18 prototype): the sparse DEVICE rows are the same LP, and the
-LP-integral fixing gives a plan of today's MIP quality."""
+"""Issue 18 (depth): the sparse DEVICE rows (`planner.placement.SparsePlacementModel`) are the same LP, and the
+LP-integral fixing of `planner.solve._solve_mip` gives a plan of the plain MIP's quality."""
 
 from __future__ import annotations
 
