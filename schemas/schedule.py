@@ -140,7 +140,14 @@ class SolverStatus(StrEnum):
 
 @frozen
 class ScheduleHeader:
-    """Who made the schedule, from what, and how good it is."""
+    """Who made the schedule, from what, and how good it is.
+
+    For tide's solve, `objective_seconds` is the simulator's replay of this schedule (the same time
+    as `prediction.iteration_seconds` and `planner simulate`), `lower_bound_seconds` a valid bound
+    (no plan the simulator can replay is faster: the physical limit, or the placement model's
+    unpinned LP / root node where that is not above any replay), and `gap` the true gap
+    (objective - bound) / objective, never clipped. The placement MIP's own gap is printed by
+    `planner solve` and `compare`, and its model objective is in the notes."""
 
     planner_version: str
     policy: str = constrained(minLength=1)  # "tide", or the baseline it imitates
