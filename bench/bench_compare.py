@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from planner.baselines import POLICIES, baseline  # noqa: E402
+from planner.policies import POLICIES, baseline  # noqa: E402
 from planner.compare import TIDE, compare  # noqa: E402
 from planner.errors import InfeasibleError, PlannerError  # noqa: E402
 from planner.families import gpt_trace  # noqa: E402
@@ -215,7 +215,7 @@ def bench_papers(quick: bool) -> None:
     # PatrickStar Table 2 shapes (16 heads, seq 1024) and Table 3, 1 GPU: Torch 1B, DeepSpeed 4B, PatrickStar 12B
     pstar = [(1, 20, 2048), (2, 40, 2048), (4, 64, 2304), (6, 53, 3072), (8, 72, 3072), (10, 50, 4096), (12, 60, 4096)]
     print("PatrickStar Table 3 (max model scale, 1x V100-32GB, 240 GB CPU; largest Table 2 model that fits, batch 8):")
-    for label, policy, published in (("PyTorch", "pytorch", 1), ("DeepSpeed (ZeRO-Offload)", "zero-offload", 4),
+    for label, policy, published in (("PyTorch", "pytorch", 1), ("DeepSpeed (ZeRO-Offload)", "zero2-offload", 4),
                                      ("PatrickStar", "patrickstar", 12)):
         fits = [size for size, layers, hidden in pstar if _feasible(policy, v100, layers, hidden, 16, 8)]
         _row(f"Table 3 {label} (B params)", float(published), float(max(fits)) if fits else "none", "B")
@@ -247,11 +247,11 @@ def bench_papers(quick: bool) -> None:
     batches = (8, 32) if quick else (8, 16, 32, 64)
     for label, policy, hw, shape, published in (
         ("Fig. 5b 13B A100 Fuyou", "fuyou", a100, g13, 202.0),
-        ("Fig. 5b 13B A100 ZeRO-Offload (202/2.46)", "zero-offload", a100, g13, 202 / 2.46),
+        ("Fig. 5b 13B A100 ZeRO-Offload (202/2.46)", "zero3-offload", a100, g13, 202 / 2.46),
         ("Fig. 5b 13B A100 ZeRO-Infinity (202/3.42)", "zero-infinity", a100, g13, 202 / 3.42),
         ("Fig. 5b 13B A100 Colossal-AI (202/6.73) ~ gemini", "gemini", a100, g13, 202 / 6.73),
         ("Fig. 5c 13B 4090 Fuyou", "fuyou", r4090, g13, 156.0),
-        ("Fig. 5c 13B 4090 ZeRO-Offload (156/2.36)", "zero-offload", r4090, g13, 156 / 2.36),
+        ("Fig. 5c 13B 4090 ZeRO-Offload (156/2.36)", "zero3-offload", r4090, g13, 156 / 2.36),
         ("Fig. 5c 13B 4090 ZeRO-Infinity (156/3.47)", "zero-infinity", r4090, g13, 156 / 3.47),
         ("Fig. 5c 13B 4090 Colossal-AI: OOM ~ gemini", "gemini", r4090, g13, "OOM"),
         ("Fig. 5a 175B A100 Fuyou", "fuyou", a100, g175, 173.0),

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from planner.baselines import POLICIES, baseline  # noqa: E402
+from planner.policies import POLICIES, baseline  # noqa: E402
 from planner.compare import TIDE, compare, print_comparison  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
@@ -41,7 +41,7 @@ ONE_GPU = "v100-32g-240g"
 TRACES = ("gpt3-1.3b", "pstar-gpt-4b", "pstar-gpt-12b", "gpt3-13b")
 GB = 1e9
 # PatrickStar §9.2: Table 3 (8 GPUs), §9.2.3 and Table 4
-PUBLISHED_MAX_SCALE_8GPU = {"pytorch": "1B", "zero-offload": "4B", "patrickstar": "12B"}
+PUBLISHED_MAX_SCALE_8GPU = {"pytorch": "1B", "zero2-offload": "4B", "patrickstar": "12B"}
 PUBLISHED_TFLOPS_8GPU = {"pstar-gpt-12b": 377.0}
 PUBLISHED_SPEEDUP_8_OVER_1 = {"pstar-gpt-4b": 8.32, "pstar-gpt-12b": 11.18}
 

@@ -30,7 +30,7 @@ import torch
 import executor
 from executor.models import build_model, make_batch, model_spec
 from executor.recorder import record
-from planner.baselines import pytorch as pytorch_schedule
+from planner.policies import baseline
 from planner.layout import build_layout, candidate_chunk_sizes
 from planner.materialize import Decisions, EvictionRule, materialize
 from planner.presets import resolve_hardware
@@ -110,7 +110,7 @@ def main() -> int:
 
     if not args.skip_unlimited:
         problem = build_problem(trace, resolve_hardware("cpu-emulated"), trace_digest=digest, device_bytes=1 << 40)
-        schedule = pytorch_schedule(problem)
+        schedule = baseline("pytorch", problem)
         model, plain = copy.deepcopy(base), copy.deepcopy(base)
         engine = executor.run(model, schedule, lr=1e-4, weight_decay=0.0, params=model.parameters())
         opt = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0, fused=True)

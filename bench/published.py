@@ -4,7 +4,7 @@
     python bench/published.py --quick      # the CI subset: the checks tests/test_published.py makes
     python bench/published.py --markdown   # the table as Markdown, for bench/RESULTS.md
 
-For each figure: the published value, the simulated value (today's `planner.baselines` policies,
+For each figure: the published value, the simulated value (the `planner.policies` systems,
 through their public functions `baseline` and `simulate`, and `planner.maxsize.feasible_fn` for
 tide), their ratio, the tolerance and whether the row is inside it, and the assumption (batch,
 sequence, checkpointing, which policy stands for the system) with where it comes from. A row outside
@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from planner.baselines import baseline  # noqa: E402
+from planner.policies import baseline  # noqa: E402
 from planner.compare import TIDE  # noqa: E402
 from planner.errors import InfeasibleError  # noqa: E402
 from planner.families import gpt_param_count, gpt_trace  # noqa: E402
@@ -79,13 +79,16 @@ ANGEL_LADDER: tuple[tuple[str, Shape], ...] = tuple(
 
 @functools.lru_cache(maxsize=None)
 def run(policy: str, hardware: str, shape: Shape, batch: int) -> SimResult | str:
-    """The simulated iteration of `policy`, or the out-of-memory reason (str)."""
+    """The simulated iteration of `policy`, or the out-of-memory reason (str). `policy` may name boolean
+    options of the system as the paper ran it: "gemini[os_on_nvme]" (planner.policies options)."""
     hw = resolve_hardware(hardware)
     layers, hidden, heads = shape
     trace = gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=SEQ, batch=batch, dtype="float16",
                       world_size=hw.cluster.world_size, name=f"gpt-{layers}x{hidden}")
     try:
-        return simulate(baseline(policy, build_problem(trace, hw, trace_digest=DIGEST0)), hw)
+        name, _, opts = policy.partition("[")
+        options = {o.strip(): True for o in opts.rstrip("]").split(",") if o.strip()}
+        return simulate(baseline(name, build_problem(trace, hw, trace_digest=DIGEST0), **options), hw)
     except InfeasibleError as exc:
         return str(exc)
 
@@ -210,27 +213,29 @@ FIGURES: tuple[Figure, ...] = (
     F(key="fy-5a-4090", paper="Fuyou Fig. 5a (§5.3)", label="Fuyou 175B on RTX 4090, TFLOPS", kind="throughput",
       published=86.0, policy="fuyou", hardware=R4090, shape=(96, 12288, 96), batches=(8, 16, 32), ci_batch=8,
       assumption="best of batch 8-32 (§5.3: 'the supported batch size is relatively small'), seq 1024"),
-    *(F(key=f"fy-5b-{p}", paper="Fuyou Fig. 5b (§5.3)", label=f"{name} 13B on A100, TFLOPS", kind="throughput",
+    *(F(key=f"fy-5b-{p.split('[')[0]}", paper="Fuyou Fig. 5b (§5.3)", label=f"{name} 13B on A100, TFLOPS", kind="throughput",
         published=pub, policy=p, hardware=A100, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
         assumption=f"best of batch 8-64 (§5.3: 'at their highest throughput'), seq 1024; {note}")
       for p, name, pub, cb, note in (
           ("fuyou", "Fuyou", 202.0, 32, "§5.3 text: 202"),
-          ("zero-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); the policy is today's ZeRO-2 offload"),
+          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, "
+                                                            "checkpoints on CPU memory (§5.1)"),
           ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, "202/3.42 (§5.3)"),
-          ("gemini", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini`"))),
+          ("gemini[os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini` auto with "
+                                                                 "its OS on the SSDs, as Fuyou §5.1 ran it"))),
     *(F(key=f"fy-5c-{p}", paper="Fuyou Fig. 5c (§5.3)", label=f"{name} 13B on RTX 4090, TFLOPS", kind="throughput",
         published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
         assumption=f"best of batch 8-64 (§5.3), seq 1024; {note}")
       for p, name, pub, cb, note in (
           ("fuyou", "Fuyou", 156.0, 32, "§5.3 text: 156"),
-          ("zero-offload", "ZeRO-Offload", 156 / 2.36, 8, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
+          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 8, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
           ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 32, "156/3.47 (§5.3: 45)"))),
     F(key="fy-trend-a100", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on A100", kind="trend",
       published=0.86, of=("fy-5a-a100", "fy-5b-fuyou"), assumption="§5.3: 'on the smaller 13B model, it maintains 86%'"),
     F(key="fy-trend-4090", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on RTX 4090", kind="trend",
       published=86.0 / 156.0, of=("fy-5a-4090", "fy-5c-fuyou"), assumption="86/156 (§5.3, '55%')"),
     F(key="fy-trend-zo", paper="Fuyou §5.3", label="ZeRO-Offload 13B, A100 / RTX 4090", kind="trend",
-      published=(202 / 2.46) / (156 / 2.36), of=("fy-5b-zero-offload", "fy-5c-zero-offload"),
+      published=(202 / 2.46) / (156 / 2.36), of=("fy-5b-zero3-offload", "fy-5c-zero3-offload"),
       assumption="ratio of the two ZeRO-Offload rows"),
     # Angel-PTM §6.2 Table 5: one 8 x A100 40 GB server, batch 1
     F(key="angel-ds", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: DeepSpeed",
@@ -243,10 +248,10 @@ FIGURES: tuple[Figure, ...] = (
                  "seconds per size, no MIP)"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
-      kind="largest", published="13B", policy="zero-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
+      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
       assumption="batch 10, 32 heads, checkpointing (DeepSpeed docs/_tutorials/zero-offload.md, the 10B run), seq 1024"),
     F(key="zo-10b", paper="ZeRO-Offload (Ren et al. 2021) §1", label="ZeRO-Offload 10B on 1x V100, TFLOPS",
-      kind="throughput", published=40.0, policy="zero-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
+      kind="throughput", published=40.0, policy="zero2-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
       ci_batch=10, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
                               "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
 )
@@ -254,42 +259,46 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": "zero-infinity (ZeRO-3, CPU) keeps no fp16 params on the GPU, so only HOST bounds it: 12B at >= 30 "
-                  "TFLOPS, 13B over HOST (204 GB); PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and "
-                  "peak non-model data must be in GPU' (§9.2.1) - its buffers (prefetch bucket, persistent params, "
-                  "pageable staging; docs/baselines.md Z3.2-Z3.12) are not modelled",
-    "ps-t3-8-ps": "6B reaches 224 TFLOPS at batch 16 (< 8 x 30), and batch 32 runs out of DEVICE: the packed 8-rank "
-                  "layout gathers a comm group of 8 chunks (8.6 GB) at once, and PatrickStar's per-moment chunk "
-                  "budget (docs/baselines.md PS.4) and grad-in-param-slot (PS.2) are not modelled",
-    "ps-922-6B": "CPU Adam after backward is 50% busy at the preset's 4e8 params/s (a tide estimate, "
-                 "v100-32g-240g.toml) against 44% COMPUTE: 41.6 vs 56 (x0.74, just outside)",
-    "fy-f4-4090-128": "Fuyou's FIFO prefetch buffer, pinned staging and per-layer backward temporaries are not "
-                      "counted (docs/baselines.md FY.4, FY.8, FY.9) and params + OS live on the SSDs, so 128 GB of "
-                      "HOST never binds: 412B fits, 805B fails on DEVICE only",
-    "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 77% busy, with 51% "
-                  "stall at batch 8; batch 16 runs out of DEVICE even with checkpoints only (two 3.6 GB param chunks "
-                  "at h.95's backward), so the paper's larger batches are out of reach",
-    "fy-5b-fuyou": "COMPUTE busy 78%, stall 19% (params arrive late: LRU + 16-moment horizon, not Fuyou's FIFO, "
-                   "FY.4); the preset's 200 TFLOPS device peak with every block recomputed caps model FLOPs at "
-                   "~150; counted with recompute (Megatron's formula) it is 156, x0.77",
-    "fy-5b-zero-offload": "too fast: compute-bound (COMPUTE 78%, CPU Adam 19% at 1.5e9 params/s, a tide estimate); "
-                          "pageable copies (Z3.12) and DeepSpeed's serial fetch (ZI.7) are not modelled",
-    "fy-5b-zero-infinity": "too fast: NVMe/PCIe transfers overlap compute on independent channels, while Fuyou §3 "
-                           "(Fig. 2a) measured them serialised and §5.5 pageable staging (ZI.7, Z3.12 not modelled)",
-    "fy-5b-gemini": "too fast: the gemini policy keeps OS on HOST and is compute-bound (78%); Fuyou ran Colossal-AI "
-                    "with its OS on SSDs (tensor-NVMe) and pageable memory (GM.8), neither modelled",
-    "fy-5c-zero-offload": "OOM: today's zero-offload is ZeRO-2 (26.2 GB of fp16 params on a 24 GB card); Fuyou's "
-                          "ZeRO-Offload is ZeRO-3 with params on the CPU (docs/baselines.md §1-2)",
+    "ps-t3-1-ds": "zero-infinity without SSDs (ZeRO-3, params on the CPU) keeps no fp16 params on the GPU, so only "
+                  "HOST bounds it: 10B at >= 30 TFLOPS, 12B over HOST with the fp32 grad partition reserved; "
+                  "PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and peak non-model data must be in "
+                  "GPU' (§9.2.1); pageable staging (Z3.12) and per-sub-module gathers are not modelled",
+    "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
+                  "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
+                  "schedule format cannot express)",
+    "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
+                      "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
+                      "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "
+                      "with only 128 GB': a feasibility claim the harness reads as the maximum",
+    "fy-5a-a100": "Eq. 1-12 picks 74/96 blocks to swap to NVMe; the simulator's simplex SSDs then serve the reloads "
+                  "next to 2.1 TB of OS reads and writes in backward (stall 45%, 1.8 s per backward moment): "
+                  "measured 100.8 TFLOPS, while the same decisions with checkpoints only (D_start) give 126.2",
+    "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 50% busy, stall 67% at "
+                  "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
+    "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
+                   "at batch 64 (x0.73); the preset's 200 TFLOPS peak with recompute caps model FLOPs near 150",
+    "fy-5b-zero3-offload": "too fast (x1.45): compute-bound (COMPUTE 79%, stall 2%); DeepSpeed's pageable copies (Z3.12) "
+                           "and the serial fetch/compute dataflow Fuyou measured (ZI.7) are not modelled",
+    "fy-5b-zero-infinity": "too fast (x1.74): NVMe/PCIe transfers overlap compute on independent channels, while Fuyou "
+                           "§3 (Fig. 2a) measured them serialised, and pageable staging (ZI.7, Z3.12 not modelled)",
+    "fy-5b-gemini": "too fast (x3.9) even with its OS on the SSDs as Fuyou ran it (§5.1): compute-bound (COMPUTE "
+                    "78%, stall 3%); pageable memory (GM.8) and the GPU-side chunk moves waiting on each other are "
+                    "not modelled",
+    "fy-5c-fuyou": "Eq. 1-12 swaps 15/40 blocks to HOST: stall 20%, 104.6 TFLOPS; checkpoints only give 118.9 (x0.76)",
+    "fy-5c-zero3-offload": "x1.25, just outside: compute-bound (COMPUTE 67%, stall 6%); pageable copies (Z3.12) and "
+                           "the serial dataflow (ZI.7) are not modelled",
     "fy-5c-zero-infinity": "too fast, as fy-5b-zero-infinity: serial dataflow (Fuyou §3) and pageable staging not "
-                           "modelled (COMPUTE 54%, stall 7%)",
-    "fy-trend-a100": "the 13B row stalls 19% on fetches while the 175B row is compute-bound (99%): 175B comes out "
-                     "faster than 13B (x1.17 vs the paper's x0.86)",
-    "fy-trend-zo": "its 4090 row is OOM (fy-5c-zero-offload)",
+                           "modelled (COMPUTE 55%, stall 5%)",
+    "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
+    "fy-trend-zo": "x1.15: the A100 row is compute-bound and 45% too fast, the 4090 row 25% (see both)",
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
-                "and prefetches the next: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
+                "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
                 "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
     "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
                   "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
+    "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
+                  "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
+                  "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
 }
 FIGURES = tuple(dataclasses.replace(f, miss=MISSES.get(f.key, "")) for f in FIGURES)
 BY_KEY = {f.key: f for f in FIGURES}

@@ -23,6 +23,10 @@ from torch import nn
 from executor.errors import ExecutorError
 
 
+ATTENTIONS = ("sdpa", "math")
+LOSSES = ("chunked", "full")
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class GPTConfig:
     """Shape of our GPT (nanoGPT's `GPTConfig`, keyword-only and checked)."""
@@ -41,9 +45,20 @@ class GPTConfig:
     """dropout probability (0 keeps recordings deterministic)"""
     bias: bool = True
     """biases in Linear and LayerNorm layers, like GPT-2"""
+    attention: str = "sdpa"
+    """"sdpa": `F.scaled_dot_product_attention`, the fused kernel training runs (flash / memory-efficient
+    on a GPU, the flash kernel on a CPU), which keeps q, k, v, the output and a (B, heads, T) logsumexp
+    for backward; "math": the scores written out, which keeps the (B, heads, T, T) softmax as well"""
+    loss: str = "chunked"
+    """"chunked": fused linear + cross-entropy over `loss_chunk_tokens` tokens at a time, keeping only the
+    hidden states and a per-token logsumexp (the logits of a chunk are recomputed in backward, as fused
+    linear-cross-entropy kernels do); "full": `F.linear` then `F.cross_entropy`, which keeps the
+    (B*T, vocab) log-softmax for backward"""
+    loss_chunk_tokens: int = 1024
+    """tokens per chunk of the chunked loss"""
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
+        for name in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "loss_chunk_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ExecutorError(f"GPTConfig.{name}: expected a positive integer, found {value!r}")
@@ -51,6 +66,10 @@ class GPTConfig:
             raise ExecutorError(f"GPTConfig.n_embd: expected a multiple of n_head={self.n_head}, found {self.n_embd}")
         if not 0.0 <= self.dropout < 1.0:
             raise ExecutorError(f"GPTConfig.dropout: expected a probability in [0, 1), found {self.dropout}")
+        if self.attention not in ATTENTIONS:
+            raise ExecutorError(f"GPTConfig.attention: expected one of {', '.join(ATTENTIONS)}, found {self.attention!r}")
+        if self.loss not in LOSSES:
+            raise ExecutorError(f"GPTConfig.loss: expected one of {', '.join(LOSSES)}, found {self.loss!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
@@ -64,10 +83,70 @@ class GPTConfig:
         return dataclasses.asdict(self)
 
 
+def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Causal attention through the fused kernel training runs: what it saves for backward is q, k, v,
+    the output and a (B, heads, T) fp32 logsumexp, never the (B, heads, T, T) scores.
+
+    On CPU and GPU this is `F.scaled_dot_product_attention` (flash or memory-efficient on a GPU, the
+    CPU flash kernel on a CPU). On the meta device SDPA has no fused kernel and falls back to the math
+    path, so the meta recording calls the CPU flash op, whose meta function gives the same saved
+    tensors as the CPU run (and, up to its rng state, as the GPU flash kernel: Dao et al. 2022 §3.1
+    keeps O and the softmax statistics)."""
+    if q.device.type == "meta":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal=True)[0]
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of `x @ weight.T` against `targets`, `chunk` tokens at a time.
+
+    Forward keeps x (already alive), the targets and a per-token fp32 logsumexp; the logits of a chunk
+    exist only while that chunk is processed (in the compute dtype, upcast to fp32 chunk by chunk for
+    the softmax). Backward recomputes each chunk's logits: one extra head matmul, the price fused
+    linear-cross-entropy kernels pay to never hold (tokens, vocab) logits."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        n = x.shape[0]
+        acc = torch.promote_types(x.dtype, torch.float32)  # fp32 softmax for half precision, as F.cross_entropy's kernels
+        lse = torch.empty(n, dtype=acc, device=x.device)
+        total = torch.zeros((), dtype=acc, device=x.device)
+        for s in range(0, n, chunk):
+            logits = F.linear(x[s:s + chunk], weight).to(acc)
+            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, targets[s:s + chunk].unsqueeze(1)).squeeze(1)
+            total = total + (lse[s:s + chunk] - picked).sum()
+        ctx.save_for_backward(x, weight, targets, lse)
+        ctx.chunk = chunk
+        return (total / n).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, targets, lse = ctx.saved_tensors
+        n, chunk = x.shape[0], ctx.chunk
+        scale = grad.to(lse.dtype) / n
+        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        # the weight grad accumulates in place in the weight's dtype, chunk by chunk (as Liger-Kernel's fused
+        # linear cross-entropy does): no (vocab, hidden) temporary beyond the grad itself
+        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for s in range(0, n, chunk):
+            xs = x[s:s + chunk]
+            probs = (F.linear(xs, weight).to(lse.dtype) - lse[s:s + chunk].unsqueeze(1)).exp_()
+            probs.scatter_add_(1, targets[s:s + chunk].unsqueeze(1),
+                               torch.full((xs.shape[0], 1), -1.0, dtype=probs.dtype, device=probs.device))
+            g = (probs * scale).to(x.dtype)
+            if grad_x is not None:
+                grad_x[s:s + chunk] = g @ weight
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), xs)
+        return grad_x, grad_w, None, None
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
+        self.attention = config.attention
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = config.dropout
@@ -76,14 +155,17 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        # the math path, written out: SDPA picks different fused kernels (and saves different
-        # tensors) on CPU and on the meta device, and the two recordings must agree
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        if self.dropout > 0:
-            att = F.dropout(att, self.dropout, self.training)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if self.attention == "sdpa":
+            y = _fused_attention(q, k, v, self.dropout if self.training else 0.0)
+        else:
+            # the math path, written out: the (B, nh, T, T) softmax is kept for backward
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            if self.dropout > 0:
+                att = F.dropout(att, self.dropout, self.training)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         y = self.c_proj(y)
         return F.dropout(y, self.dropout, self.training) if self.dropout > 0 else y
 
@@ -148,6 +230,9 @@ class GPT(nn.Module):
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
+        if targets is not None and self.config.loss == "chunked":
+            return _ChunkedLinearCrossEntropy.apply(x.view(B * T, -1), self.wte.weight, targets.reshape(-1),
+                                                    self.config.loss_chunk_tokens)
         logits = F.linear(x, self.wte.weight)  # tied head, used functionally
         if targets is None:
             return logits
@@ -279,4 +364,4 @@ def make_batch(spec: ModelSpec, *, device: str | torch.device = "cpu", seed: int
 
 
 __all__ = ["GPT", "GPTConfig", "MODELS", "ModelSpec", "build_gpt2", "build_llama", "build_model",
-           "make_batch", "model_spec", "parse_dtype"]
+           "make_batch", "model_spec", "parse_dtype", "ATTENTIONS", "LOSSES"]

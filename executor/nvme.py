@@ -19,12 +19,22 @@ data (or, with keep_on_error=True, lands in a staging buffer first and is copied
 complete). A chunk whose write failed is marked lost; reading it raises instead of returning
 stale bytes. Files are removed on `close()` / context exit (and by a finalizer if the store is
 dropped without closing).
+
+One run per directory: the store holds an exclusive `fcntl.flock` on `<directory>/tide-nvme.lock`
+from construction to `close()` (the kernel drops it when the process dies, SIGKILL included). A
+second store on the same directory -- another process, a rank given the same path -- is refused
+with one line naming the holder's pid; the first is untouched. Holding the lock proves that no
+live run owns a `tide-nvme-*` subfolder there, so those are a crashed run's: they are never read
+(each store reads only its own fresh subfolder) and are removed, with a note, so a crash does not
+keep the SSD full.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import shutil
 import threading
 import uuid
 import weakref
@@ -42,7 +52,7 @@ from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from schemas.schedule import Action, ChunkLayout, ChunkList, Residency, Tier
 
-__all__ = ["ALIGN_BYTES", "NvmeStore", "StoreState", "aligned_empty", "nvme_lists"]
+__all__ = ["ALIGN_BYTES", "DirectoryLock", "LOCK_NAME", "NvmeStore", "StoreState", "aligned_empty", "nvme_lists"]
 
 ALIGN_BYTES = 4096  # O_DIRECT needs offsets, lengths and buffer addresses aligned to the logical block size; 4 KiB covers all
 _MAX_IO_BYTES = 1 << 30  # Linux moves at most ~2 GiB per call; keep each call well under
@@ -123,6 +133,60 @@ def _remove_files(fds: list[int], paths: list[Path], directory: Path | None) -> 
             pass
 
 
+# ----------------------------------------------------------------------------- one run per directory
+
+LOCK_NAME = "tide-nvme.lock"
+_RUN_PREFIX = "tide-nvme-"  # each store's private subfolder: tide-nvme-<pid>-<random>
+
+
+class DirectoryLock:
+    """An exclusive, non-blocking flock on `<directory>/tide-nvme.lock`; released by `release()` or exit."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_NAME
+        try:
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ExecutorError(f"NVME directory {directory}: cannot create the lock file {LOCK_NAME} "
+                                f"({exc.strerror or exc}); pass an nvme_dir tide can write to") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(self.fd)
+            os.close(self.fd)
+            self.fd = None
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise ExecutorError(f"NVME directory {directory} is in use by another tide run ({holder}); give each run "
+                                    "and each rank its own nvme_dir, or wait for that run to end") from None
+            raise ExecutorError(f"NVME directory {directory}: cannot lock {LOCK_NAME} ({exc.strerror or exc}); "
+                                "use a local filesystem that supports flock") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"pid {os.getpid()}\n".encode(), 0)
+
+    def stale_runs(self, keep: Path | None = None) -> list[Path]:
+        """Subfolders of runs that no longer hold the lock (we do): a crashed run's files."""
+        return sorted(p for p in self.path.parent.glob(f"{_RUN_PREFIX}*") if p.is_dir() and p != keep)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    except OSError:
+        text = ""
+    return text if text.startswith("pid ") else "pid unknown"
+
+
+def _release_lock(lock: DirectoryLock) -> None:
+    lock.release()
+
+
 class NvmeStore:
     """Chunk lists on files; see the module docstring.
 
@@ -145,7 +209,12 @@ class NvmeStore:
         self._lost: set[tuple[ChunkList, int]] = set()
         self._files: dict[ChunkList, _ListFile] = {}
         base = Path(directory)
-        self.directory = base / f"tide-nvme-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._dir_lock = DirectoryLock(base)  # before anything is made: a refused store changes nothing
+        weakref.finalize(self, _release_lock, self._dir_lock)
+        for stale in self._dir_lock.stale_runs():
+            shutil.rmtree(stale, ignore_errors=True)
+            self.notes.append(f"removed {stale.name}: the files of a run that ended without closing its store")
+        self.directory = base / f"{_RUN_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         fds: list[int] = []
         paths: list[Path] = []
         # Registered first so that a failure half-way through construction removes what was made.
@@ -154,6 +223,7 @@ class NvmeStore:
             self.directory.mkdir(parents=True, exist_ok=False)
         except OSError as exc:
             self._finalizer()
+            self._dir_lock.release()
             raise self._os_error(exc, "create the NVME directory", self.directory) from None
         try:
             self.direct_io = self._probe_direct(direct_io)
@@ -177,6 +247,7 @@ class NvmeStore:
                                                          offsets=tuple(offsets), slot_bytes=tuple(slots), total_bytes=pos)
         except BaseException:
             self._finalizer()
+            self._dir_lock.release()
             self.state = StoreState.CLOSED
             raise
         self._largest_slot = max((max(f.slot_bytes, default=0) for f in self._files.values()), default=0)
@@ -447,6 +518,7 @@ class NvmeStore:
         self.wait()
         self._pool.shutdown(wait=True)
         self._finalizer()
+        self._dir_lock.release()  # after the files are gone: the next run finds a clean directory
 
     def __enter__(self) -> NvmeStore:
         return self

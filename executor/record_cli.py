@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import os
 import sys
@@ -17,12 +18,11 @@ import torch
 from torch import nn
 
 from executor.errors import ExecutorError
+from executor.models import MODELS, build_model, make_batch, model_spec, parse_dtype
 from executor.recorder import record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from executor.models import MODELS
-
     p = subparsers.add_parser(
         "record", help="record one training iteration of a model into a trace file",
         description="Record one training iteration (forward, backward, optimizer step) of a named model, or of "
@@ -46,6 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="parameter (compute) dtype (default float32)")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam or sgd (default adamw)")
+    p.add_argument("--attention", default=None, choices=["sdpa", "math"],
+                   help="our GPT's attention: sdpa (fused, the default) or math (scores written out and kept)")
+    p.add_argument("--loss", default=None, choices=["chunked", "full"],
+                   help="our GPT's loss head: chunked (no full logits kept, the default) or full (F.cross_entropy on all logits)")
     p.add_argument("--timing-iterations", type=int, default=5,
                    help="timed iterations of a real recording; times come from the fastest (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
@@ -53,8 +57,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from executor.models import parse_dtype
-
     if (args.model is None) == (args.module is None):
         raise ExecutorError("record: give either a MODEL_NAME or --module PKG.MOD:FACTORY (exactly one)")
     device = "meta" if args.meta else args.device
@@ -82,9 +84,12 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _named_model(args: argparse.Namespace, device: str, dtype: torch.dtype) -> tuple:
-    from executor.models import build_model, make_batch, model_spec
-
     spec = model_spec(args.model, batch=args.batch, seq=args.seq)
+    flags = {k: v for k, v in (("attention", args.attention), ("loss", args.loss)) if v is not None}
+    if flags and spec.family != "gpt":
+        raise ExecutorError(f"--{next(iter(flags))}: only our GPT models take it; {args.model} is {spec.family}")
+    if flags:
+        spec = dataclasses.replace(spec, config={**spec.config, **flags})
     model = build_model(spec, device=device, dtype=dtype)
     batch = make_batch(spec, device=device)
     config = {"family": spec.family, "batch": spec.batch, "seq": spec.seq, **spec.config}

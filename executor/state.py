@@ -21,11 +21,16 @@ Formats (what a plain PyTorch loop reads and writes):
   from a bf16 model would do).
 
 `save` / `load` write a checkpoint atomically: `torch.save` into bytes, then
-`schemas.atomic_write_bytes` (temp file, fsync, rename).
+`schemas.atomic_write_bytes` (temp file, fsync, rename, fsync of the folder; a temp file a killed
+save left behind is removed by the next save). A checkpoint carries `content_digest` (sha256 over
+every other entry, tensors by dtype, shape and bytes: `checkpoint_digest`) and, when the store runs
+a schedule, `schedule_digest` (that schedule's `content_digest`). `load` refuses a file whose
+content digest does not match (a checkpoint without one, built by hand, loads unchecked), `restore` one saved under another schedule: one line each.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,7 +45,7 @@ from schemas import atomic_write_bytes
 from schemas.schedule import ChunkLayout, ChunkList, TensorSlot
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "ChunkSource", "StateError", "load", "load_master_state_dict", "load_model_state_dict",
+    "CHECKPOINT_FORMAT", "ChunkSource", "StateError", "checkpoint_digest", "load", "load_master_state_dict", "load_model_state_dict",
     "load_optimizer_state_dict", "master_state_dict", "model_state_dict", "optimizer_state_dict", "restore", "save",
 ]
 
@@ -264,28 +269,92 @@ def save(path: str | Path, store: ChunkSource, *, model: nn.Module | None = None
         ckpt["loss_scaler"] = loss_scaler.state_dict()
     if extra:
         ckpt["extra"] = dict(extra)
+    schedule = getattr(store, "schedule", None)
+    if schedule is not None and hasattr(schedule, "content_digest"):
+        ckpt["schedule_digest"] = schedule.content_digest()
+    ckpt["content_digest"] = checkpoint_digest(ckpt)
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
     atomic_write_bytes(path, buffer.getvalue())
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by `save` (tensors on the CPU)."""
+    """Read a checkpoint written by `save` (tensors on the CPU); one line if it is not one, or was changed."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise StateError(f"checkpoint {path}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise StateError(f"checkpoint {path}: a directory, not a file; pass the checkpoint file") from None
     except Exception as exc:  # torch raises many kinds for a truncated or foreign file
-        raise StateError(f"checkpoint {path}: not a readable torch checkpoint ({type(exc).__name__}: {exc}); "
-                         "pass a file written by executor.state.save") from None
+        raise StateError(f"checkpoint {path}: {_load_failure(exc)}; pass a file written by executor.state.save") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint {path}: expected format {CHECKPOINT_FORMAT!r}; pass a file written by executor.state.save")
+    found = ckpt.get("content_digest")
+    if found is None:
+        return ckpt  # built by hand (a plain `torch.save` with our format key) or by an older tide: nothing to check
+    try:
+        expected = checkpoint_digest(ckpt)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise StateError(f"checkpoint {path}: holds a value tide does not save ({type(exc).__name__}); "
+                         "pass a file written by executor.state.save") from None
+    if found != expected:  # a digest that is not a string mismatches too
+        raise StateError(f"checkpoint {path}: content digest does not match: the file was changed after it was "
+                         "saved; resume from an earlier checkpoint")
     return ckpt
+
+
+def _load_failure(exc: Exception) -> str:
+    """torch.load's reason in a few words (its messages run to several lines of advice)."""
+    text = str(exc)
+    if "weights_only" in text or isinstance(exc, getattr(__import__("pickle"), "UnpicklingError")):
+        return "holds pickled objects other than tensors and plain data, which tide never loads (they can run code)"
+    first = " ".join(text.split("\n", 1)[0].split()).split(". ", 1)[0][:80]  # its first sentence
+    return f"not a readable torch checkpoint ({type(exc).__name__}{': ' + first if first else ''})"
+
+
+def checkpoint_digest(ckpt: Mapping[str, Any]) -> str:
+    """sha256 over every entry but `content_digest`: keys in sorted order, tensors as dtype, shape and bytes."""
+    h = hashlib.sha256()
+    _hash_value(h, {k: v for k, v in ckpt.items() if k != "content_digest"})
+    return "sha256:" + h.hexdigest()
+
+
+def _hash_value(h: Any, value: Any) -> None:
+    if isinstance(value, Tensor):
+        t = value.detach().to("cpu").contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(value.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(value, Mapping):
+        h.update(f"D{len(value)}:".encode())
+        for key in sorted(value, key=repr):
+            _hash_value(h, key)
+            _hash_value(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}:".encode())
+        for item in value:
+            _hash_value(h, item)
+    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"cannot digest a {type(value).__name__}")
 
 
 def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | None = None,
             optimizer: ChunkAdamW | None = None, loss_scaler: Any = None, strict: bool = True) -> None:
-    """Apply a checkpoint (from `load`) to the chunks, the optimizer, the model's buffers and the scaler."""
+    """Apply a checkpoint (from `load`) to the chunks, the optimizer, the model's buffers and the scaler.
+
+    A checkpoint saved under a schedule is refused by a store that runs another one (before anything
+    is written): the layout may place the same names elsewhere, and resuming silently would hide it.
+    """
+    saved_under = ckpt.get("schedule_digest")
+    schedule = getattr(store, "schedule", None)
+    if saved_under is not None and schedule is not None and hasattr(schedule, "content_digest"):
+        running = schedule.content_digest()
+        if saved_under != running:
+            raise StateError(f"checkpoint was saved under schedule {str(saved_under)[:19]}..., this engine runs "
+                             f"{running[:19]}...; attach the schedule it was saved with, or load its 'model' and "
+                             "'optimizer' entries with model.load_state_dict / optimizer.load_state_dict")
     load_model_state_dict(store, ckpt["model"], model, strict=strict, master=ckpt.get("master"))
     if optimizer is not None and "optimizer" in ckpt:
         load_optimizer_state_dict(store, optimizer, ckpt["optimizer"])

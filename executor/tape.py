@@ -58,11 +58,26 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from schemas.trace import Phase
 
 from executor.hooks import MomentEvent, tensors_in
+
+
+# FLOP formulas torch's flop counter lacks. The CPU flash-attention kernel (what SDPA runs on a CPU and
+# what executor.models records attention with on the meta device) does the same matmuls as the GPU
+# flash kernel, so it takes the same formulas (torch.utils.flop_counter's sdpa_flop_count: 2 matmuls
+# forward, 4 backward, causal masking not discounted, as for the GPU kernels)
+_EXTRA_FLOPS: dict[Any, Any] = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *args, out_val=None, **kwargs: sdpa_flop_count(q.shape, k.shape, v.shape),
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad_out, q, k, v, *args, out_val=None, **kwargs: sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape),
+    # in-place addmm (a weight grad accumulated chunk by chunk): the flop counter knows only addmm
+    torch.ops.aten.addmm_:
+        lambda acc, a, b, *args, out_val=None, **kwargs: 2 * a.shape[0] * a.shape[1] * b.shape[1],
+}
 
 
 def storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
@@ -127,7 +142,8 @@ class Tape:
 
     # -- ops ---------------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple, kwargs: dict, out: Any, seconds: float) -> None:
-        formula = flop_registry.get(getattr(func, "_overloadpacket", None))
+        packet = getattr(func, "_overloadpacket", None)
+        formula = flop_registry.get(packet) or _EXTRA_FLOPS.get(packet)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor):

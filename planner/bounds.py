@@ -18,6 +18,7 @@ same model with that tier's capacity as the objective (the other tiers as given,
 from __future__ import annotations
 
 import math
+from schemas._base import format_bytes
 
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
@@ -25,7 +26,6 @@ from planner.problem import Problem, device_non_model_bytes
 from schemas._base import frozen
 from schemas.schedule import ActivationMode, ChunkList, Tier
 
-GB = 1e9
 
 
 def physical_lower_bound_seconds(data: PlacementInput) -> float:
@@ -73,8 +73,8 @@ def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = 
         if need <= given[tier]:
             continue
         where = f" at stage {stage} ({names[stage]})" if stage >= 0 else ""
-        parts.append(f"{tier.value} runs out{where}: it needs {need / GB:.2f} GB, the capacity is "
-                     f"{given[tier] / GB:.2f} GB ({need - given[tier]} bytes short)")
+        parts.append(f"{tier.value} runs out{where}: it needs {format_bytes(need)}, the capacity is "
+                     f"{format_bytes(given[tier])} ({need - given[tier]} bytes short)")
     if not parts:
         # every tier suffices on its own, but not together: the smallest of each given the others
         for tier in Tier:
@@ -83,14 +83,14 @@ def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = 
                 need, stage = joint
                 where = f" at stage {stage} ({names[stage]})" if stage >= 0 else ""
                 parts.append(f"{tier.value} runs out{where} with the other tiers as given: it needs "
-                             f"{need / GB:.2f} GB, the capacity is {given[tier] / GB:.2f} GB ({need - given[tier]} bytes short)")
+                             f"{format_bytes(need)}, the capacity is {format_bytes(given[tier])} ({need - given[tier]} bytes short)")
     minimal = []
     for tier in Tier:
         entry = alone[tier]
         if entry is None:
             minimal.append(f"{tier.value} none helps")
         else:
-            minimal.append(f"{tier.value} >= {entry[0] / GB:.2f} GB")
+            minimal.append(f"{tier.value} >= {format_bytes(entry[0])} ({entry[0]} bytes)")
     head = "; ".join(parts) if parts else "no placement satisfies every tier at once"
     return InfeasibleError(
         f"{what} does not fit: {head}. Smallest capacities that would work (each with the other tiers unbounded): "

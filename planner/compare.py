@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from planner.baselines import POLICIES, baseline
+from planner.policies import POLICIES, baseline
 from planner.bounds import LowerBound, lower_bound
 from planner.errors import InfeasibleError, PlannerError
 from planner.problem import Problem, build_problem

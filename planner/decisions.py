@@ -18,6 +18,16 @@ from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, SolverStatu
 from schemas.trace import Phase
 
 
+@frozen
+class Reservation:
+    """Bytes a system keeps for itself on a tier (pinned staging buffers, swap pools, fp32 grad
+    partitions): the schedule's budget on that tier is the capacity minus every reservation."""
+
+    tier: Tier
+    bytes: int
+    what: str  # the buffer and its source (config default or code path of the real system)
+
+
 class EvictionRule(StrEnum):
     BELADY_CLEAN_FIRST = "BELADY_CLEAN_FIRST"  # tide: farthest next use, clean entries before dirty ones
     FARTHEST_NEXT_USE = "FARTHEST_NEXT_USE"  # PatrickStar §8.3: farthest next use, clean or not
@@ -49,6 +59,17 @@ class Decisions:
     # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
     # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
     pace_optimizer_io: bool = False
+    # -- what a real system needs (planner/policies/): defaults are tide's behaviour --
+    # DDP: every rank holds every chunk (layout built for one rank), grads all-reduced when final
+    replicated: bool = False
+    # bytes the system reserves per tier for its buffers (subtracted from the schedule's budgets)
+    reserved_bytes: tuple[Reservation, ...] = ()
+    # prefetch: at most this many PARAM bytes fetched ahead of their use at any tick (DeepSpeed's
+    # stage3_prefetch_bucket_size); None: no cap (tide: as early as the budget allows)
+    prefetch_bucket_bytes: int | None = None
+    # a PARAM entry leaves DEVICE after its last use in forward and again in backward, even with room
+    # to keep it (sharded systems re-shard: PatrickStar Alg. 4, ZeRO-3's release, Gemini)
+    release_between_phases: bool = False
 
 
 @frozen
@@ -169,5 +190,5 @@ def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "t
     )
 
 
-__all__ = ["Decisions", "EvictionRule", "SolverStats", "activation_moments", "non_model_curve", "os_device_bytes",
+__all__ = ["Decisions", "EvictionRule", "Reservation", "SolverStats", "activation_moments", "non_model_curve", "os_device_bytes",
            "param_budget_bytes", "uniform_decisions"]

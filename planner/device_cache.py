@@ -64,7 +64,7 @@ class CachePlan:
 
 
 def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
-    layout, ws = d.layout, problem.world_size
+    layout, ws = d.layout, 1 if d.replicated else problem.world_size  # replicated (DDP): a chunk is its own group
     n_chunks = len(layout.chunks)
     n_groups = math.ceil(n_chunks / ws)
     group_chunks = [range(g * ws, min((g + 1) * ws, n_chunks)) for g in range(n_groups)]
@@ -287,7 +287,28 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
         for e in needs:
             if e & 1 == GRAD_ENTRY and ptr[e] >= len(uses[e]) and plan.device_step_tick.get(e >> 1) != tick:
                 resident[e].write_back = True
+        if plan.decisions.release_between_phases:
+            occupied -= _release_at_phase_end(plan, tick, needs, resident, victims, next_use)
     return intervals
+
+
+def _release_at_phase_end(plan: CachePlan, tick: int, needs: list[int], resident: dict[int, CacheInterval],
+                          victims: _Victims, next_use) -> int:
+    """End the stay of every needed PARAM entry whose next use is in another phase (or never):
+    a sharded system releases a gathered group after its last use in forward and in backward."""
+    phase = plan.problem.moments[plan.tick_moment[tick]].phase
+    freed = 0
+    for e in needs:
+        if e & 1 != PARAM_ENTRY or plan.persistent[e >> 1] or e not in resident:
+            continue
+        nxt = next_use(e)
+        if nxt < len(plan.tick_moment) and plan.problem.moments[plan.tick_moment[nxt]].phase is phase:
+            continue
+        iv = resident.pop(e)
+        iv.end = tick + 1
+        victims.drop(e)
+        freed += int(plan.entry_bytes[e])
+    return freed
 
 
 def _stuck_message(plan: CachePlan, tick: int, short: int) -> str:
@@ -319,6 +340,8 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         delta[end] -= plan.entry_bytes[iv.entry]
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
+    bucket = plan.decisions.prefetch_bucket_bytes
+    ahead = np.zeros(n_ticks, dtype=np.int64)  # bytes fetched ahead of their use, per tick (with a bucket)
     previous_end: dict[int, int] = {}
     issued = 0  # copies are issued in the order they are needed: a channel is a FIFO, so a fetch for
     # later must never be queued ahead of one for sooner
@@ -334,8 +357,19 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         size = plan.entry_bytes[iv.entry]
         window = slack[lower:iv.start]
         blocked = np.flatnonzero(window < size)
+        if bucket is not None:
+            blocked = np.union1d(blocked, _over_bucket(ahead[lower:iv.start], size, bucket))
         start = lower + (int(blocked[-1]) + 1 if blocked.size else 0)
         if start < iv.start:
             slack[start:iv.start] -= size
+            if bucket is not None:
+                ahead[start:iv.start] += size
             iv.start = start
         issued = start
+
+
+def _over_bucket(ahead: np.ndarray, size: int, bucket: int) -> np.ndarray:
+    """Ticks where the bucket of bytes fetched ahead is full: DeepSpeed issues one more prefetch while
+    fewer than `prefetch_bucket_size` elements are in flight (the last one may overshoot it;
+    `partitioned_param_coordinator.py` `fetch_sub_module`, the `numel_prefetching` loop)."""
+    return np.flatnonzero(ahead >= bucket)

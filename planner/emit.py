@@ -93,6 +93,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
         if plan.ws > 1:
             for g in sorted(finals.get(tick, ())):
                 out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+        elif plan.decisions.replicated and plan.problem.world_size > 1:
+            for g in sorted(finals.get(tick, ())):
+                _all_reduce(out, plan, g, tick)
         for iv in sorted(ends.get(tick, ()), key=key):
             _emit_end(out, plan, iv, tick)
         for iv in sorted(starts.get(tick, ()), key=key):
@@ -137,6 +140,17 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             _device_step(out, plan, device_steps[tick], tick)
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """DDP's all-reduce of a final GRAD chunk (replicated decisions): a ring reduce-scatter then
+    all-gather, each moving (p-1)/p of the used grad bytes per rank (torch DDP, bucketed during
+    backward; modelled per chunk)."""
+    p = plan.problem.world_size
+    for c in plan.trainable_chunks[g]:
+        half = (p - 1) * plan.decisions.layout.chunks[c].used_elements * plan.problem.list_itemsize(ChunkList.GRAD) // p
+        for op in (Op.REDUCE_SCATTER, Op.ALL_GATHER):
+            out.add(tick, op=op, list=ChunkList.GRAD, chunk=c, channel=Channel.INTER_GPU, bytes=half)
 
 
 def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
@@ -264,7 +278,8 @@ def _emit_start(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) ->
         if plan.home[c] is Tier.NVME:
             out.copy(tick, op, ChunkList.PARAM, c, Tier.NVME, Tier.HOST, deadline=use)
         out.copy(tick, op, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=use)
-    if plan.ws > 1:
+    # an optimizer step needs the owners' own chunks only: no all-gather for it (PatrickStar Alg. 4)
+    if plan.ws > 1 and plan.device_step_tick.get(g) != iv.first_use:
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
 
 

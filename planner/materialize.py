@@ -54,12 +54,15 @@ checks the actions and measures the peaks (`planner.replay`); the stage-time pre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 import planner
 from planner.decisions import (
     Decisions,
     EvictionRule,
+    Reservation,
     SolverStats,
     activation_moments,
     non_model_curve,
@@ -92,7 +95,7 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
     actions, deadlines = emit_actions(plan, intervals)
     residency = initial_residency(plan)
     activation_plans = block_activation_plans(problem, decisions.activation_modes)
-    budgets = Budgets(device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes)
+    budgets = _reserved_budgets(problem, decisions)
     draft = Schedule(
         header=_header(problem, decisions, stats, 0.0),
         budgets=budgets,
@@ -107,7 +110,7 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
                               peak_bytes_per_tier={}),
     )
     replay = replay_residency(draft)
-    _check_capacity(problem, replay)
+    _check_capacity(problem, replay, budgets, decisions.reserved_bytes)
     stages, prediction = predict_stages(problem, draft, deadlines, replay)
     return Schedule(
         header=_header(problem, decisions, stats, prediction.iteration_seconds),
@@ -154,26 +157,40 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
         if mode is not ActivationMode.KEEP and activation_moments(problem, b)[0] < 0:
             raise PlannerError(f"decisions of {d.policy!r}: block {b} has no forward or no backward moment, "
                                f"so its activations can only be kept, found {mode}")
+    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own group
     for c in d.layout.chunks:
-        if c.comm_group != c.id // problem.world_size:
+        if c.comm_group != c.id // ws:
             raise PlannerError(f"decisions of {d.policy!r}: chunk {c.id} is in comm group {c.comm_group}, expected "
-                               f"{c.id // problem.world_size}; build the layout with planner.layout")
+                               f"{c.id // ws}; build the layout with planner.layout")
 
 
 # -- checks ----------------------------------------------------------------------------------
 
 
-def _check_capacity(problem: Problem, replay: ResidencyReplay) -> None:
-    for tier, per_moment, capacity in ((Tier.DEVICE, replay.device_bytes, problem.device_bytes),
-                                       (Tier.HOST, replay.host_bytes, problem.host_bytes),
-                                       (Tier.NVME, replay.nvme_bytes, problem.nvme_bytes)):
+def _reserved_budgets(problem: Problem, d: Decisions) -> Budgets:
+    """The schedule's budgets: each tier's capacity minus what the policy reserves there (its buffers)."""
+    held = {t: sum(r.bytes for r in d.reserved_bytes if r.tier is t) for t in Tier}
+    return Budgets(device_bytes=max(0, problem.device_bytes - held[Tier.DEVICE]),
+                   host_bytes=max(0, problem.host_bytes - held[Tier.HOST]),
+                   nvme_bytes=max(0, problem.nvme_bytes - held[Tier.NVME]))
+
+
+def _check_capacity(problem: Problem, replay: ResidencyReplay, budgets: Budgets,
+                    reserved: Sequence[Reservation]) -> None:
+    for tier, per_moment, capacity in ((Tier.DEVICE, replay.device_bytes, budgets.device_bytes),
+                                       (Tier.HOST, replay.host_bytes, budgets.host_bytes),
+                                       (Tier.NVME, replay.nvme_bytes, budgets.nvme_bytes)):
         peak = max(per_moment)
         if peak > capacity:
             m = problem.moments[int(np.argmax(per_moment))]
+            buffers = sum(r.bytes for r in reserved if r.tier is tier)
+            held = (f" (after {buffers} bytes of the system's own buffers: "
+                    + ", ".join(r.what.split(";")[0] for r in reserved if r.tier is tier) + ")") if buffers else ""
             raise InfeasibleError(
                 f"{tier.value} runs out at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}): "
-                f"it needs {peak} bytes, the capacity is {capacity} ({peak - capacity} bytes short); the smallest "
-                f"{tier.value} capacity that would work with these decisions is {peak} bytes ({peak / 1e9:.2f} GB)")
+                f"it needs {peak} bytes, the capacity is {capacity}{held} ({peak - capacity} bytes short); the smallest "
+                f"{tier.value} capacity that would work with these decisions is {peak + buffers} bytes "
+                f"({(peak + buffers) / 1e9:.2f} GB)")
 
 
 def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted_seconds: float) -> ScheduleHeader:
@@ -198,6 +215,6 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
 
 
 __all__ = [
-    "Decisions", "EvictionRule", "ReplayError", "ResidencyReplay", "SolverStats", "activation_moments", "materialize",
+    "Decisions", "EvictionRule", "ReplayError", "Reservation", "ResidencyReplay", "SolverStats", "activation_moments", "materialize",
     "non_model_curve", "os_device_bytes", "param_budget_bytes", "replay_residency", "uniform_decisions",
 ]

@@ -6,7 +6,7 @@ the layer count is binary-searched between 1 and 4x the Table 4 layer count of t
 widths are tried in ascending order until not even one layer fits; the answer is the feasible
 (layers, width) with the most parameters.
 A size is feasible for a policy when its schedule replays in the simulator within every tier's
-capacity (baselines: `planner.baselines`; tide: the placement MIP of `planner.placement`
+capacity (baselines: `planner.policies`; tide: the placement MIP of `planner.placement`
 materialized by `planner.solve.build_schedule`).
 
 tide's search is two-level, so that a preset takes minutes, not hours: the binary search asks the
@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from planner.baselines import POLICIES, baseline, policy_layout
+from planner.policies import POLICIES, baseline, policy_layout
 from planner.compare import TIDE
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_param_count, gpt_trace

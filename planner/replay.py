@@ -121,7 +121,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
                 act_bytes[TIER_INDEX[a.src]] -= a.bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
-            elif a.op is Op.ALL_GATHER:
+            elif a.op is Op.ALL_GATHER and a.list is not ChunkList.GRAD:  # a GRAD one: DDP's all-reduce, in place
                 for c in range(a.chunk * schedule.header.world_size,
                                min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
                     if copies.gather(li[a.list], c):

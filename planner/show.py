@@ -11,16 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from planner.errors import PlannerError
+from planner.presets import PRESET_DIR, resolve_hardware
+from planner.verify import verify_schedule
 from schemas import FormatError, Hardware, Schedule, Trace, load_any
-from schemas.hardware import HARDWARE_FORMAT, HARDWARE_VERSION
+from schemas._base import read_bytes
+from schemas.hardware import HARDWARE_FORMAT, HARDWARE_VERSION, estimated_fields
 from schemas.schedule import SCHEDULE_FORMAT, SCHEDULE_VERSION, Op, Tier
-from schemas.trace import DTYPE_BYTES, TRACE_FORMAT, TRACE_VERSION, Phase
+from schemas.trace import DTYPE_BYTES, TRACE_FORMAT, TRACE_VERSION, Phase, trace_digest
 
 FORMATS: dict[type, tuple[str, str, int]] = {
     Trace: ("trace", TRACE_FORMAT, TRACE_VERSION),
@@ -35,9 +41,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "validate",
         description="Load FILE (trace .msgpack, schedule .msgpack or hardware .toml) with every check tide applies; "
-                    "exit 0 if it is valid, 2 with one line naming the field and the fix if not.",
+                    "a schedule is also replayed by the simulator (valid sources, last copies, one optimizer step "
+                    "per param, bytes per channel == prediction) and checked against --trace. "
+                    "Exit 0 if it is valid, 2 with one line naming the field and the fix if not.",
     )
     p.add_argument("file", metavar="FILE", help="a tide trace, schedule (.msgpack) or hardware profile (.toml)")
+    p.add_argument("--trace", metavar="TRACE", help="schedule only: the trace it was solved from (checks header.trace_digest)")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help="schedule only: hardware to replay it on (default: the preset named in its header)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run_validate)
 
@@ -58,16 +69,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_validate(args: argparse.Namespace) -> int:
     try:
         obj = load_any(args.file)
-    except FormatError as exc:
+        if isinstance(obj, Schedule):
+            _verify(obj, args)
+        elif getattr(args, "trace", None) or getattr(args, "hardware", None):
+            raise PlannerError(f"{args.file}: --trace and --hardware apply to a schedule, this is a "
+                               f"{FORMATS[type(obj)][0]}; drop them")
+    except (FormatError, PlannerError) as exc:
         if args.json:  # scripts get a JSON answer on stdout too; the one line still goes to stderr
             print(json.dumps({"ok": False, "file": args.file, "error": str(exc)}))
         raise
     kind, fmt, version = FORMATS[type(obj)]
+    extra: dict[str, Any] = {"estimates": _estimates(args.file)} if isinstance(obj, Hardware) else {}
     if args.json:
-        print(json.dumps({"ok": True, "file": args.file, "kind": kind, "format": fmt, "format_version": version}))
+        print(json.dumps({"ok": True, "file": args.file, "kind": kind, "format": fmt, "format_version": version, **extra}))
     else:
         print(f"ok: {args.file} is a valid tide {kind} (format {version})")
+        if extra.get("estimates"):
+            print(f"  tide estimates (no source, check them): {', '.join(extra['estimates'])}")
     return 0
+
+
+def _verify(schedule: Schedule, args: argparse.Namespace) -> None:
+    """The simulator's semantic checks and the trace digest (planner/verify.py)."""
+    hardware_spec = getattr(args, "hardware", None)
+    if hardware_spec:
+        hardware = resolve_hardware(hardware_spec)
+    elif (PRESET_DIR / f"{schedule.header.hardware_name}.toml").exists():
+        hardware = resolve_hardware(schedule.header.hardware_name)
+    else:
+        raise PlannerError(f"{args.file}: solved for hardware {schedule.header.hardware_name!r}, which is not a preset; "
+                           "pass --hardware NAME|FILE to replay it")
+    if hardware.digest != schedule.header.hardware_digest:
+        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
+              f"({schedule.header.hardware_name!r})", file=sys.stderr)
+    digest = None
+    if getattr(args, "trace", None):
+        Trace.read(args.trace)  # a trace that does not load is its own one-line error
+        digest = trace_digest(read_bytes("trace", args.trace))
+    verify_schedule(schedule, hardware, source=args.file, trace_digest=digest)
 
 
 # ----------------------------------------------------------------------------- show
@@ -79,7 +118,7 @@ def run_show(args: argparse.Namespace) -> int:
     if isinstance(obj, Trace):
         summary = summarize_trace(obj)
     elif isinstance(obj, Hardware):
-        summary = summarize_hardware(obj)
+        summary = summarize_hardware(obj, estimates=_estimates(args.file))
     else:
         summary = summarize_schedule(obj)
     summary = {"file": args.file, **summary}
@@ -154,7 +193,12 @@ def summarize_trace(trace: Trace) -> dict[str, Any]:
     }
 
 
-def summarize_hardware(hw: Hardware) -> dict[str, Any]:
+def _estimates(path: str) -> list[str]:
+    """The numbers of a hardware TOML marked "tide estimate" (no source)."""
+    return list(estimated_fields(Path(path).read_text(encoding="utf-8")))
+
+
+def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> dict[str, Any]:
     d, h, n, link, c = hw.device, hw.host, hw.nvme, hw.links, hw.cluster
     rows = [
         # (field, value, unit, derived quantity, derived value, derived unit)
@@ -164,18 +208,36 @@ def summarize_hardware(hw: Hardware) -> dict[str, Any]:
         ("device.usable_fraction", d.usable_fraction, "", "DEVICE usable", hw.device_bytes, "bytes"),
         ("device.compute_tflops", d.compute_tflops, "TFLOP/s", "device compute", hw.device_flops_per_s, "FLOP/s"),
         ("device.optimizer_params_per_s", d.optimizer_params_per_s, "params/s", "", None, ""),
+        ("device.memory_margin_gb", d.memory_margin_gb, "GB", "allocator margin", hw.device_margin_bytes, "bytes"),
+        *((f"device.matmul_rates[{i}]", r.tflops, f"TFLOP/s {r.dtype.value} m={r.m} n={r.n} k={r.k}", "", None, "")
+          for i, r in enumerate(d.matmul_rates)),
+        *((f"device.attention_rates[{i}]", r.forward_tflops,
+           f"TFLOP/s fwd ({r.backward_tflops:g} bwd) {r.dtype.value} b={r.batch} h={r.heads} t={r.tokens} d={r.head_dim}", "", None, "")
+          for i, r in enumerate(d.attention_rates)),
         ("host.memory_gb", h.memory_gb, "GB", "", None, ""),
         ("host.usable_fraction", h.usable_fraction, "", "HOST usable", hw.host_bytes, "bytes"),
         ("host.optimizer_params_per_s", h.optimizer_params_per_s, "params/s", "", None, ""),
-        ("host.cores", h.cores, "cores", "", None, ""),
+        ("host.cores", h.cores, "cores", "CPU Adam at all cores", hw.cpu_adam_params_per_s(), "params/s"),
+        ("host.dram_gb_per_s", h.dram_gb_per_s, "GB/s", "host DRAM", hw.host_dram_bytes_per_s, "bytes/s"),
+        ("host.adam_chunk_params", h.adam_chunk_params, "params", "", None, ""),
+        *((f"host.adam_rates[{i}]", r.params_per_s, f"params/s at {r.threads} threads ({r.params_per_s_with_copies:.3g} with copies)",
+           "", None, "") for i, r in enumerate(h.adam_rates)),
+        ("host.adam_dram_bytes_per_param", h.adam_dram_bytes_per_param, "B/param", "", None, ""),
         ("nvme.count", n.count, "SSDs", "", None, ""),
         ("nvme.capacity_gb_each", n.capacity_gb_each, "GB", "", None, ""),
         ("nvme.usable_fraction", n.usable_fraction, "", "NVME usable", hw.nvme_bytes, "bytes"),
         ("nvme.read_gb_per_s_each", n.read_gb_per_s_each, "GB/s", "NVMe read (all SSDs)", hw.nvme_read_bytes_per_s, "bytes/s"),
         ("nvme.write_gb_per_s_each", n.write_gb_per_s_each, "GB/s", "NVMe write (all SSDs)", hw.nvme_write_bytes_per_s, "bytes/s"),
+        ("nvme.mixed_read_gb_per_s_each", n.mixed_read_gb_per_s_each, "GB/s", "", None, ""),
+        ("nvme.mixed_write_gb_per_s_each", n.mixed_write_gb_per_s_each, "GB/s", "", None, ""),
+        ("nvme.host_cap_gb_per_s", n.host_cap_gb_per_s, "GB/s", "", None, ""),
         ("links.h2d_gb_per_s", link.h2d_gb_per_s, "GB/s", "H2D", hw.h2d_bytes_per_s, "bytes/s"),
         ("links.d2h_gb_per_s", link.d2h_gb_per_s, "GB/s", "D2H", hw.d2h_bytes_per_s, "bytes/s"),
         ("links.inter_gpu_gb_per_s", link.inter_gpu_gb_per_s, "GB/s", "INTER_GPU", hw.inter_gpu_bytes_per_s, "bytes/s"),
+        ("links.h2d_pageable_gb_per_s", link.h2d_pageable_gb_per_s, "GB/s", "", None, ""),
+        ("links.d2h_pageable_gb_per_s", link.d2h_pageable_gb_per_s, "GB/s", "", None, ""),
+        ("links.duplex_h2d_gb_per_s", link.duplex_h2d_gb_per_s, "GB/s", "", None, ""),
+        ("links.duplex_d2h_gb_per_s", link.duplex_d2h_gb_per_s, "GB/s", "", None, ""),
         ("cluster.world_size", c.world_size, "ranks", "", None, ""),
         ("cluster.gpus_per_node", c.gpus_per_node, "GPUs", "", None, ""),
     ]
@@ -190,6 +252,7 @@ def summarize_hardware(hw: Hardware) -> dict[str, Any]:
             {"field": f, "value": v, "unit": u, "derived": dq or None, "derived_value": dv, "derived_unit": du or None}
             for f, v, u, dq, dv, du in rows
         ],
+        "estimates": list(estimates or []),
         "derived": {
             "device_bytes": hw.device_bytes, "host_bytes": hw.host_bytes, "nvme_bytes": hw.nvme_bytes,
             "device_flops_per_s": hw.device_flops_per_s, "h2d_bytes_per_s": hw.h2d_bytes_per_s,
@@ -326,6 +389,8 @@ def _print_hardware(console: Console, s: dict[str, Any]) -> None:
         table.add_row(row["field"], f"{value:g}" if isinstance(value, float) else str(value), row["unit"],
                       row["derived"] or "", derived)
     console.print(table)
+    if s.get("estimates"):
+        console.print(f"tide estimates (no source, check them): {', '.join(s['estimates'])}")
 
 
 def _print_schedule(console: Console, s: dict[str, Any]) -> None:

@@ -15,9 +15,9 @@ from planner.materialize import Decisions, EvictionRule, SolverStats, materializ
 from planner.errors import PlannerError
 from planner.placement import PlacementInput, PlacementSolution
 from planner.problem import Problem
-from planner.sim_result import SimResult
+from planner.policies import with_simulated_prediction  # one prediction: the simulator's (stages too)
 from schemas._base import frozen
-from schemas.schedule import ChunkLayout, ChunkPlan, Prediction, Schedule, SolverStatus, Tier
+from schemas.schedule import ChunkLayout, ChunkPlan, Schedule, SolverStatus, Tier
 
 POLICY = "tide"
 
@@ -77,16 +77,6 @@ def with_header_stats(schedule: Schedule, objective: float | PlacementSolution, 
     header = dataclasses.replace(schedule.header, solver_status=status, objective_seconds=objective,
                                  lower_bound_seconds=bound, gap=gap)
     return dataclasses.replace(schedule, header=header)
-
-
-def with_simulated_prediction(schedule: Schedule, replay: SimResult) -> Schedule:
-    """The schedule with its `prediction` replaced by the simulator's replay of it (one prediction:
-    `planner show` prints what `planner simulate` computes)."""
-    prediction = Prediction(iteration_seconds=replay.iteration_seconds, flops=replay.flops + replay.recompute_flops,
-                            bytes_per_channel=dict(sorted(replay.bytes_per_channel.items())),
-                            busy_seconds_per_channel=dict(sorted(replay.busy_seconds_per_channel.items())),
-                            peak_bytes_per_tier=dict(sorted(replay.peak_bytes_per_tier.items())))
-    return dataclasses.replace(schedule, prediction=prediction)
 
 
 def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: PlacementInput, sol: PlacementSolution, *,

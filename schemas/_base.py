@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import glob
 import hashlib
 import json
 import math
@@ -129,8 +130,12 @@ def _nested_dataclasses(hint: Any) -> list[type]:
     return [c for a in typing.get_args(hint) for c in _nested_dataclasses(a)]
 
 
-def json_schema(root: type, *, format_name: str, format_version: int, title: str) -> dict[str, Any]:
-    """The JSON Schema document of a file whose top-level object mirrors `root`."""
+def json_schema(root: type, *, format_name: str, format_version: int, title: str,
+                trailer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema document of a file whose top-level object mirrors `root`.
+
+    `trailer`: required top-level fields after the dataclass's (e.g. the schedule's content digest).
+    """
     defs: dict[str, Any] = {}
     _collect(root, defs)
     top = dict(defs.pop(root.__name__))
@@ -138,8 +143,9 @@ def json_schema(root: type, *, format_name: str, format_version: int, title: str
         "format": {"const": format_name},
         "format_version": {"const": format_version},
         **top["properties"],
+        **(trailer or {}),
     }
-    top["required"] = ["format", "format_version", *top["required"]]
+    top["required"] = ["format", "format_version", *top["required"], *(trailer or {})]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://tide.invalid/schemas/{format_name}.v{format_version}.schema.json",
@@ -343,6 +349,18 @@ def require(condition: bool, kind: str, source: str, path: str, message: str, fi
         raise FormatError(kind, source, path, message, fix)
 
 
+def format_bytes(n: float) -> str:
+    """A byte count in the unit that shows its digits: 512 B, 12.3 KB, 45.6 MB, 1.23 GB (decimal units).
+
+    Never "0.00 GB" for a small model (issue 21); three significant digits.
+    """
+    value = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{int(value)} B" if value == int(value) else f"{value:.3g} B"
+
+
 def finite_positive(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
@@ -368,9 +386,15 @@ def check_header(kind: str, source: str, data: Any, format_name: str, version: i
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    """Write to a temp file in the same folder, fsync, rename, fsync the folder: readers never see half
+    a file, and after a crash (power loss included) the name holds the old file or the new one.
+
+    A temp file of an earlier write of the same target that was killed before its rename (SIGKILL
+    runs no cleanup) is removed first: one writer per target, so it can only be stale.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         umask = os.umask(0)
@@ -381,12 +405,43 @@ def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
+        fsync_directory(target.parent)  # the rename itself is durable only once the folder is (ext4/xfs)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
+
+
+def remove_stale_temp_files(target: Path) -> list[Path]:
+    """Delete `.<name>.*.tmp` left in `target`'s folder by a killed `atomic_write_bytes`; returns them."""
+    stale = list(target.parent.glob(f".{glob_escape(target.name)}.*.tmp"))
+    for tmp in stale:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+    return stale
+
+
+def glob_escape(name: str) -> str:
+
+    return glob.escape(name)
+
+
+def fsync_directory(folder: Path) -> None:
+    """fsync a folder so a rename or unlink in it survives a crash (POSIX; a no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems (and Windows) refuse fsync on a directory; the rename is done anyway
+    finally:
+        os.close(fd)
 
 
 def read_bytes(kind: str, path: str | os.PathLike[str]) -> bytes:

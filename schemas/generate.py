@@ -18,9 +18,18 @@ DOCUMENTS = {
 }
 
 
+# top-level fields a file carries after its dataclass's (schemas/schedule.py: the content digest)
+TRAILERS = {
+    "schedule.schema.json": {"content_digest": {
+        "type": "string", "pattern": "^sha256:[0-9a-f]{64}$",
+        "description": "sha256 of the msgpack of every other top-level field, in file order"}},
+}
+
+
 def render(name: str) -> str:
     root, fmt, version, title = DOCUMENTS[name]
-    return json.dumps(json_schema(root, format_name=fmt, format_version=version, title=title), indent=2) + "\n"
+    doc = json_schema(root, format_name=fmt, format_version=version, title=title, trailer=TRAILERS.get(name))
+    return json.dumps(doc, indent=2) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

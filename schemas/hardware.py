@@ -2,7 +2,16 @@
 
 Units are in the field names: `_gb` is 10^9 bytes, `_gb_per_s` 10^9 bytes per second, `_tflops`
 10^12 FLOP/s. The planner reads the derived byte/second properties; people read the TOML.
-Every preset in `traces/hardware/` carries a comment naming the source of each number.
+Every preset in `traces/hardware/` carries a comment naming the source of each number; a number
+whose comment says "tide estimate" has none, and `planner show` / `validate` list those
+(`estimated_fields`).
+
+Format version 1 grew optional fields (shape-dependent compute rates, CPU Adam vs threads, DRAM
+bandwidth, pageable and bidirectional copies, mixed SSD traffic and a host-side SSD cap, a GPU
+memory margin): every one has a default that means "not measured" (0, or an empty table) and
+states what a reader assumes then, so every older TOML still loads and means what it meant. The
+version stays 1 because nothing an old file says changes meaning; a reader that needs a new field
+checks it is non-zero.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from pathlib import Path
 
 import tomli_w
 
+from schemas.trace import DType
 from schemas._base import (
     FormatError,
     atomic_write_bytes,
@@ -43,6 +53,42 @@ class DeviceKind(StrEnum):
 
 
 @frozen
+class MatmulRate:
+    """One measured GEMM shape: (m x k) @ (k x n) in `dtype`, at `tflops` (2*m*n*k FLOP per call)."""
+
+    dtype: DType
+    m: int = constrained(minimum=1)
+    n: int = constrained(minimum=1)
+    k: int = constrained(minimum=1)
+    tflops: float = constrained(exclusiveMinimum=0)  # sustained 10^12 FLOP/s of this shape
+
+
+@frozen
+class AttentionRate:
+    """One measured causal attention shape through the fused kernel (SDPA): (batch, heads, tokens, head_dim).
+
+    FLOPs are counted as torch.utils.flop_counter counts SDPA (4*b*h*t^2*d forward, twice that
+    backward, causal masking not discounted), so the rate applies to the FLOPs a trace records."""
+
+    dtype: DType
+    batch: int = constrained(minimum=1)
+    heads: int = constrained(minimum=1)
+    tokens: int = constrained(minimum=1)
+    head_dim: int = constrained(minimum=1)
+    forward_tflops: float = constrained(exclusiveMinimum=0)
+    backward_tflops: float = constrained(minimum=0, default=0.0)  # 0: not measured (use forward_tflops)
+
+
+@frozen
+class AdamRate:
+    """CPU Adam at `threads` threads on one chunk of `HostSpec.adam_chunk_params` fp32 params."""
+
+    threads: int = constrained(minimum=1)
+    params_per_s: float = constrained(exclusiveMinimum=0)  # alone
+    params_per_s_with_copies: float = constrained(minimum=0, default=0.0)  # while host memcpy / SSD traffic runs beside it; 0: not measured
+
+
+@frozen
 class DeviceSpec:
     """The accelerator (one per rank)."""
 
@@ -52,6 +98,14 @@ class DeviceSpec:
     usable_fraction: float = constrained(exclusiveMinimum=0, maximum=1)  # the rest is CUDA context, fragmentation
     compute_tflops: float = constrained(exclusiveMinimum=0)  # sustained rate of transformer blocks in the compute dtype
     optimizer_params_per_s: float = constrained(exclusiveMinimum=0)  # Adam on the device, params per second
+    memory_margin_gb: float = constrained(minimum=0, default=0.0)
+    """DEVICE memory a plan leaves free for the caching allocator (fragmentation, cuBLAS/attention
+    workspaces), on top of `usable_fraction`; 0: none beyond it"""
+    matmul_rates: tuple[MatmulRate, ...] = constrained(default=())
+    """GEMM throughput by shape, to interpolate (log-log in m*n*k) for each matmul of a trace; empty:
+    every FLOP runs at `compute_tflops`"""
+    attention_rates: tuple[AttentionRate, ...] = constrained(default=())
+    """fused-attention throughput by shape; empty: attention FLOPs run at `compute_tflops`"""
 
 
 @frozen
@@ -62,6 +116,17 @@ class HostSpec:
     usable_fraction: float = constrained(exclusiveMinimum=0, maximum=1)
     optimizer_params_per_s: float = constrained(exclusiveMinimum=0)  # fused CPU Adam, params per second
     cores: int = constrained(minimum=1)
+    dram_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """host DRAM bandwidth shared by CPU Adam, DMA copies and SSD traffic (reads + writes, GB/s); 0: not
+    given (nothing is priced as shared)"""
+    adam_chunk_params: int = constrained(minimum=0, default=0)
+    """fp32 params per tensor the `adam_rates` were measured on (a chunk: Adam's rate falls once a
+    tensor outgrows the caches); 0: not measured"""
+    adam_rates: tuple[AdamRate, ...] = constrained(default=())
+    """CPU Adam rate vs threads at `adam_chunk_params`; empty: `optimizer_params_per_s` at any thread count"""
+    adam_dram_bytes_per_param: float = constrained(minimum=0, default=28.0)
+    """DRAM bytes CPU Adam moves per param: 28 for fp32 AdamW (reads param, grad, exp_avg, exp_avg_sq,
+    writes param, exp_avg, exp_avg_sq: 7 x 4 B, torch `_fused_adamw_` / DeepSpeed `Step_AVX`)"""
 
 
 @frozen
@@ -73,6 +138,14 @@ class NvmeSpec:
     read_gb_per_s_each: float = constrained(minimum=0)
     write_gb_per_s_each: float = constrained(minimum=0)
     usable_fraction: float = constrained(exclusiveMinimum=0, maximum=1)
+    mixed_read_gb_per_s_each: float = constrained(minimum=0, default=0.0)
+    """read rate of one SSD while it also writes (50/50 sequential, GB/s); 0: not measured (reads and
+    writes share the SSD's time at the rates above)"""
+    mixed_write_gb_per_s_each: float = constrained(minimum=0, default=0.0)
+    """write rate of one SSD while it also reads; 0: not measured"""
+    host_cap_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """all SSDs together, reads + writes, through the host (PCIe lanes, root complex, RAID/striping,
+    page cache); 0: no cap beyond count x per-SSD rates"""
 
 
 @frozen
@@ -82,6 +155,15 @@ class LinkSpec:
     h2d_gb_per_s: float = constrained(exclusiveMinimum=0)
     d2h_gb_per_s: float = constrained(exclusiveMinimum=0)
     inter_gpu_gb_per_s: float = constrained(minimum=0)  # per-GPU bus bandwidth of collectives; 0 with one GPU
+    h2d_pageable_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """host-to-device copy rate from pageable (not pinned) memory; 0: not measured (all copies pinned)"""
+    d2h_pageable_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """device-to-host copy rate into pageable memory; 0: not measured"""
+    duplex_h2d_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """pinned host-to-device rate while a device-to-host copy runs at once; 0: not measured (full duplex,
+    each direction at its own rate)"""
+    duplex_d2h_gb_per_s: float = constrained(minimum=0, default=0.0)
+    """pinned device-to-host rate while a host-to-device copy runs at once; 0: not measured"""
 
 
 @frozen
@@ -144,6 +226,47 @@ class Hardware:
         return self.device.compute_tflops * 1e12
 
     @property
+    def device_margin_bytes(self) -> int:
+        """DEVICE bytes a plan should leave free for the allocator (not yet subtracted from device_bytes)."""
+        return int(self.device.memory_margin_gb * GB)
+
+    @property
+    def host_dram_bytes_per_s(self) -> float:
+        """Host DRAM bandwidth; 0 when not given."""
+        return self.host.dram_gb_per_s * GB
+
+    def cpu_adam_params_per_s(self, threads: int | None = None, *, with_copies: bool = False) -> float:
+        """CPU Adam params/s at `threads` (default: all cores) from `adam_rates` (the row with the most
+        threads not above it; linear below the first row), or `optimizer_params_per_s` without rows."""
+        rows = sorted(self.host.adam_rates, key=lambda r: r.threads)
+        if not rows:
+            return self.host.optimizer_params_per_s
+        want = self.host.cores if threads is None else threads
+        below = [r for r in rows if r.threads <= want]
+        row = below[-1] if below else rows[0]
+        rate = row.params_per_s_with_copies if with_copies and row.params_per_s_with_copies > 0 else row.params_per_s
+        return rate if below else rate * want / row.threads
+
+    def matmul_flops_per_s(self, m: int, n: int, k: int, dtype: DType) -> float:
+        """FLOP/s of one (m x k) @ (k x n) GEMM: log-log interpolation in m*n*k over the `matmul_rates`
+        of `dtype` (clamped at the ends), or `compute_tflops` when there are none."""
+        rows = sorted((r.m * r.n * r.k, r.tflops) for r in self.device.matmul_rates if r.dtype == dtype)
+        if not rows:
+            return self.device_flops_per_s
+        size = m * n * k
+        if size <= rows[0][0]:
+            return rows[0][1] * 1e12
+        if size >= rows[-1][0]:
+            return rows[-1][1] * 1e12
+        for (s0, t0), (s1, t1) in zip(rows, rows[1:]):
+            if s0 <= size <= s1:
+                if s1 == s0:
+                    return max(t0, t1) * 1e12
+                w = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0))) * 1e12
+        return rows[-1][1] * 1e12  # unreachable: the loop covers [first, last]
+
+    @property
     def digest(self) -> str:
         return digest_bytes(pack_msgpack(to_plain(self)))
 
@@ -178,6 +301,30 @@ class Hardware:
         return cls.from_toml(text, source=str(path))
 
 
+# Plausible ranges of the rates and capacities: wide (a thousand times beyond any machine on either
+# side) so that no real profile is refused, narrow enough that a typo such as 1e-300 GB/s is named
+# here instead of surfacing as "does not fit ... none helps" from the solver (issue 21). Upper ends:
+# NVLink 5 moves 1.8 TB/s per GPU and a B200 does ~2.3 PFLOPS dense bf16 (NVIDIA Blackwell datasheet);
+# lower ends: 1 KB/s, 1 MFLOPS, 1 KB of memory, 1 param/s.
+_RATE_GB_PER_S = (1e-6, 1e6, "GB/s")
+_SIZE_GB = (1e-6, 1e6, "GB")
+PLAUSIBLE: dict[str, tuple[float, float, str]] = {
+    "device.memory_gb": _SIZE_GB,
+    "device.compute_tflops": (1e-6, 1e6, "TFLOPS"),
+    "device.optimizer_params_per_s": (1.0, 1e15, "params/s"),
+    "host.memory_gb": _SIZE_GB,
+    "host.optimizer_params_per_s": (1.0, 1e15, "params/s"),
+    "nvme.capacity_gb_each": _SIZE_GB,
+    "nvme.read_gb_per_s_each": _RATE_GB_PER_S,
+    "nvme.write_gb_per_s_each": _RATE_GB_PER_S,
+    "links.h2d_gb_per_s": _RATE_GB_PER_S,
+    "links.d2h_gb_per_s": _RATE_GB_PER_S,
+    "links.inter_gpu_gb_per_s": _RATE_GB_PER_S,
+}
+_ZERO_MEANS_NONE = {"nvme.capacity_gb_each", "nvme.read_gb_per_s_each", "nvme.write_gb_per_s_each",
+                    "links.inter_gpu_gb_per_s"}
+
+
 def validate_hardware(hw: Hardware, *, source: str) -> None:
     """Semantic rules: every number finite; NVMe rates present when SSDs are; GPUs consistent."""
 
@@ -191,14 +338,62 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
             value = getattr(spec, name)
             if isinstance(value, float):
                 req(math.isfinite(value), f"{section}.{name}", f"a finite number, found {value}")
+    for path, (low, high, unit) in PLAUSIBLE.items():
+        section, name = path.split(".")
+        value = getattr(getattr(hw, section), name)
+        if value == 0 and path in _ZERO_MEANS_NONE:
+            continue  # no SSDs / one GPU: checked below
+        req(low <= value <= high, path, f"a value between {low:g} and {high:g} {unit}, found {value:g}")
     if hw.nvme.count > 0:
         for name in ("capacity_gb_each", "read_gb_per_s_each", "write_gb_per_s_each"):
             req(getattr(hw.nvme, name) > 0, f"nvme.{name}", f"a positive number when nvme.count={hw.nvme.count}, found {getattr(hw.nvme, name)}")
     if hw.cluster.world_size > 1:
         req(hw.links.inter_gpu_gb_per_s > 0, "links.inter_gpu_gb_per_s",
             f"a positive bandwidth when cluster.world_size={hw.cluster.world_size}, found {hw.links.inter_gpu_gb_per_s}")
+    threads = [r.threads for r in hw.host.adam_rates]
+    req(len(set(threads)) == len(threads), "host.adam_rates", f"one row per thread count, found threads {threads}")
+    req(not hw.host.adam_rates or hw.host.adam_chunk_params > 0, "host.adam_chunk_params",
+        "the chunk size (fp32 params) the adam_rates were measured at, found 0")
+    req(hw.device.memory_margin_gb == 0 or hw.device.memory_margin_gb < hw.device.memory_gb * hw.device.usable_fraction,
+        "device.memory_margin_gb",
+        f"less than the usable DEVICE memory ({hw.device.memory_gb * hw.device.usable_fraction:g} GB), found {hw.device.memory_margin_gb}")
     req(hw.cluster.world_size % hw.cluster.gpus_per_node == 0 or hw.cluster.world_size < hw.cluster.gpus_per_node,
         "cluster.gpus_per_node", f"a divisor of world_size={hw.cluster.world_size}, found {hw.cluster.gpus_per_node}")
 
 
-__all__ = ["DeviceKind", "Hardware", "HARDWARE_FORMAT", "HARDWARE_VERSION", "validate_hardware"]
+_ESTIMATE = "tide estimate"
+
+
+def estimated_fields(text: str) -> tuple[str, ...]:
+    """The fields of a hardware TOML whose comment says "tide estimate" (numbers with no source), as
+    dotted paths: `host.optimizer_params_per_s`, or `device.matmul_rates[2]` for a row of a table."""
+    found: list[str] = []
+    section, array, row = "", "", -1
+    for raw in text.splitlines():
+        line = raw.strip()
+        code, _, comment = line.partition("#")
+        code = code.strip()
+        if code.startswith("[") and not array:
+            section, row = code.strip("[]").strip(), -1
+            continue
+        if array:  # inside a multi-line array of inline tables
+            if code.startswith("{"):
+                row += 1
+                if _ESTIMATE in comment:
+                    found.append(f"{array}[{row}]")
+            if code.startswith("]"):
+                array = ""
+            continue
+        key, eq, value = code.partition("=")
+        if not eq:
+            continue
+        path = f"{section}.{key.strip()}" if section else key.strip()
+        if _ESTIMATE in comment:
+            found.append(path)
+        if value.strip().startswith("[") and "]" not in value:
+            array, row = path, -1
+    return tuple(found)
+
+
+__all__ = ["AdamRate", "AttentionRate", "DeviceKind", "Hardware", "HARDWARE_FORMAT", "HARDWARE_VERSION",
+           "MatmulRate", "estimated_fields", "validate_hardware"]

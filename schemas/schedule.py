@@ -17,6 +17,12 @@ Action semantics (shared by the simulator and the executor; one moment = DESIGN.
 - ACT_OFFLOAD / ACT_RELOAD move the activations `block` saved to `dst` and back to DEVICE;
 - ALL_GATHER / REDUCE_SCATTER act on the comm group `chunk` over the INTER_GPU channel.
 Copies are copies: the source stays valid until an EVICT.
+
+Integrity: the file's last top-level field, `content_digest`, is "sha256:" + the sha256 of the
+msgpack of every other top-level field (`format`, `format_version` and the schedule, in file
+order), written by `Schedule.to_msgpack` and checked on every read before anything else is
+believed. A schedule edited or corrupted after the planner wrote it (one flipped bit in a chunk
+id trains three params never; issue 21) is refused with one line instead of replayed.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from schemas._base import (
     check_header,
     check_schema,
     constrained,
+    digest_bytes,
     from_plain,
     frozen,
     pack_msgpack,
@@ -42,7 +49,7 @@ from schemas._base import (
 from schemas.trace import DType, MomentKind, Phase
 
 SCHEDULE_FORMAT = "tide.schedule"
-SCHEDULE_VERSION = 1
+SCHEDULE_VERSION = 2  # 2: the `content_digest` field (issue 21)
 _KIND = "schedule"
 _FIX = "re-run `python -m planner solve TRACE --hardware HW -o SCHEDULE`"
 
@@ -332,7 +339,7 @@ class Schedule:
     # -- IO ---------------------------------------------------------------------------------
     def to_msgpack(self) -> bytes:
         validate_schedule(self, source="(schedule being written)")
-        return pack_msgpack({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)})
+        return pack_msgpack(seal({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)}))
 
     def write(self, path: str | Path) -> None:
         atomic_write_bytes(path, self.to_msgpack())
@@ -341,8 +348,9 @@ class Schedule:
     def from_msgpack(cls, payload: bytes, *, source: str = "(bytes)") -> Schedule:
         data = unpack_msgpack(_KIND, source, payload, _FIX)
         check_header(_KIND, source, data, SCHEDULE_FORMAT, SCHEDULE_VERSION, _FIX)
+        check_content_digest(data, source=source)
         check_schema(_KIND, source, "schedule.schema.json", data, fix=_FIX)
-        data = {k: v for k, v in data.items() if k not in ("format", "format_version")}
+        data = {k: v for k, v in data.items() if k not in ("format", "format_version", DIGEST_FIELD)}
         schedule = from_plain(cls, data)
         validate_schedule(schedule, source=source)
         return schedule
@@ -350,6 +358,38 @@ class Schedule:
     @classmethod
     def read(cls, path: str | Path) -> Schedule:
         return cls.from_msgpack(read_bytes(_KIND, path), source=str(path))
+
+    def content_digest(self) -> str:
+        """The `content_digest` its file carries (a checkpoint names the schedule it belongs to with it)."""
+        return content_digest({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)})
+
+
+DIGEST_FIELD = "content_digest"
+
+
+def content_digest(data: dict) -> str:
+    """The digest a schedule's plain data (format and version included, `content_digest` excluded) must carry."""
+    return digest_bytes(pack_msgpack({k: v for k, v in data.items() if k != DIGEST_FIELD}))
+
+
+def seal(data: dict) -> dict:
+    """`data` (plain schedule with format and version) with its `content_digest` as the last field."""
+    body = {k: v for k, v in data.items() if k != DIGEST_FIELD}
+    return {**body, DIGEST_FIELD: content_digest(body)}
+
+
+def check_content_digest(data: dict, *, source: str) -> None:
+    """One line unless the plain data carries the digest of its own content (see the module docstring)."""
+    found = data.get(DIGEST_FIELD)
+    require(isinstance(found, str), _KIND, source, DIGEST_FIELD,
+            f"the schedule's content digest (a string), found {_short(found)}", _FIX)
+    require(found == content_digest(data), _KIND, source, DIGEST_FIELD,
+            "content digest does not match: the file was changed after the planner wrote it", _FIX)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 _OP_FIELDS: dict[Op, tuple[str, ...]] = {
@@ -448,4 +488,5 @@ __all__ = [
     "ChunkList", "ChunkPlan", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
     "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
     "COPY_CHANNEL", "COPY_PATH", "TIERS", "TIER_INDEX", "action_channels", "copy_channel", "validate_schedule",
+    "validate_schedule", "DIGEST_FIELD", "check_content_digest", "content_digest", "seal",
 ]

@@ -18,7 +18,18 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
+from schemas.hardware import (
+    AdamRate,
+    AttentionRate,
+    ClusterSpec,
+    DeviceKind,
+    DeviceSpec,
+    Hardware,
+    HostSpec,
+    LinkSpec,
+    MatmulRate,
+    NvmeSpec,
+)
 from schemas.schedule import (
     COPY_OPS,
     Action,
@@ -176,13 +187,24 @@ def hardwares(draw: Any) -> Hardware:
         name=draw(names),
         description=draw(texts),
         device=DeviceSpec(kind=draw(_pick(DeviceKind)), name=draw(texts), memory_gb=draw(positive),
-                          usable_fraction=draw(fractions), compute_tflops=draw(positive), optimizer_params_per_s=draw(positive)),
+                          usable_fraction=draw(fractions), compute_tflops=draw(positive), optimizer_params_per_s=draw(positive),
+                          matmul_rates=tuple(MatmulRate(dtype=draw(_pick(DType)), m=draw(_ints(1, 1 << 16)), n=draw(_ints(1, 1 << 16)),
+                                                        k=draw(_ints(1, 1 << 16)), tflops=draw(positive))
+                                             for _ in range(draw(_ints(0, 2)))),
+                          attention_rates=tuple(AttentionRate(dtype=draw(_pick(DType)), batch=draw(_ints(1, 64)), heads=draw(_ints(1, 128)),
+                                                              tokens=draw(_ints(1, 1 << 16)), head_dim=draw(_ints(1, 256)),
+                                                              forward_tflops=draw(positive), backward_tflops=draw(positive))
+                                                for _ in range(draw(_ints(0, 2))))),
         host=HostSpec(memory_gb=draw(positive), usable_fraction=draw(fractions), optimizer_params_per_s=draw(positive),
-                      cores=draw(_ints(1, 512))),
+                      cores=draw(_ints(1, 512)), dram_gb_per_s=draw(positive),
+                      adam_chunk_params=draw(_ints(1, 1 << 30)),
+                      adam_rates=tuple(AdamRate(threads=t, params_per_s=draw(positive), params_per_s_with_copies=draw(positive))
+                                       for t in draw(st.lists(_ints(1, 512), max_size=3, unique=True)))),
         nvme=NvmeSpec(count=n_ssd, capacity_gb_each=draw(ssd_number), read_gb_per_s_each=draw(ssd_number),
                       write_gb_per_s_each=draw(ssd_number), usable_fraction=draw(fractions)),
         links=LinkSpec(h2d_gb_per_s=draw(positive), d2h_gb_per_s=draw(positive),
-                       inter_gpu_gb_per_s=draw(positive if world_size > 1 else st.just(0.0) | positive)),
+                       inter_gpu_gb_per_s=draw(positive if world_size > 1 else st.just(0.0) | positive),
+                       duplex_h2d_gb_per_s=draw(positive), h2d_pageable_gb_per_s=draw(positive)),
         cluster=ClusterSpec(world_size=world_size, gpus_per_node=gpus_per_node),
     )
 

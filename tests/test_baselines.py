@@ -1,4 +1,5 @@
-"""Baseline policies: each replays as its system behaves, passes the simulator, and is infeasible where it would OOM."""
+"""Baseline policies (planner/policies): each decides as its system does, goes through tide's one
+materializer, passes the simulator, and is infeasible where it would OOM."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from planner.baselines import POLICIES, baseline, fuyou_activation_plan
+from planner.policies import POLICIES, baseline, decisions
+from planner.policies.fuyou import activation_plan as fuyou_activation_plan
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
 from planner.problem import build_problem
@@ -32,9 +34,9 @@ def box(*, device_gb: float = 4.0, host_gb: float = 16.0, ssds: int = 2, link_gb
     )
 
 
-def small_trace(*, layers: int = 8, hidden: int = 1024, batch: int = 2, seq: int = 128):
+def small_trace(*, layers: int = 8, hidden: int = 1024, batch: int = 2, seq: int = 128, **variant: str):
     """~109 M params: 0.22 GB of fp16 params, 1.7 GB of model data."""
-    return gpt_trace(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=8192)
+    return gpt_trace(layers=layers, hidden=hidden, heads=8, seq=seq, batch=batch, vocab=8192, **variant)
 
 
 def problem(hw: Hardware | None = None, **kw: int):
@@ -76,27 +78,75 @@ def test_pytorch_keeps_everything_on_device_and_is_infeasible_when_it_does_not_f
         baseline("pytorch", problem(box(device_gb=1.0)))
 
 
-def test_zero_offload_params_persistent_cpu_adam_after_backward() -> None:
+def test_zero2_offload_params_persistent_cpu_adam_after_backward() -> None:
     p = problem()
-    s = baseline("zero-offload", p)
+    s = baseline("zero2-offload", p)
     params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
     assert all(set(r.tiers) == {Tier.DEVICE, Tier.HOST} for r in params)
     assert all(a.dst is Tier.HOST and _phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
-    # checkpoints on HOST: every RECOMPUTE block's input goes down and comes back
+    # a checkpoint per block, on the GPU by default (Megatron-DeepSpeed cpu_checkpointing false, Z2.8)
     assert all(pl.mode is ActivationMode.RECOMPUTE for pl in s.activation_plans)
-    assert sum(a.op is Op.ACT_OFFLOAD for a in s.actions) == len(p.blocks)
+    assert not any(a.op is Op.ACT_OFFLOAD for a in s.actions)
+    # with cpu_checkpointing every RECOMPUTE block's input goes down and comes back
+    cpu = baseline("zero2-offload", p, cpu_checkpointing=True)
+    assert sum(a.op is Op.ACT_OFFLOAD for a in cpu.actions) == len(p.blocks)
+    # the one-step delayed update (DPU option): CPU steps leave the OPTIMIZER moment and the iteration is no slower
+    dpu = baseline("zero2-offload", p, delayed_update=True)
+    assert any(_phase(dpu, a.moment) is Phase.BACKWARD for a in _steps(dpu))
+    # the fp32 grad partition (4 B/param, Z2.4) is reserved on HOST: the schedule's HOST budget is smaller
+    assert s.budgets.host_bytes == p.host_bytes - 2 * p.trace.param_count
     # fp16 params do not fit the GPU: OOM like DeepSpeed (PatrickStar §8.4)
     with pytest.raises(InfeasibleError):
-        baseline("zero-offload", problem(box(device_gb=0.2)))
+        baseline("zero2-offload", problem(box(device_gb=0.2)))
 
 
-def test_zero_infinity_streams_from_nvme_on_demand_and_needs_host_memory() -> None:
+def test_zero3_offload_keeps_params_on_the_cpu_prefetches_within_the_bucket_and_steps_some_on_the_gpu() -> None:
+    p = problem()
+    s = baseline("zero3-offload", p)
+    params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
+    assert any(r.tiers == (Tier.HOST,) for r in params)  # params on the CPU (Z3.1), small ones persistent (Z3.5)
+    assert all(a.dst is Tier.HOST and _phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
+    assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
+    # ZeRO-3 Offload fits a GPU where ZeRO-2's fp16 params do not
+    small = problem(box(device_gb=0.2))
+    with pytest.raises(InfeasibleError):
+        baseline("zero2-offload", small)
+    assert baseline("zero3-offload", small).header.policy == "zero3-offload"
+    # offload_optimizer.ratio (Z3.8): the last (1 - ratio) of the sub-groups step on the GPU
+    half = baseline("zero3-offload", p, offload_ratio=0.5)
+    tiers = [pl.optimizer_tier for pl in half.chunk_plans]
+    assert Tier.DEVICE in tiers and Tier.HOST in tiers and tiers.index(Tier.DEVICE) > 0
+    assert {a.dst for a in _steps(half)} == {Tier.DEVICE, Tier.HOST}
+    with pytest.raises(PlannerError, match="ZeRO-2 only"):
+        baseline("zero3-offload", p, delayed_update=True)
+
+
+def test_the_prefetch_bucket_limits_what_is_fetched_ahead() -> None:
+    """DeepSpeed prefetches while fewer than stage3_prefetch_bucket_size elements are in flight (Z3.2):
+    with a tiny bucket at most one entry is ahead of its use; without a cap more are."""
+    from planner.materialize import materialize
+    p = problem()
+    (d,) = decisions("zero3-offload", p)
+    ahead = lambda s: max(sum(1 for a in s.actions if a.op is Op.PREFETCH and a.dst is Tier.DEVICE  # noqa: E731
+                              and a.moment == m) for m in range(len(s.moments)))
+    tiny = materialize(p, dataclasses.replace(d, prefetch_bucket_bytes=1))
+    free = materialize(p, dataclasses.replace(d, prefetch_bucket_bytes=None))
+    assert ahead(tiny) <= 1 < ahead(free)
+
+
+def test_zero_infinity_streams_from_nvme_and_needs_host_memory() -> None:
     s = baseline("zero-infinity", problem())
     params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
-    assert all(r.tiers == (Tier.NVME,) for r in params)
+    # every chunk on NVMe, but those holding only params under stage3_param_persistence_threshold (Z3.5)
+    small = {c.id for c in s.layout.chunks if all(t.numel < 100_000 for t in s.layout.tensors if t.chunk == c.id)}
+    assert all(r.tiers == (Tier.NVME,) for r in params if r.chunk not in small)
+    assert all(Tier.DEVICE in r.tiers for r in params if r.chunk in small)
     assert all(pl.os_tier is Tier.NVME for pl in s.chunk_plans)
-    assert not any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
+    # DeepSpeed prefetches by default (stage3_prefetch_bucket_size 5e7, Z3.2)
+    assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
     assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
+    # its pinned NVMe swap pool (ZI.1: 5 x 1e8 fp16 elements) and the fp32 grad partition are HOST reservations
+    assert s.budgets.host_bytes == problem().host_bytes - 2 * problem().trace.param_count - 5 * 10**8 * 2
     with pytest.raises(InfeasibleError, match="HOST runs out"):
         baseline("zero-infinity", problem(box(host_gb=0.05)))
 
@@ -249,7 +299,7 @@ def test_ddp_all_reduces_the_grads_and_holds_everything_on_every_rank() -> None:
 
 def test_zero_offload_with_ranks_reduce_scatters_and_all_gathers_the_updated_partitions() -> None:
     p = problem(ranks_box())
-    s = baseline("zero-offload", p)
+    s = baseline("zero2-offload", p)
     gathers = [a for a in s.actions if a.op is Op.ALL_GATHER]
     assert gathers and all(_phase(s, a.moment) is Phase.OPTIMIZER for a in gathers)  # after CPU Adam
     assert _inter_gpu(s) == 4 * (RANKS - 1) * (_padded_param_bytes(s) // 2) // RANKS  # 4 (p-1)/p x M
@@ -258,13 +308,36 @@ def test_zero_offload_with_ranks_reduce_scatters_and_all_gathers_the_updated_par
     assert r.peak_bytes_per_tier[Tier.HOST] >= 12 * p.trace.param_count
 
 
-def test_zero_infinity_host_rule_counts_every_rank_checkpoints_on_the_node() -> None:
-    hw = ranks_box()
-    p = problem(hw)
-    inputs = sum(b.input_bytes for b in p.blocks)
-    need_one = 6 * p.trace.param_count + inputs
-    between = build_problem(small_trace(), hw, trace_digest=DIGEST, host_bytes=need_one + inputs)
-    with pytest.raises(InfeasibleError, match=f"x {RANKS} ranks sharing the node"):
+def test_zero_infinity_host_counts_every_rank_checkpoints_and_swap_pool_on_the_node() -> None:
+    """HOST is per node: four ranks' checkpoints and pinned swap pools need more of it than one rank's."""
+    from planner.materialize import materialize
+    (d,) = decisions("zero-infinity", problem())
+    one_peak = materialize(problem(), d).prediction.peak_bytes_per_tier[Tier.HOST]
+    pool = 5 * 10**8 * 2  # ZI.1, per rank
+    need_one = one_peak + 2 * small_trace().param_count + pool  # schedule peak + reservations, one rank
+    one = build_problem(small_trace(), box(), trace_digest=DIGEST, host_bytes=need_one)
+    baseline("zero-infinity", one)  # fits exactly
+    between = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST, host_bytes=need_one)
+    with pytest.raises(InfeasibleError, match="HOST runs out"):
         baseline("zero-infinity", between)
-    one = build_problem(small_trace(), box(), trace_digest=DIGEST, host_bytes=need_one + inputs)
-    baseline("zero-infinity", one)  # one rank fits in the same memory
+
+
+def test_every_reference_decision_set_says_which_parts_are_the_systems_and_which_are_tides() -> None:
+    """Issue 16: a reference decision set is "system X's placement with tide's runtime"; its notes say so."""
+    from planner.policies import policy_layout
+    from planner.solve import reference_decisions
+
+    p = problem()
+    sets = reference_decisions(p, policy_layout(p), os_device_groups=1)
+    assert len(sets) >= 6
+    for name, d in sets:
+        assert d.notes[0] == f"reference decision set: {name}"
+        assert d.notes[1].startswith("the system's: ") and len(d.notes[1]) > len("the system's: ") + 10
+        assert d.notes[2].startswith("tide's: ") and "prefetch" in d.notes[2] and "Belady" in d.notes[2]
+
+
+def test_every_baseline_note_says_it_is_the_systems_own() -> None:
+    p = problem()
+    for name in POLICIES:
+        first = baseline(name, p).header.notes[0]
+        assert first.startswith(name.split("-")[0]) and "(the system's)" in first

@@ -173,7 +173,7 @@ def test_inter_gpu_bytes_against_patrickstar_formula(tmp_path) -> None:
     formula = 3 * (world - 1) * m_padded * itemsize // world
     assert (len(gathers) + len(reduces)) * (world - 1) * (m_padded // len(layout.chunks)) * itemsize == predicted
     assert 2 * (world - 1) * m_padded * itemsize // world <= predicted < formula
-    from planner.baselines import baseline
+    from planner.policies import baseline
     from planner.simulate import simulate
 
     trace = Trace.read(TRACES / "gpt-small.msgpack")

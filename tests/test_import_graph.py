@@ -22,7 +22,10 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("planner.plot", "matplotlib"): "drawing only: matplotlib takes ~1 s to import and only `plot` needs it",
     ("planner.plot", "matplotlib.pyplot"): "drawing only, after the backend is chosen (matplotlib.use)",
     ("executor", "executor.runtime"): "`import executor` and `python -m executor` stay light; torch loads on first use",
+    ("executor", "executor.recorder"): "`import executor` stays light; torch loads when `executor.record` is first used",
     ("executor.models", "transformers"): "HF models only: transformers takes seconds to import",
+    ("executor.record_cli", "rich.console"): "progress is drawn only when stderr is a terminal",
+    ("executor.tide", "rich.console"): "`tide --help` and a quiet run never load rich",
 }
 
 

@@ -93,3 +93,24 @@ def test_spec_overrides_and_batches():
         parse_dtype("float64")
     model = build_model(model_spec("gpt-small"), dtype=parse_dtype("bfloat16"))
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16} and model.training
+
+
+def test_sdpa_and_chunked_loss_train_like_the_written_out_math() -> None:
+    """Fused attention and the chunked loss head change what is kept for backward, not the numbers."""
+    base = dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, block_size=16, loss_chunk_tokens=7)
+    idx = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    results = []
+    for attention, loss in (("math", "full"), ("sdpa", "chunked")):
+        torch.manual_seed(1)
+        model = GPT(GPTConfig(attention=attention, loss=loss, **base)).double()
+        value = model(idx, idx)
+        value.backward()
+        results.append((value.detach(), [p.grad for p in model.parameters()]))
+    (ref_loss, ref_grads), (loss_value, grads) = results
+    torch.testing.assert_close(loss_value, ref_loss, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ExecutorError, match="GPTConfig.attention"):
+        GPTConfig(attention="flash3")
+    with pytest.raises(ExecutorError, match="GPTConfig.loss"):
+        GPTConfig(loss="none")

@@ -37,7 +37,7 @@ def problem_of(trace, hardware="cpu-emulated", **kw):
 
 
 def test_gpt_trace_counts_and_bytes_of_a_tiny_config() -> None:
-    t = tiny()
+    t = tiny(attention="math", loss="full")  # the written-out variant: scores and full logits kept
     assert len(t.tensors) == 2 + 12 * L + 2
     assert t.param_count == gpt_param_count(layers=L, hidden=H, vocab=V, positions=S)
     assert len(t.moments) == 4 * L + 17  # 2 + 2 (L + 3) forward, 2 + 2 (L + 3) backward, the step
@@ -55,6 +55,21 @@ def test_gpt_trace_counts_and_bytes_of_a_tiny_config() -> None:
     head = [m for m in t.moments if m.module == "ln_f" and m.kind.value == "post_forward"][0]
     assert head.tensors == (0,) and head.flops == 2 * V * H * tokens
     assert Trace.from_msgpack(t.to_msgpack()) == t  # valid and lossless
+
+    # the default, as training runs it: fused attention keeps an fp32 logsumexp instead of the scores and
+    # the mask, and its backward is charged 5 matmuls; the chunked head keeps no logits and recomputes them
+    fused = tiny()
+    assert fused.block_activation_bytes() == [16 * x + A * tokens * 4 + 4 * tokens * 4] * L
+    forward = [m for m in fused.moments if m.module == "h.0" and m.kind.value == "pre_forward"][0]
+    backward = [m for m in fused.moments if m.module == "h.0" and m.kind.value == "pre_backward"][0]
+    assert forward.flops == 24 * H * H * tokens + 4 * B * S * S * H
+    assert backward.flops == 2 * forward.flops + 2 * B * S * S * H
+    root = [m for m in fused.moments if m.module == "" and m.kind.value == "pre_backward"][0]
+    assert root.flops == 3 * 2 * V * H * tokens
+    head_kept = sum(a.bytes for a in fused.activations if a.block == -1) - sum(a.bytes for a in t.activations if a.block == -1)
+    assert head_kept == tokens * 4 - B * S * V * 2 - 2  # + the logsumexp, - the fp16 logits and the loss scalar
+    with pytest.raises(ValueError, match="attention sdpa"):
+        tiny(attention="flash")
 
 
 def test_gpt_trace_dtype_sets_the_bytes() -> None:

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from planner.baselines import baseline  # noqa: E402
+from planner.policies import baseline  # noqa: E402
 from planner.cli import main  # noqa: E402
 from planner.families import gpt_trace  # noqa: E402
 from planner.plot import GB, make_figure, plot_series  # noqa: E402

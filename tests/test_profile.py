@@ -26,9 +26,28 @@ def test_profile_writes_a_valid_measured_hardware_file(tmp_path, capsys) -> None
                   hw.links.h2d_gb_per_s, hw.links.d2h_gb_per_s):
         assert value > 0
     assert hw.host.cores >= 1 and hw.nvme.count == 1
+    # the measured prices the planner reads: shape tables, Adam vs threads at chunk size (alone and beside
+    # copy/SSD traffic), DRAM, pageable and both-ways copies, mixed SSD traffic
+    assert hw.device.matmul_rates and all(r.tflops > 0 for r in hw.device.matmul_rates)
+    assert hw.device.attention_rates and all(r.forward_tflops > 0 and r.backward_tflops > 0 for r in hw.device.attention_rates)
+    assert [r.threads for r in hw.host.adam_rates][-1] == hw.host.cores and hw.host.adam_rates[0].threads == 1
+    assert all(r.params_per_s > 0 and r.params_per_s_with_copies > 0 for r in hw.host.adam_rates)
+    assert hw.host.adam_chunk_params == 4_000_000  # --quick's chunk
+    for value in (hw.host.dram_gb_per_s, hw.links.h2d_pageable_gb_per_s, hw.links.d2h_pageable_gb_per_s,
+                  hw.links.duplex_h2d_gb_per_s, hw.links.duplex_d2h_gb_per_s, hw.nvme.mixed_read_gb_per_s_each,
+                  hw.nvme.mixed_write_gb_per_s_each):
+        assert value > 0
     assert "measured by `python -m executor profile`" in hw.description
-    assert list((tmp_path / "ssd").iterdir()) == []  # the NVMe probe cleaned up
+    # the NVMe probe cleaned up; only the directory lock stays (executor/nvme.py: removing it would race a next run)
+    assert [p.name for p in (tmp_path / "ssd").iterdir()] in ([], ["tide-nvme.lock"])
     assert "wrote" in capsys.readouterr().out
+
+
+def test_profile_bad_chunk_is_one_line_exit_2(tmp_path) -> None:
+    run = subprocess.run([sys.executable, "-m", "executor", "profile", "-o", str(tmp_path / "x.toml"), "--adam-chunk-mparams", "-1"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().count("\n") == 0 and "--adam-chunk-mparams must be positive" in run.stderr
 
 
 def test_profile_bad_argument_is_one_line_exit_2(tmp_path) -> None:

@@ -346,3 +346,26 @@ def test_compute_seconds_come_from_the_fastest_whole_iteration(monkeypatch):
     monkeypatch.setattr(rec._Recorder, "_timed_once", fake)
     trace = record(TwoLinear(), torch.randn(4, 16), loss_fn=lambda m, b: m(b).sum(), model_name="x", timing_iterations=3)
     assert [m.compute_seconds for m in trace.moments] == [[0.4, 0.1][i % 2] for i in range(len(trace.moments))]
+
+
+def test_fused_attention_and_chunked_loss_keep_no_scores_and_no_logits() -> None:
+    """The default records what training runs (SDPA, chunked loss head); the written-out variant is an
+    option recorded in the model config, and keeps the (B, heads, T, T) softmax and the (B*T, V) log-softmax."""
+    def meta(**flags) -> Trace:
+        config = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=512, block_size=64, **flags)
+        with torch.device("meta"):
+            model = GPT(config)
+        idx = torch.zeros(2, 64, dtype=torch.long, device="meta")
+        return record(model, {"idx": idx, "targets": idx}, model_name="tiny", model_config=config.to_dict())
+
+    fused, math_ = meta(), meta(attention="math", loss="full")
+    assert fused.meta.model_config["attention"] == "sdpa" and math_.meta.model_config["attention"] == "math"
+    scores = 2 * 2 * 64 * 64 * 4  # (B, heads, T, T) fp32 softmax
+    logits = 2 * 64 * 512 * 4  # (B*T, V) fp32 log-softmax
+    block = [b.id for b in fused.blocks if b.module == "h.0"][0]
+
+    in_block = [sum(a.bytes for a in t.activations if a.block == block) for t in (fused, math_)]
+    assert in_block[1] - in_block[0] >= scores
+    total = [sum(a.bytes for a in t.activations) for t in (fused, math_)]
+    assert total[1] - total[0] >= scores + logits
+    assert [b.forward_flops for b in fused.blocks if b.id == block] == [b.forward_flops for b in math_.blocks if b.id == block]

@@ -23,7 +23,7 @@ import pytest
 import schemas._base as base
 from conftest import HARDWARE, REPO
 from schemas import FormatError, Hardware, Schedule, Trace, atomic_write_bytes, load_any
-from schemas.schedule import Op
+from schemas.schedule import DIGEST_FIELD, Op, seal
 from strategies import example_schedule, example_trace
 
 PRESET = HARDWARE / "cpu-emulated.toml"
@@ -58,10 +58,16 @@ def _raw(payload: bytes, suffix: str = ".msgpack") -> Callable[[Path], Path]:
     return build
 
 
-def _mutated(good: Callable[[], bytes], change: Callable[[dict[str, Any]], None]) -> Callable[[Path], Path]:
+def _mutated(good: Callable[[], bytes], change: Callable[[dict[str, Any]], None], *,
+             reseal: bool = True) -> Callable[[Path], Path]:
+    """A file decoded, changed and encoded again; a schedule gets the digest of its new content unless
+    `reseal` is False (so each case reaches the check it is about, not the content digest)."""
+
     def build(folder: Path) -> Path:
         data = copy.deepcopy(msgpack.unpackb(good(), raw=False))
         change(data)
+        if reseal and isinstance(data, dict) and DIGEST_FIELD in data:
+            data = seal(data)
         path = folder / "bad.msgpack"
         path.write_bytes(msgpack.packb(data, use_bin_type=True))
         return path
@@ -190,6 +196,8 @@ HW_CASES = [
          ("> 0",)),
     Case("hw-zero-memory", HW, _toml(_replace("memory_gb = 1.0", "memory_gb = 0.0")), "device.memory_gb", ("> 0",)),
     Case("hw-zero-bandwidth", HW, _toml(_replace("h2d_gb_per_s = 4.0", "h2d_gb_per_s = 0")), "links.h2d_gb_per_s", ("> 0",)),
+    Case("hw-absurd-bandwidth", HW, _toml(_replace("h2d_gb_per_s = 4.0", "h2d_gb_per_s = 1e-300")), "links.h2d_gb_per_s",
+         ("between 1e-06 and 1e+06 GB/s", "1e-300")),
     Case("hw-fraction-above-one", HW, _toml(_replace("usable_fraction = 0.5", "usable_fraction = 1.5")),
          "host.usable_fraction", ("<= 1",)),
     Case("hw-ssd-without-rate", HW, _toml(_replace("read_gb_per_s_each = 1.0", "read_gb_per_s_each = 0.0")),
@@ -218,8 +226,14 @@ SCHEDULE_CASES = _whole_file_cases(Schedule, _good_schedule_bytes, "schedule") +
          "layout.chunks[0].colour", ("unknown field",)),
     Case("schedule-other-format", SCHED, _mutated(_good_schedule_bytes, _set("format", value="tide.trace")), "format",
          ("tide.schedule",)),
-    Case("schedule-future-version", SCHED, _mutated(_good_schedule_bytes, _set("format_version", value=2)),
-         "format_version", ("format 2", "upgrade", "planner solve")),
+    Case("schedule-future-version", SCHED, _mutated(_good_schedule_bytes, _set("format_version", value=99)),
+         "format_version", ("format 99", "upgrade", "planner solve")),
+    Case("schedule-edited-after-writing", SCHED,
+         _mutated(_good_schedule_bytes, lambda d: d["actions"][_FETCH].update(bytes=d["actions"][_FETCH]["bytes"] + 1),
+                  reseal=False), DIGEST_FIELD,
+         ("content digest does not match", "changed after the planner wrote it", "planner solve")),
+    Case("schedule-without-digest", SCHED, _mutated(_good_schedule_bytes, lambda d: d.pop(DIGEST_FIELD)), DIGEST_FIELD,
+         ("content digest",)),
     Case("schedule-older-version", SCHED, _mutated(_good_schedule_bytes, _set("format_version", value=0)),
          "format_version", ("format 0", "planner solve")),
     Case("schedule-nan", SCHED, _mutated(_good_schedule_bytes, _set("prediction", "iteration_seconds", value=float("nan"))),

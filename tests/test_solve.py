@@ -21,7 +21,10 @@ HW = "rtx4090-768g-12ssd"  # transfers matter next to its compute: the placement
 
 
 def _trace(layers: int, **kw):
-    args = dict(layers=layers, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32")
+    # the written-out variant (scores and full logits kept): the instances these targets were set on. With
+    # the fused default (issue 17 item 3) the 2-layer instance stops FEASIBLE at a 5.0% gap: a finding
+    # for the planner's bound (issue 17 item 4), not hidden by loosening the 2% here
+    args = dict(layers=layers, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32", attention="math", loss="full")
     args.update(kw)
     return gpt_trace(**args)
 
@@ -64,7 +67,7 @@ def test_header_gap_is_the_true_gap_next_to_the_mip_gap(hw, layers, device_facto
 def test_bound_holds_for_every_replay_of_a_solve(hw, layers, device_factor):
     """Issue 17 item 4: the header's bound is no more than any plan the solve replayed (tide's
     placements and every reference decision set) nor than the baselines' own schedules."""
-    from planner.baselines import POLICIES, baseline
+    from planner.policies import POLICIES, baseline
     from planner.problem import build_problem
     from planner.simulate import simulate
 
@@ -121,12 +124,13 @@ def test_infeasible_explains_tier_stage_bytes_and_minimal_capacity(hw):
     message = str(info.value)
     assert "DEVICE runs out at stage" in message
     assert "bytes short" in message
-    found = re.search(r"DEVICE >= ([0-9.]+) GB", message)
+    found = re.search(r"DEVICE >= [0-9.]+ [KMGT]?B \(([0-9]+) bytes\)", message)
     assert found, message
-    need = float(found.group(1)) * 1e9
+    assert "0.00 GB" not in message  # sizes in the unit that shows the number (issue 21)
+    need = int(found.group(1))
     assert need > 1_000_000
-    # the capacity it names is enough (rounded to the 0.01 GB it prints)
-    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=int(need + 0.01e9))
+    # the capacity it names is enough
+    schedule = solve(trace, hw, trace_digest=_digest(trace), device_bytes=need)
     assert schedule.prediction.peak_bytes_per_tier
 
 
@@ -222,7 +226,9 @@ def test_params_homed_on_nvme_when_host_cannot_hold_them():
     from schemas.schedule import ChunkList
     from test_baselines import box, small_trace
 
-    tr = small_trace()
+    # the written-out variant, the instance this was set on: on the fused default (issue 17 item 3) HiGHS found
+    # no integral plan within the 30 s on a loaded 2-core machine (the written-out one took 33 s there too)
+    tr = small_trace(attention="math", loss="full")
     hw = box(device_gb=1.0, host_gb=0.3, ssds=2)
     schedule = solve(tr, hw, trace_digest=_digest(tr), time_limit_s=30)
     on_nvme = [c for c in schedule.initial_residency if c.list is ChunkList.PARAM and c.tiers == (Tier.NVME,)]
@@ -248,7 +254,7 @@ def test_on_demand_fetch_fits_a_block_with_no_room_to_prefetch():
 def test_the_simulator_picks_the_plan_and_tide_is_never_slower_than_its_references_or_the_baselines(hw):
     """Every solved placement and every reference decision set (the baselines' decisions through tide's
     engine) is replayed; the fastest replay is the schedule, so tide is no slower than any of them."""
-    from planner.baselines import POLICIES, baseline
+    from planner.policies import POLICIES, baseline
     from planner.problem import build_problem
     from planner.simulate import simulate
 

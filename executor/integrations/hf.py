@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from transformers import Trainer
 
+import executor
 from executor.errors import ExecutorError
 from executor.integrations.optimizer import EngineOptimizer
 
@@ -46,8 +47,6 @@ class TideTrainer(Trainer):
     """A `transformers.Trainer` whose model memory tide places (module docstring)."""
 
     def __init__(self, *args: Any, schedule: Any, engine_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        import executor
-
         if kwargs.get("optimizers", (None, None))[0] is not None:
             raise ExecutorError("TideTrainer: optimizers=(optimizer, ...) given; the engine's optimizer is the "
                                 "Trainer's: pass optimizers=(None, scheduler) or leave it out")

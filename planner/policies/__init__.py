@@ -1,0 +1,80 @@
+"""The baseline systems as they run, each a small module that only decides (as Checkmate's
+strategies do): it returns `planner.materialize.Decisions`, one or more in the order the system (or
+its user) would try them, and tide's one materializer turns them into a schedule. The simulator is
+the judge: every schedule is replayed by `planner.simulate` and carries its prediction.
+
+How each system runs, rule by rule with sources: docs/baselines.md; each rule is quoted beside its
+decision in the modules. A policy is INFEASIBLE (`InfeasibleError`, naming the tier, the moment and
+the bytes) where the real system runs out of memory: none of its decision sets fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from planner.errors import InfeasibleError, PlannerError
+from planner.materialize import Decisions, materialize
+from planner.policies import deepspeed, fuyou, gemini, patrickstar, pytorch
+from planner.policies._common import policy_layout
+from planner.problem import Problem
+from planner.simulate import ScheduleViolation, SimResult, ViolationKind, simulate
+from schemas.schedule import Prediction, Schedule
+
+# name -> the decision sets of that system, in the order it tries them
+POLICIES: dict[str, Callable[..., tuple[Decisions, ...]]] = {
+    "pytorch": pytorch.decide,
+    "zero2-offload": deepspeed.zero2_offload,
+    "zero3-offload": deepspeed.zero3_offload,
+    "zero-infinity": deepspeed.zero_infinity,
+    "patrickstar": patrickstar.decide,
+    "gemini": gemini.decide,
+    "fuyou": fuyou.decide,
+}
+
+
+def decisions(name: str, problem: Problem, **options: object) -> tuple[Decisions, ...]:
+    """What system `name` decides for `problem` (with its options, e.g. offload_ratio for ZeRO-3)."""
+    if name not in POLICIES:
+        raise PlannerError(f"unknown baseline {name!r}; choose from {', '.join(POLICIES)}")
+    return POLICIES[name](problem, **options)
+
+
+def baseline(name: str, problem: Problem, **options: object) -> Schedule:
+    """The schedule of baseline `name`: its first decision set that fits, materialized and replayed by
+    the simulator (the prediction is the simulator's). InfeasibleError where that system runs out."""
+    try:
+        tried = decisions(name, problem, **options)
+    except InfeasibleError as exc:
+        raise InfeasibleError(str(exc) if str(exc).startswith(name) else f"{name}: {exc}") from None
+    last: InfeasibleError | None = None
+    for d in tried:
+        try:
+            schedule = materialize(problem, d)
+            result = simulate(schedule, problem.hardware)
+        except InfeasibleError as exc:
+            last = exc
+            continue
+        except ScheduleViolation as exc:
+            if exc.kind is not ViolationKind.CAPACITY:
+                raise
+            last = InfeasibleError(str(exc))
+            continue
+        return with_simulated_prediction(schedule, result)
+    raise InfeasibleError(f"{name}: {last}")
+
+
+def with_simulated_prediction(schedule: Schedule, r: SimResult) -> Schedule:
+    """The schedule with the simulator's prediction (stage times, totals, peaks) in place of the cost model's."""
+    starts = list(r.moment_start_seconds) + [r.iteration_seconds]
+    stages = tuple(dataclasses.replace(st, predicted_seconds=max(0.0, starts[st.last_moment + 1] - starts[st.first_moment]))
+                   for st in schedule.stages)
+    prediction = Prediction(iteration_seconds=r.iteration_seconds, flops=r.flops + r.recompute_flops,
+                            bytes_per_channel=dict(r.bytes_per_channel),
+                            busy_seconds_per_channel=dict(r.busy_seconds_per_channel),
+                            peak_bytes_per_tier=dict(r.peak_bytes_per_tier))
+    header = dataclasses.replace(schedule.header, objective_seconds=r.iteration_seconds)
+    return dataclasses.replace(schedule, header=header, stages=stages, prediction=prediction)
+
+
+__all__ = ["POLICIES", "baseline", "decisions", "policy_layout", "with_simulated_prediction"]

@@ -1,0 +1,155 @@
+"""DeepSpeed: ZeRO-2 + offload_optimizer (ZeRO-Offload), ZeRO-3 + offload_param/optimizer "cpu"
+(ZeRO-3 Offload) and ZeRO-3 offloaded to "nvme" (ZeRO-Infinity); docs/baselines.md §1-3.
+
+Config defaults quoted from DeepSpeed `38327e07`: `deepspeed/runtime/zero/config.py`,
+`offload_config.py`. Not modelled (each listed in docs/baselines.md): pageable (unpinned) copy rates
+(Z3.12: the hardware presets have one H2D/D2H rate), DeepSpeed's serial fetch/compute dataflow that
+Fuyou measured (ZI.7), per-sub-module gathers (a chunk of the layout is the unit that moves).
+"""
+
+from __future__ import annotations
+
+from planner.errors import PlannerError
+from planner.materialize import Decisions, EvictionRule, Reservation
+from planner.policies._common import (
+    budget,
+    chunk_plans,
+    everything,
+    has_nvme,
+    policy_layout,
+)
+from planner.problem import Problem
+from schemas.schedule import ActivationMode, ChunkList, Tier
+
+PREFETCH_BUCKET_ELEMENTS = 50_000_000  # stage3_prefetch_bucket_size default 5e7 (config.py:208; Z3.2)
+MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default 1e9 (config.py:231; Z3.3)
+PARAM_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold default 1e5 (config.py:214; Z3.5)
+SUB_GROUP_ELEMENTS = 1_000_000_000  # sub_group_size default 1e9 (config.py:168; Z3.7)
+NVME_PARAM_BUFFER_COUNT = 5  # offload_param.buffer_count default (offload_config.py:33; ZI.1)
+NVME_PARAM_BUFFER_ELEMENTS = 100_000_000  # offload_param.buffer_size default 1e8 (offload_config.py:36; ZI.1)
+FP32_GRAD_BYTES = 4  # the CPU fp32 grad partition, bytes per param (stage_1_and_2.py / stage3.py; Z2.4, Z3.10)
+
+
+def _grad_partition(problem: Problem) -> Reservation:
+    """The fp32 grad partition on the CPU (Z2.4, Z3.10): 4 B/param. The schedule already holds the
+    fp16 GRAD chunks on HOST from their backward to the CPU step, so 4 - 2 B/param are reserved;
+    the node holds its ranks' partitions."""
+    grad_item = problem.list_itemsize(ChunkList.GRAD)
+    share = problem.ranks_per_node / problem.world_size
+    nbytes = int((FP32_GRAD_BYTES - grad_item) * problem.trace.param_count * share)
+    return Reservation(tier=Tier.HOST, bytes=max(0, nbytes),
+                       what="fp32 grad partition on the CPU beyond the fp16 GRAD chunks (Z2.4/Z3.10: 4 B/param)")
+
+
+def _modes(problem: Problem) -> tuple[ActivationMode, ...]:
+    # activation checkpoint per transformer block (Megatron --checkpoint-activations; Z2.8; Fuyou §5.1)
+    return (ActivationMode.RECOMPUTE,) * len(problem.blocks)
+
+
+def zero2_offload(problem: Problem, *, cpu_checkpointing: bool = False, delayed_update: bool = False) -> tuple[Decisions, ...]:
+    """ZeRO-2 + offload_optimizer cpu (Ren et al. 2021): fp16 params on the GPU all iteration (Z2.1),
+    fp32 master + Adam m, v on the CPU stepped by DeepSpeedCPUAdam (Z2.2) after the whole backward
+    (global norm and overflow check first, Z2.5), grads leave the GPU during backward (Z2.3), the
+    updated fp16 copy goes H2D after the step (Z2.6). Checkpoints stay on the GPU unless
+    `cpu_checkpointing` (Megatron-DeepSpeed default false, Z2.8). `delayed_update`: the paper's
+    one-step delayed parameter update (DPU, Ren et al. §5; not in open-source DeepSpeed, Z2.7),
+    modelled as CPU steps overlapping backward (a one-iteration replay cannot move them into the next
+    iteration's forward).
+
+    Several ranks: fp16 params replicated, grads reduce-scattered as they are final, each rank's
+    OS partition on the shared CPU, updated partitions copied up and all-gathered."""
+    layout = policy_layout(problem)
+    plans = chunk_plans(layout, Tier.HOST, Tier.HOST)
+    modes = _modes(problem)
+    ckpt = Tier.HOST if cpu_checkpointing else None
+    reserved = (_grad_partition(problem),)
+    notes = ("zero2-offload (the system's): fp16 params persistent on DEVICE, OS on HOST, grads to HOST during "
+             "backward, CPU Adam " + ("overlapped (DPU option)" if delayed_update else "after backward")
+             + f", checkpoints per block on {'HOST' if ckpt else 'DEVICE'}, fp32 grad partition reserved on HOST",)
+    return (Decisions(policy="zero2-offload", layout=layout, chunk_plans=plans, activation_modes=modes,
+                      param_device_budget_bytes=budget(problem, layout, plans, modes, ckpt, reserved=reserved),
+                      persistent_chunks=everything(layout), optimizer_overlap=delayed_update, prefetch=False,
+                      eviction=EvictionRule.FARTHEST_NEXT_USE, checkpoint_tier=ckpt, reserved_bytes=reserved,
+                      notes=notes),)
+
+
+def _persistent_small(layout) -> frozenset[int]:
+    """Chunks holding only params below stage3_param_persistence_threshold (biases, LayerNorms; Z3.5)
+    stay on the GPU all iteration."""
+    big = {t.chunk for t in layout.tensors if t.numel >= PARAM_PERSISTENCE_THRESHOLD}
+    return frozenset(c.id for c in layout.chunks if c.used_elements and c.id not in big)
+
+
+def _zero3(problem: Problem, name: str, home: Tier, *, offload_ratio: float, cpu_checkpointing: bool,
+           reserved: tuple[Reservation, ...], what: str) -> Decisions:
+    layout = policy_layout(problem)
+    ws = problem.world_size
+    n_groups = -(-len(layout.chunks) // ws)
+    # offload_optimizer.ratio (Z3.8): the first int(ratio x n) sub-groups on the CPU, the rest stepped on
+    # the GPU by AdamW with their OS there; sub-groups in order, here comm groups of chunks in order
+    on_cpu = int(offload_ratio * n_groups)
+    plans = chunk_plans(layout, lambda c: home if c // ws < on_cpu else Tier.DEVICE,
+                        lambda c: Tier.HOST if c // ws < on_cpu else Tier.DEVICE)
+    modes = _modes(problem)
+    ckpt = Tier.HOST if cpu_checkpointing else None  # ZI.6: on CPU memory, never on SSD
+    item = problem.list_itemsize(ChunkList.PARAM)
+    # at most stage3_max_live_parameters gathered (Z3.3), plus the GRADs being reduced. DeepSpeed fetches
+    # per sub-module; the unit here is a chunk (or a comm group of them), so where one moment's chunks
+    # (PARAM + GRAD) hold more than the cap, the cap is what that moment needs
+    cap = max(MAX_LIVE_PARAMETERS * item * 2, _largest_moment_bytes(problem, layout))
+    homes = (home,) * len(layout.chunks) if home is not Tier.HOST else ()
+    ratio = f", offload_optimizer.ratio {offload_ratio}" if offload_ratio < 1 else ""
+    return Decisions(
+        policy=name, layout=layout, chunk_plans=plans, activation_modes=modes,
+        param_device_budget_bytes=budget(problem, layout, plans, modes, ckpt, reserved=reserved, cap_bytes=cap),
+        persistent_chunks=_persistent_small(layout), optimizer_overlap=False, prefetch=True,
+        prefetch_bucket_bytes=PREFETCH_BUCKET_ELEMENTS * item, eviction=EvictionRule.FARTHEST_NEXT_USE,
+        checkpoint_tier=ckpt, param_home_tiers=homes, reserved_bytes=reserved,
+        release_between_phases=problem.world_size > 1,  # re-shard after forward and backward (PatrickStar Alg. 4, ZeRO-3 release_sub_module, Gemini)
+        notes=(f"{name} (the system's): {what}, fetched per use with the default prefetch bucket (5e7 elements) "
+               f"under stage3_max_live_parameters, released after use; CPU Adam after backward{ratio}; "
+               f"checkpoints per block on {'HOST' if ckpt else 'DEVICE'}; "
+               + ", ".join(r.what.split(" (")[0] for r in reserved) + " reserved",))
+
+
+def _largest_moment_bytes(problem: Problem, layout) -> int:
+    """PARAM + GRAD bytes of the comm groups one moment uses, the most over the moments."""
+    ws = problem.world_size
+    chunk_of = {t.tensor: t.chunk for t in layout.tensors}
+    group_bytes: dict[int, int] = {}
+    for c in layout.chunks:
+        group_bytes[c.id // ws] = group_bytes.get(c.id // ws, 0) + c.elements * problem.list_itemsize(ChunkList.PARAM)
+    return max((2 * sum(group_bytes[g] for g in {chunk_of[t] // ws for t in m.tensors if t in chunk_of})
+                for m in problem.moments), default=0)
+
+
+def zero3_offload(problem: Problem, *, offload_ratio: float = 1.0, cpu_checkpointing: bool = True,
+                  delayed_update: bool = False) -> tuple[Decisions, ...]:
+    """ZeRO-3 + offload_param and offload_optimizer "cpu" (docs/baselines.md §2): fp16 params on the
+    CPU, gathered to the GPU per use and released after (Z3.1), prefetching the next uses up to the
+    bucket (Z3.2) under the live-parameter cap (Z3.3), small params persistent (Z3.5), OS on the CPU
+    except the (1 - ratio) share stepped on the GPU (Z3.8), optimizer after backward (Z3.9), the
+    CPU fp32 grad partition (Z3.10). Checkpoints offloaded to CPU memory, as Fuyou ran its
+    "ZeRO-Offload" (Fuyou §5.1: "offload checkpoints to CPU memory"); DeepSpeed's own default keeps
+    them on the GPU (`cpu_checkpointing=False`). `delayed_update`: not in DeepSpeed (Z3.11), refused."""
+    if delayed_update:
+        raise PlannerError("zero3-offload: the one-step delayed update exists for ZeRO-2 only (Ren et al. §5; "
+                           "DeepSpeed stage3.py has none, docs/baselines.md Z3.11); use zero2-offload")
+    return (_zero3(problem, "zero3-offload", Tier.HOST, offload_ratio=offload_ratio, cpu_checkpointing=cpu_checkpointing,
+                   reserved=(_grad_partition(problem),), what="fp16 params and OS on HOST"),)
+
+
+def zero_infinity(problem: Problem, *, offload_ratio: float = 1.0) -> tuple[Decisions, ...]:
+    """ZeRO-3 with offload_param and offload_optimizer "nvme" (docs/baselines.md §3): as ZeRO-3
+    Offload with params and OS on the SSDs (HOST without SSDs), swapped through a pinned pool of
+    buffer_count x buffer_size fp16 elements (ZI.1: 5 x 1e8 = 1 GB), the optimizer's NVMe reads and
+    writes not overlapped (pipeline_read/write false, ZI.4: materialize's DEVICE-less HOST step
+    writes each chunk back before the next), checkpoints on CPU memory (ZI.6)."""
+    home = Tier.NVME if has_nvme(problem) else Tier.HOST
+    reserved = [_grad_partition(problem)]
+    if home is Tier.NVME:
+        pool = NVME_PARAM_BUFFER_COUNT * NVME_PARAM_BUFFER_ELEMENTS * problem.list_itemsize(ChunkList.PARAM)
+        reserved.append(Reservation(tier=Tier.HOST, bytes=pool * problem.ranks_per_node,
+                                    what="pinned NVMe param swap pool (ZI.1: 5 x 1e8 fp16 elements per rank)"))
+    return (_zero3(problem, "zero-infinity", home, offload_ratio=offload_ratio, cpu_checkpointing=True,
+                   reserved=tuple(reserved), what=f"fp16 params and OS on {home.value}"),)
