@@ -1,16 +1,16 @@
 """Where the solve time of a deep model goes (issue 18, "scale with depth").
 
     python bench/bench_depth.py [--blocks 32,64,96,128,256,512] [--preset a100-80g-12ssd]
-                                [--time-limit 60] [--scaled] [--no-solve]
+                                [--time-limit 60]
 
 Builds the depth ladder from `planner.families.gpt_trace` (hidden 4096, 32 heads, sequence 1024,
 batch 8, fp16: what issue 18 measured) and runs the real `planner.solve.solve_report` with its
 stages wrapped in timers: layout + placement input per chunk size, LP (GLOP), MIP (HiGHS: build and
 solve apart, with its nodes and termination), materialize, simulate, the PatrickStar OS-margin
-bisection, the physical bound. With --scaled it also runs `planner.placement_scaled` (block
-classes) on the chosen chunk size and prints its time, objective and the true gap.
+bisection, the physical bound. (The LP-integral fixing of the prototype
+`planner.placement_scaled` now lives in `planner.solve._solve_mip`.)
 
-True gap = (simulated - valid lower bound) / simulated, the bound being max(LP bound, physical).
+True gap = (simulated - valid lower bound) / simulated: the header's gap.
 CPU seconds on the shared 2-core CI box: ratios from one run, not absolutes.
 """
 
@@ -94,8 +94,11 @@ def _instrument() -> None:
     solve_mod._os_margin = _timed("os margin (materialize bisection)", solve_mod._os_margin)
     solve_mod.placement_input = _timed("placement input", solve_mod.placement_input)
     layout_mod.build_layout = _timed("layout", layout_mod.build_layout)
-    bounds_mod.physical_lower_bound_seconds = _timed("bounds", bounds_mod.physical_lower_bound_seconds)
-    solve_mod.physical_lower_bound_seconds = bounds_mod.physical_lower_bound_seconds
+    solve_mod.materialize = _timed("materialize", solve_mod.materialize)  # solve's own names
+    solve_mod.simulate = _timed("simulate", solve_mod.simulate)
+    solve_mod.lower_bound = _timed("physical bound", bounds_mod.lower_bound)
+    solve_mod.root_bound_seconds = _timed("root node bound", solve_mod.root_bound_seconds)
+    solve_mod._fixed = _timed("LP-integral fixing (build + MIP)", solve_mod._fixed)
     solve_mod._least_demanding = _timed("least demanding (explain)", solve_mod._least_demanding)
 
 
@@ -109,9 +112,7 @@ def main() -> int:
     parser.add_argument("--blocks", default="32,64,96,128,256,512")
     parser.add_argument("--preset", default="a100-80g-12ssd")
     parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--scaled", action="store_true", help="also run planner.placement_scaled")
     parser.add_argument("--named", default="", help="traces of bench/bench_solve.py instead (e.g. 175b)")
-    parser.add_argument("--no-solve", action="store_true", help="skip today's solve_report (only --scaled)")
     args = parser.parse_args()
     _instrument()
     hw = resolve_hardware(args.preset)
@@ -124,7 +125,7 @@ def main() -> int:
             trace, digest, _ = load(n)
         else:
             trace, digest = depth_trace(n)
-        if not args.no_solve:
+        if True:
             TIMES.clear()
             COUNTS.clear()
             MIPS.clear()
@@ -139,20 +140,6 @@ def main() -> int:
                 outcome = f"FAILED {type(exc).__name__}: {str(exc)[:160]}"
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             print(f"\n== {n} {'blocks' if isinstance(n, int) else ''}, {args.preset}: today's solve {wall:.2f} s wall, {cpu:.2f} s CPU; {outcome}")
-            for key in sorted(TIMES, key=lambda k: -TIMES[k]):
-                print(f"   {key:36s} {TIMES[key]:8.2f} s CPU  x{COUNTS[key]}")
-            for line in MIPS:
-                print(f"   MIP {line}")
-        if args.scaled:
-            from planner.placement_scaled import solve_scaled_report
-
-            TIMES.clear()
-            COUNTS.clear()
-            MIPS.clear()
-            wall, cpu = time.perf_counter(), time.process_time()
-            rep = solve_scaled_report(trace, hw, trace_digest=digest, time_limit_s=args.time_limit)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            print(f"\n== {n} {'blocks' if isinstance(n, int) else ''}, {args.preset}: scaled solve {wall:.2f} s wall, {cpu:.2f} s CPU; {rep.summary()}")
             for key in sorted(TIMES, key=lambda k: -TIMES[k]):
                 print(f"   {key:36s} {TIMES[key]:8.2f} s CPU  x{COUNTS[key]}")
             for line in MIPS:

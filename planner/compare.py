@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Sequence
 
 from rich.console import Console
@@ -22,7 +23,8 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.problem import Problem, build_problem
 from planner.presets import resolve_hardware
 from planner.simulate import ScheduleViolation, SimResult, simulate
-from planner.solve import solve
+from planner.solution import SolveReport
+from planner.solve import solve_report
 from schemas import Hardware, Schedule, Trace
 from schemas._base import digest_bytes, frozen, read_bytes
 from schemas.schedule import Channel, Tier
@@ -65,8 +67,10 @@ class Comparison:
     hardware_name: str
     rows: tuple[CompareRow, ...]
     lower_bound: LowerBound  # physical: holds for any schedule
-    tide_bound_seconds: float | None  # tide's header bound (its placement model's relaxation, or physical)
+    tide_bound_seconds: float | None  # tide's header bound (a valid bound: its model's or the physical limit)
     world_size: int = 1  # ranks of data-parallel training (hardware.cluster.world_size)
+    tide_true_gap: float | None = None  # (tide's simulated - tide's bound) / simulated (the header's gap)
+    tide_mip_gap: float | None = None  # the chosen placement MIP's own gap (None: a reference decision set won)
 
     def row(self, policy: str) -> CompareRow:
         return next(r for r in self.rows if r.policy == policy)
@@ -79,7 +83,8 @@ class Comparison:
         return {"model": self.model_name, "hardware": self.hardware_name, "world_size": self.world_size,
                 "lower_bound": {"seconds": self.lower_bound.seconds, "resource": self.lower_bound.resource,
                                 "seconds_per_resource": self.lower_bound.seconds_per_resource},
-                "tide_bound_seconds": self.tide_bound_seconds,
+                "tide_bound_seconds": self.tide_bound_seconds, "tide_true_gap": self.tide_true_gap,
+                "tide_mip_gap": self.tide_mip_gap,
                 "rows": [r.to_json() for r in self.rows]}
 
 
@@ -92,9 +97,14 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
         if name != TIDE and name not in POLICIES:
             raise PlannerError(f"unknown policy {name!r}; choose from {', '.join([TIDE, *POLICIES])}")
     raw: list[tuple[str, Schedule | None, SimResult | None, str]] = []
+    mip_gap = None
     for name in names:
         try:
-            schedule = _tide(trace, hardware, trace_digest) if name == TIDE else baseline(name, problem)
+            if name == TIDE:
+                report = _tide(trace, hardware, trace_digest)
+                schedule, mip_gap = report.schedule, None if math.isnan(report.mip_gap) else report.mip_gap
+            else:
+                schedule = baseline(name, problem)
         except InfeasibleError as exc:
             why = str(exc)
             if name == TIDE and problem.world_size > 1:
@@ -118,16 +128,18 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
     return Comparison(model_name=trace.meta.model_name, hardware_name=hardware.name, rows=rows,
                       lower_bound=lower_bound(problem),
                       tide_bound_seconds=tide.schedule.header.lower_bound_seconds if tide is not None else None,
-                      world_size=problem.world_size)
+                      world_size=problem.world_size,
+                      tide_true_gap=tide.schedule.header.gap if tide is not None else None,
+                      tide_mip_gap=mip_gap if tide is not None else None)
 
 
 class _Unavailable(Exception):
     pass
 
 
-def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> Schedule:
+def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> SolveReport:
     try:
-        return solve(trace, hardware, trace_digest=trace_digest)
+        return solve_report(trace, hardware, trace_digest=trace_digest)
     except (InfeasibleError, ScheduleViolation):
         raise
     except PlannerError as exc:  # e.g. no integral plan within the time limit: a row that says so
@@ -191,8 +203,10 @@ def print_comparison(c: Comparison) -> None:
     console.print(f"lower bound: {lb.seconds:.4g} s ({lb.resource}; "
                   + ", ".join(f"{k} {v:.4g} s" for k, v in lb.seconds_per_resource.items()) + ")")
     if c.tide_bound_seconds is not None:
-        console.print(f"tide's own bound (header: its placement model's LP relaxation or the physical limit): "
-                      f"{c.tide_bound_seconds:.4g} s")
+        mip = f"{100 * c.tide_mip_gap:.2f}%" if c.tide_mip_gap is not None else "- (a reference decision set won)"
+        console.print(f"tide's own bound (header: its placement model's LP or root bound, or the physical limit): "
+                      f"{c.tide_bound_seconds:.4g} s; true gap (simulated - bound) / simulated "
+                      f"{100 * (c.tide_true_gap or 0.0):.2f}%; MIP gap {mip}")
     for r in c.rows:
         if r.result is None:
             console.print(f"[yellow]{r.policy}[/yellow]: {r.reason}", soft_wrap=True)

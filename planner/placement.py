@@ -226,7 +226,7 @@ class PlacementModel:
         self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.groups)))
         # minimal-capacity mode: the capacity of one tier becomes a variable and the objective
         self.capacity_variable = capacity_variable
-        self.solver = MathOptSolver(lp_solver if relax else "HIGHS")
+        self.solver = MathOptSolver(lp_solver if relax else "HIGHS", dual_simplex=relax and lp_solver == "GLOP")
         self.solver_name = self.solver.name
         self._add_variables()
         self._add_memory_constraints()
@@ -707,10 +707,11 @@ class PlacementModel:
         self.solver.Minimize(sum(self.stage_time) + SECONDARY_WEIGHT * work)
 
     # -- solve ---------------------------------------------------------------------------
-    def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP) -> PlacementSolution:
+    def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP,
+              node_limit: int | None = None) -> PlacementSolution:
         start = time.perf_counter()
         try:
-            result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap)
+            result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap, node_limit=node_limit)
         except Exception as exc:  # HiGHS reports numerical trouble as a status error (pybind11 StatusNotOk)
             raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s "
                                       f"(solver error: {str(exc)[:200]})") from None
@@ -735,7 +736,12 @@ class PlacementModel:
         d, n = self.data, len(self.data.stages)
         t, b = TIME_UNIT, BYTE_UNIT
         objective = sum(self._value(v) for v in self.stage_time) * t  # sum T_s, without the tie-breaker
-        raw_bound = self.result.objective_value() if self.relax else self.result.termination.objective_bounds.dual_bound
+        # an LP stopped before its optimum (time or iteration limit) proves nothing: its bound is 0
+        if self.relax:
+            raw_bound = self.result.objective_value() if optimal else 0.0
+        else:
+            raw_bound = self.result.termination.objective_bounds.dual_bound
+            raw_bound = raw_bound if math.isfinite(raw_bound) else 0.0
         if self.capacity is None:
             raw_bound /= 1 + SECONDARY_TERMS * SECONDARY_WEIGHT
         bound = min(max(raw_bound, 0.0) * t, objective)
@@ -814,6 +820,52 @@ def _runs(stages: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
+class SparsePlacementModel(PlacementModel):
+    """PlacementModel with the DEVICE rows kept sparse: the same model, reformulated (the MIP of
+    planner.solve is built on it; its LP is not, see below).
+
+    Measured (bench/bench_depth.py, hidden 4096, chunk 67257720 elements): the DEVICE rows held
+    20,916 nonzeros over 520 rows at 128 blocks and 74,548 over 1,032 at 256 (40 -> 72 per row:
+    quadratic in depth), half of the model's nonzeros. The cause: a chunk arriving in stage k
+    counts in every DEVICE row from k to its use, and the wrap gap's arrivals in the optimizer
+    stage (updated params coming back up) stay until the block's forward in the next iteration,
+    so the forward stage s row carries one term per block after s. Here those intervals go
+    through running sums (`_interval_sums`, as the kept chunks already do): O(1) terms per row
+    (75,315 instead of 138,781 nonzeros at 256 blocks, build 1.07 instead of 1.74 s). GLOP needs
+    twice the pivots on it (18,836 vs 9,234), so only the MIP uses it.
+    """
+
+    def _build_memory_terms(self) -> None:
+        super()._build_memory_terms()
+        n = len(self.data.stages)
+        items: list[tuple[int, int, Any]] = []
+        for gi, g in enumerate(self.data.groups):
+            for i, gap in enumerate(self.gaps[gi]):
+                pos = {s: j for j, s in enumerate(gap.stages)}
+                for k, s_in in enumerate(gap.lookahead):
+                    for first, last in _runs(gap.stages[pos[s_in]:]):
+                        items.append((first, last, self.incoming[gi][i][k] * g.param_bytes))
+        running = self._interval_sums("arrived_params", items)
+        self.arrived = [[running[s]] if not _is_zero(running[s]) else [] for s in range(n)]
+
+
+def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 120.0) -> float:
+    """A valid lower bound of the unpinned placement model, tighter than its LP: the dual bound of
+    HiGHS's root node (cuts included), node limit 1 so that it does not depend on the machine's
+    speed (the time limit is a safety net: a root stopped by it may return a weaker bound, never an
+    invalid one). Measured at 32 blocks (hidden 4096, a100-80g-12ssd, chunk 67257720,
+    bench/bench_depth.py): LP 2.1194 s, root 2.2164 s. 0.0 when HiGHS stops without a bound."""
+    model = PlacementModel(data)
+    try:
+        result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=MIP_RELATIVE_GAP, node_limit=1)
+    except Exception:  # numerical trouble reported as a status error: no bound
+        return 0.0
+    bound = result.termination.objective_bounds.dual_bound
+    if not math.isfinite(bound):
+        return 0.0
+    return max(0.0, bound / (1 + SECONDARY_TERMS * SECONDARY_WEIGHT) * TIME_UNIT)
+
+
 def solve_placement(data: PlacementInput, *, relax: bool = False, time_limit_seconds: float = 60.0) -> PlacementSolution:
     """Build and solve the placement model (raises PlacementInfeasible)."""
     return PlacementModel(data, relax=relax).solve(time_limit_seconds=time_limit_seconds)
@@ -865,7 +917,7 @@ def minimal_capacity(data: PlacementInput, tier: Tier, *, relax_others: bool, re
 
 __all__ = [
     "ACT_MODES", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput", "PlacementModel",
-    "PlacementSolution", "StageData", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
-    "solve_placement",
+    "PlacementSolution", "SparsePlacementModel", "StageData", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
+    "root_bound_seconds", "solve_placement",
 ]
 

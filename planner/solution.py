@@ -12,8 +12,10 @@ import dataclasses
 import math
 
 from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
+from planner.errors import PlannerError
 from planner.placement import PlacementInput, PlacementSolution
 from planner.problem import Problem
+from planner.policies import with_simulated_prediction  # one prediction: the simulator's (stages too)
 from schemas._base import frozen
 from schemas.schedule import ChunkLayout, ChunkPlan, Schedule, SolverStatus, Tier
 
@@ -39,7 +41,7 @@ class SolveReport:
     data: PlacementInput
     candidates: tuple[Candidate, ...]
     chunk_elements: int
-    model_objective_seconds: float  # the placement model's own objective (the header's objective)
+    model_objective_seconds: float  # the chosen placement model's own objective (nan: a reference decision set)
     lower_bound_seconds: float
     physical_bound_seconds: float
     relaxation_bound_seconds: float
@@ -47,22 +49,31 @@ class SolveReport:
     simulated_seconds: float = math.nan  # the chosen plan's replay in planner.simulate
     evaluated: tuple[tuple[str, float], ...] = ()  # (plan, simulated seconds) of every plan replayed
     chosen: str = ""  # which of them won
+    mip_gap: float = math.nan  # the chosen placement MIP's own gap (to its restricted model's dual bound)
+
+    @property
+    def true_gap(self) -> float:
+        """(simulated - valid lower bound) / simulated: the header's `gap`."""
+        return self.schedule.header.gap
 
 
 def with_header_stats(schedule: Schedule, objective: float | PlacementSolution, status: SolverStatus | float,
                       bound: float | None = None) -> Schedule:
-    """Header: objective = the chosen plan's iteration time (the solved placement model's, or the
-    simulator's for a reference decision set; the materialized cost-model prediction is in
-    `schedule.prediction`), its lower bound and the gap between them.
+    """Header: objective = the chosen plan's iteration time (planner.solve passes the simulator's
+    replay of the schedule), its valid lower bound and the true gap (objective - bound) / objective,
+    never clipped: a bound above the objective is a bug and fails here, naming both.
 
     Also called as with_header_stats(schedule, placement_solution, bound)."""
     if isinstance(objective, PlacementSolution):
         sol, bound = objective, float(status)  # type: ignore[arg-type]
         objective, status = sol.objective_seconds, sol.status
     assert bound is not None and isinstance(status, SolverStatus)
-    bound = min(bound, objective)
-    gap = (objective - bound) / objective if objective > 0 else 0.0
-    status = SolverStatus.OPTIMAL if status is SolverStatus.OPTIMAL and gap <= 1e-3 else SolverStatus.FEASIBLE
+    bound = max(0.0, bound)
+    if bound > objective * (1 + 1e-9):
+        raise PlannerError(f"lower bound {bound:.6g} s above the plan's time {objective:.6g} s: the bound is not "
+                           "valid for this plan; please report this trace and hardware")
+    gap = max(0.0, (objective - bound) / objective) if objective > 0 else 0.0  # max: rounding only (see above)
+    status = SolverStatus.OPTIMAL if gap <= 1e-3 else SolverStatus.FEASIBLE
     header = dataclasses.replace(schedule.header, solver_status=status, objective_seconds=objective,
                                  lower_bound_seconds=bound, gap=gap)
     return dataclasses.replace(schedule, header=header)
@@ -149,4 +160,4 @@ def build_schedule(problem: Problem, layout: ChunkLayout, data: PlacementInput, 
 
 
 __all__ = ["Candidate", "POLICY", "SolveReport", "build_schedule", "decisions_from_placement", "moment_seconds",
-           "with_header_stats"]
+           "with_header_stats", "with_simulated_prediction"]

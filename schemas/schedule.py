@@ -147,7 +147,14 @@ class SolverStatus(StrEnum):
 
 @frozen
 class ScheduleHeader:
-    """Who made the schedule, from what, and how good it is."""
+    """Who made the schedule, from what, and how good it is.
+
+    For tide's solve, `objective_seconds` is the simulator's replay of this schedule (the same time
+    as `prediction.iteration_seconds` and `planner simulate`), `lower_bound_seconds` a valid bound
+    (no plan the simulator can replay is faster: the physical limit, or the placement model's
+    unpinned LP / root node where that is not above any replay), and `gap` the true gap
+    (objective - bound) / objective, never clipped. The placement MIP's own gap is printed by
+    `planner solve` and `compare`, and its model objective is in the notes."""
 
     planner_version: str
     policy: str = constrained(minLength=1)  # "tide", or the baseline it imitates
@@ -157,9 +164,11 @@ class ScheduleHeader:
     hardware_digest: str = constrained(pattern="^sha256:[0-9a-f]{64}$")
     world_size: int = constrained(minimum=1)
     solver_status: SolverStatus
-    objective_seconds: float = constrained(minimum=0)  # predicted iteration time of the solved model
-    lower_bound_seconds: float = constrained(minimum=0)  # no schedule of this trace on this hardware is faster
-    gap: float = constrained(minimum=0)  # (objective - lower bound) / objective
+    # tide's solve: the simulator's replay of this schedule (= prediction.iteration_seconds)
+    objective_seconds: float = constrained(minimum=0)
+    lower_bound_seconds: float = constrained(minimum=0)  # a valid bound: no plan the simulator can replay is faster
+    # the true gap (objective - lower bound) / objective, never clipped (the MIP's own gap is in the notes)
+    gap: float = constrained(minimum=0)
     notes: tuple[str, ...]  # why the policy did what it did, and anything infeasible
 
 

@@ -54,6 +54,11 @@ def test_tide_row_is_present() -> None:
     assert tide.feasible == (tide.result is not None)
     if not tide.feasible:
         assert tide.reason
+    else:  # both gaps are reported; the true one is tide's simulated time against its valid bound
+        sim = tide.result.iteration_seconds
+        assert c.tide_true_gap == pytest.approx((sim - c.tide_bound_seconds) / sim)
+        assert c.tide_bound_seconds <= min(r.result.iteration_seconds for r in c.rows if r.result is not None)
+        assert "tide_mip_gap" in c.to_json()
 
 
 def test_compare_cli_json(tmp_path, capsys) -> None:

@@ -1,12 +1,12 @@
-"""`planner.placement_scaled` (issue 18 prototype): the sparse DEVICE rows are the same LP, and the
-LP-integral fixing gives a plan of today's MIP quality."""
+"""Issue 18 (depth): the sparse DEVICE rows (`planner.placement.SparsePlacementModel`) are the same LP, and the
+LP-integral fixing of `planner.solve._solve_mip` gives a plan of the plain MIP's quality."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.placement import PlacementModel
-from planner.placement_scaled import SparsePlacementModel, _lp_values, solve_mip_fixed
+from planner.placement import PlacementModel, SparsePlacementModel
+from planner.solve import _fixed, _solve_mip
 from test_placement import synthetic
 
 
@@ -29,9 +29,21 @@ def test_fixing_to_the_lp_finds_a_plan_no_worse_than_todays_mip_within_its_gap()
     data = synthetic(layers=8, chunks=2, device_mib=20)
     lp = PlacementModel(data, relax=True)
     relaxed = lp.solve()
-    stats: dict = {}
-    fixed = solve_mip_fixed(data, lp.flag_values(), 30.0, None, stats=stats, lp_values=_lp_values(lp))
+    values = {v.name: float(lp.values[v]) for v in lp.solver.model.variables()}
+    flags = {k: int(v > 1e-6) for k, v in lp.flag_values().items()}
+    fixed = _fixed(data, flags, None, values, 30.0)  # the fixing itself, no fallback, no polish
+    assert fixed is not None
     today = PlacementModel(data).solve()
-    assert stats["attempt"].startswith("search LP")  # the fixing itself found the plan, not a fallback
     assert fixed.objective_seconds >= relaxed.objective_seconds * (1 - 1e-6)
     assert fixed.objective_seconds <= today.objective_seconds * 1.02
+
+
+def test_solve_mip_is_no_worse_than_the_fixed_plan_and_within_its_gap_of_the_lp():
+    data = synthetic(layers=8, chunks=2, device_mib=20)
+    lp = PlacementModel(data, relax=True)
+    relaxed = lp.solve()
+    values = {v.name: float(lp.values[v]) for v in lp.solver.model.variables()}
+    sol = _solve_mip(data, lp.flag_values(), 30.0, None, lp_values=values, lp_seconds=relaxed.objective_seconds)
+    flags = {k: int(v > 1e-6) for k, v in lp.flag_values().items()}
+    assert sol.objective_seconds <= _fixed(data, flags, None, values, 30.0).objective_seconds * (1 + 1e-9)
+    assert sol.objective_seconds >= relaxed.objective_seconds * (1 - 1e-6)
