@@ -56,8 +56,8 @@ from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
 from executor.store import ChunkStore, out_of_memory
-from schemas.schedule import COPY_CHANNEL, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
-from schemas.trace import DType, MomentKind, Phase
+from schemas.schedule import COPY_CHANNEL, OS_LISTS, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
+from schemas.trace import DTYPE_BYTES, DType, MomentKind, Phase
 
 
 
@@ -298,6 +298,14 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         if self.comm is not None:  # this rank's all-gathers and reduce-scatters
             out[Channel.INTER_GPU] += self.comm.stats.inter_gpu_bytes
         return dict(out)
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state (MASTER, M, V) the store holds a valid copy of, each chunk once: a
+        chunk with no trainable tensor (frozen base weights, LoRA) has none."""
+        layout = self.schedule.layout
+        return sum(layout.chunks[c].elements * DTYPE_BYTES[layout.list_dtypes[lst]]
+                   for lst in OS_LISTS if lst in layout.lists
+                   for c in range(len(layout.chunks)) if self.store.valid_tiers(lst, c))
 
     def stall_seconds(self) -> float:
         """Seconds the training thread waited since attach: for chunk copies, activation reloads and

@@ -25,6 +25,7 @@ class EngineStats:
     optimizer_seconds_per_tier: dict[Tier, float]  # last iteration: seconds in ChunkAdamW.step_chunk
     iteration_seconds: float  # last iteration: root pre_forward to the end of engine.step()
     peak_activation_bytes: int = 0  # since attach: activation bytes held on DEVICE at once (ActivationManager)
+    optimizer_state_bytes: int = 0  # MASTER, M and V the store holds now, once per chunk whatever its tiers
 
     def bytes_match(self, schedule: Schedule) -> bool:
         """Whether the last iteration moved exactly the bytes the schedule predicts on every channel."""
@@ -45,6 +46,7 @@ class EngineStats:
             want = pred.peak_bytes_per_tier.get(tier) if pred else None
             rows.append((f"peak chunk bytes {tier.value}", f"{got:,}", "" if want is None else f"{want:,} (incl. non-model)"))
         rows.append(("peak activation bytes DEVICE", f"{self.peak_activation_bytes:,}", ""))
+        rows.append(("optimizer state bytes", f"{self.optimizer_state_bytes:,}", ""))
         for phase in Phase:
             if phase in self.seconds_per_phase:
                 rows.append((f"seconds {phase.value}", f"{self.seconds_per_phase[phase]:.4f}", ""))
@@ -101,6 +103,7 @@ class IterationCounters:
             optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
             iteration_seconds=last.get("iteration_seconds", 0.0),
             peak_activation_bytes=engine.activations.stats().peak_live_bytes,
+            optimizer_state_bytes=engine.optimizer_state_bytes(),
         )
 
 

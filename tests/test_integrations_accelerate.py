@@ -124,6 +124,7 @@ def test_lora_under_accelerate_trains_like_plain_pytorch_with_os_for_adapters_on
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(state["model"][name], value, rtol=1e-6, atol=1e-7, msg=name)
     assert len(state["optimizer"]["state"]) == len(trainable)  # moments for the adapters only
+    assert engine.stats().optimizer_state_bytes == os_bytes  # fp32 training: M and V, no MASTER list
     # engine.stats(): HOST holds the PARAM chunks, and GRAD + M + V of the adapters' chunks only; with
     # optimizer state for every chunk (frozen ones too) it would need 2 x all chunks more
     chunk_bytes = [c.elements * 4 for c in schedule.layout.chunks]
