@@ -167,7 +167,7 @@ def _scaled(d: PlacementInput) -> PlacementInput:
         nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
-        dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
+        duplex_bytes_per_s=d.duplex_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
     )
 
 
@@ -635,6 +635,8 @@ class PlacementModel:
                 self.solver.Add(t >= ch["COMPUTE"][s] + ch["ON_DEMAND"][s], f"time_on_demand[{s}]")
             self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
+            if d.duplex_bytes_per_s > 0:  # both ways at once move at most the duplex rates together (links.duplex_*)
+                self.solver.Add(t >= (ch["H2D"][s] + ch["D2H"][s]) * (1.0 / d.duplex_bytes_per_s), f"time_pcie_both_ways[{s}]")
             self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released

@@ -78,6 +78,7 @@ class PlacementInput:
     stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
     checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
     param_nvme_home: bool = True  # non-persistent CPU-stepped PARAM may live on NVME instead of HOST (Fuyou)
+    duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
 
@@ -160,6 +161,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ),
         nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE),
         cpu_adam_seconds_per_element=1.0 / cpu_adam_params_per_s(hw, with_copies=True),
+        duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True) + channel_bytes_per_s(hw, Channel.D2H, duplex=True)
+                            if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),
         dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
