@@ -266,6 +266,12 @@ MISSES: dict[str, str] = {
     "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
                   "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
                   "schedule format cannot express)",
+    "ps-922-6B": "since issue 17's table prices COMPUTE is 54% busy: the V100 preset's GEMM (90/70 TFLOPS) and SDPA "
+                 "(60/45) rates are tide estimates below the 125 TFLOPS spec peak the flat price used, and CPU Adam "
+                 "after backward (4e8 params/s, also an estimate) is 42% busy: 35.3 vs 56 (x0.63)",
+    "ps-922-12B": "CI subset (batch 16): 23.8 vs 34 (x0.70): CPU Adam after backward 58% busy at the preset's estimated "
+                  "4e8 params/s and COMPUTE at the estimated V100 GEMM/SDPA table rates (issue 17); batch 32 (the full "
+                  "run) is inside at 34.4",
     "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
                       "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
                       "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "

@@ -167,6 +167,7 @@ def _scaled(d: PlacementInput) -> PlacementInput:
         nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
+        duplex_bytes_per_s=d.duplex_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
     )
 
 
@@ -634,6 +635,8 @@ class PlacementModel:
                 self.solver.Add(t >= ch["COMPUTE"][s] + ch["ON_DEMAND"][s], f"time_on_demand[{s}]")
             self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
+            if d.duplex_bytes_per_s > 0:  # both ways at once move at most the duplex rates together (links.duplex_*)
+                self.solver.Add(t >= (ch["H2D"][s] + ch["D2H"][s]) * (1.0 / d.duplex_bytes_per_s), f"time_pcie_both_ways[{s}]")
             self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
@@ -661,6 +664,17 @@ class PlacementModel:
                 self.solver.Add(self.suffix[s] >= cpu_tail, f"cpu_optimizer_suffix[{s}]")
             if not _is_zero(nvme_tail):
                 self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
+        if d.dram_bytes_per_s > 0:
+            # host DRAM is shared (costmodel.dram_bytes): every PCIe / SSD byte passes it once per leg
+            # and CPU Adam moves adam_dram_bytes_per_element per param; the iteration lasts at least
+            # all of it / the bandwidth (one row: the CPU and SSD queues may run it in later stages)
+            moved: Any = 0
+            for s in range(n):
+                moved += ch["H2D"][s] + ch["D2H"][s] + ch["NVME_READ"][s] + ch["NVME_WRITE"][s]
+                moved += ch["OS_READ"][s] + ch["OS_WRITE"][s]
+                moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
+            if not _is_zero(moved):
+                self.solver.Add(self.suffix[0] >= moved * (1.0 / d.dram_bytes_per_s), "time_host_dram")
         o = d.optimizer_stage
         trainable = [g for g in d.groups if g.trainable and g.elements > 0]
         bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2

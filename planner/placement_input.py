@@ -6,11 +6,13 @@ from a Problem and a chunk layout (`placement_input`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
+from planner.costmodel import channel_bytes_per_s, cpu_adam_params_per_s, dram_bytes_per_s
 from planner.problem import Problem
 from schemas._base import frozen
-from schemas.schedule import ChunkLayout, ChunkList, Phase, Tier
+from schemas.schedule import Channel, ChunkLayout, ChunkList, Phase, Tier
 from schemas.trace import DTYPE_BYTES
 
 
@@ -76,6 +78,9 @@ class PlacementInput:
     stream_optimizer: bool = True  # OS on HOST may be streamed to the DEVICE for GPU Adam
     checkpoint_offload: bool = True  # RECOMPUTE inputs may wait on HOST (one choice for all blocks)
     param_nvme_home: bool = True  # non-persistent CPU-stepped PARAM may live on NVME instead of HOST (Fuyou)
+    duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
+    dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
+    adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
 
     @property
     def has_nvme(self) -> bool:
@@ -149,9 +154,17 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     return PlacementInput(
         groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
-        h2d_bytes_per_s=hw.h2d_bytes_per_s, d2h_bytes_per_s=hw.d2h_bytes_per_s,
-        nvme_read_bytes_per_s=hw.nvme_read_bytes_per_s, nvme_write_bytes_per_s=hw.nvme_write_bytes_per_s,
-        cpu_adam_seconds_per_element=1.0 / hw.host.optimizer_params_per_s,
+        # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
+        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
+        # that step on the CPU stream grads and OS over PCIe/SSDs while it runs (costmodel)
+        h2d_bytes_per_s=channel_bytes_per_s(hw, Channel.H2D), d2h_bytes_per_s=channel_bytes_per_s(hw, Channel.D2H),
+        nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ),
+        nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE),
+        cpu_adam_seconds_per_element=1.0 / cpu_adam_params_per_s(hw, with_copies=True),
+        duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True) + channel_bytes_per_s(hw, Channel.D2H, duplex=True)
+                            if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),
+        dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
+        adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
     )

@@ -9,7 +9,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from planner.costmodel import optimizer_seconds, transfer_seconds
+from planner.costmodel import (
+    PAGEABLE_POLICIES,
+    adam_dram_bytes,
+    dram_bytes,
+    dram_bytes_per_s,
+    optimizer_seconds,
+    transfer_seconds,
+)
 from planner.errors import InfeasibleError
 from planner.problem import Problem
 from planner.replay import ResidencyReplay
@@ -26,6 +33,12 @@ def predict_stages(problem: Problem, schedule: Schedule, deadlines: Sequence[int
     its queue in issue order during the stage, and what is still queued at a deadline lengthens
     the deadline's stage. Stage lengths are found in a few passes, each filling the resources into
     the lengths of the previous one.
+
+    Prices as the simulator's (`planner.costmodel`): DEVICE <-> HOST copies of a system that stages
+    through pageable memory at the pageable rates; H2D and D2H at the both-ways rates in a stage that
+    issues both; CPU Adam at its rate with copies beside it when the schedule moves bytes over PCIe or
+    the SSDs; host DRAM one more FIFO resource that every copy leg through host memory and every CPU
+    Adam step draws on.
     """
     hw = problem.hardware
     stages = problem.stages
@@ -42,18 +55,37 @@ def predict_stages(problem: Problem, schedule: Schedule, deadlines: Sequence[int
             recompute_flops += p.recompute_flops
     totals: dict[Channel, int] = {}
     transfers: dict[str, list[tuple[int, int, float]]] = {}  # resource -> (release stage, deadline stage, seconds)
+    pageable_policy = schedule.header.policy in PAGEABLE_POLICIES
+    dram_rate = dram_bytes_per_s(hw)
+    host_copies = any(a.bytes > 0 and any(ch is not Channel.INTER_GPU for ch in action_channels(a))
+                      for a in schedule.actions if a.op is not Op.OPTIMIZER_STEP)
+    channel_busy: dict[Channel, float] = {}
+    issued: dict[int, set[Channel]] = {}  # stage -> the PCIe directions its actions use
+    for a in schedule.actions:
+        if a.op is not Op.OPTIMIZER_STEP:
+            issued.setdefault(problem.stage_of_moment[a.moment], set()).update(action_channels(a))
     for a, deadline in zip(schedule.actions, deadlines):
         s = problem.stage_of_moment[a.moment]
         if a.op is Op.OPTIMIZER_STEP:
             params = schedule.layout.chunks[a.chunk].used_elements
             if a.dst is Tier.HOST:
-                cpu_opt[s] += optimizer_seconds(hw, Tier.HOST, params)
+                cpu_opt[s] += optimizer_seconds(hw, Tier.HOST, params, with_copies=host_copies)
+                if dram_rate < math.inf:
+                    transfers.setdefault("DRAM", []).append((s, n_stages - 1, adam_dram_bytes(hw, params) / dram_rate))
             else:
                 device_opt[s] += optimizer_seconds(hw, Tier.DEVICE, params)
             continue
-        for ch in action_channels(a):
+        chans = action_channels(a)
+        # DEVICE <-> HOST only: the NVMe path goes through pinned bounce buffers (costmodel.PAGEABLE_POLICIES)
+        pageable = pageable_policy and bool(chans) and set(chans) <= {Channel.H2D, Channel.D2H}
+        duplex = {Channel.H2D, Channel.D2H} <= issued.get(s, set())
+        if dram_rate < math.inf and a.bytes > 0:
+            transfers.setdefault("DRAM", []).append(
+                (s, max(s, problem.stage_of_moment[deadline]), dram_bytes(hw, chans, a.bytes, pageable=pageable) / dram_rate))
+        for ch in chans:
             totals[ch] = totals.get(ch, 0) + a.bytes
-            seconds = transfer_seconds(hw, ch, a.bytes)
+            seconds = transfer_seconds(hw, ch, a.bytes, pageable=pageable, duplex=duplex)
+            channel_busy[ch] = channel_busy.get(ch, 0.0) + seconds
             if not math.isfinite(seconds):
                 raise InfeasibleError(f"moment {a.moment}: {a.op.value} moves {a.bytes} bytes over {ch.value}, which "
                                       f"hardware {hw.name!r} does not have (no SSD, or one GPU); keep data off that path")
@@ -73,7 +105,7 @@ def predict_stages(problem: Problem, schedule: Schedule, deadlines: Sequence[int
                 seconds[i] = max(seconds[i], busy)
     out = tuple(Stage(id=st.id, name=st.name, phase=st.phase, block=st.block, first_moment=st.first_moment,
                       last_moment=st.last_moment, predicted_seconds=seconds[st.id]) for st in stages)
-    busy = {ch: transfer_seconds(hw, ch, nbytes) for ch, nbytes in totals.items()}
+    busy = {ch: channel_busy.get(ch, 0.0) for ch in totals}
     busy[Channel.COMPUTE] = sum(base) + sum(device_opt)
     busy[Channel.CPU_OPTIMIZER] = sum(cpu_opt)
     prediction = Prediction(

@@ -4,11 +4,12 @@
 `materialize` and the baselines all read the same numbers:
 
 - moments as the schedule stores them (`MomentRef`), compute seconds resolved for the hardware
-  (measured traces keep their times; meta traces get FLOPs / the device's rate);
+  (measured traces keep their times; meta traces get their GEMM and attention FLOPs at the rates the
+  hardware's tables give for the shapes the model runs, `costmodel.moment_seconds`);
 - blocks with their tensors (those *first used* in the block), parameter and activation bytes and
   the moments of their forward and backward;
 - stages: maximal runs of consecutive moments with the same (phase, block);
-- capacities per tier (after overrides) and the chunk lists of the compute dtype (mixed precision
+- capacities per tier (after overrides; DEVICE less the allocator margin `device.memory_margin_gb`) and the chunk lists of the compute dtype (mixed precision
   adds the fp32 MASTER list; with fp32 compute PARAM is the master);
 - the world size: the hardware's `cluster.world_size`. A trace recorded by one process (meta
   world_size 1) is one rank's share of data-parallel training (its batch is the per-rank batch),
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+from planner.costmodel import device_capacity_bytes, moment_seconds
 from planner.errors import PlannerError
 from schemas._base import frozen
 from schemas.hardware import Hardware
@@ -121,7 +123,8 @@ def build_problem(
     host_bytes: int | None = None,
     nvme_bytes: int | None = None,
 ) -> Problem:
-    """Resolve `trace` on `hardware`; capacities default to the hardware's usable bytes."""
+    """Resolve `trace` on `hardware`; capacities default to the hardware's usable bytes (DEVICE: less the
+    allocator margin the profile keeps free; an explicit `device_bytes` is the budget as given)."""
     _check_agreement(trace, hardware)
     moments = _moment_refs(trace, hardware)
     tensor_order, tensor_block = _first_access(trace)
@@ -138,7 +141,7 @@ def build_problem(
         moments=moments,
         blocks=blocks,
         stages=stages,
-        device_bytes=hardware.device_bytes if device_bytes is None else int(device_bytes),
+        device_bytes=device_capacity_bytes(hardware) if device_bytes is None else int(device_bytes),
         host_bytes=hardware.host_bytes if host_bytes is None else int(host_bytes),
         nvme_bytes=hardware.nvme_bytes if nvme_bytes is None else int(nvme_bytes),
         compute_dtype=trace.meta.compute_dtype,
@@ -167,13 +170,12 @@ def _moment_refs(trace: Trace, hardware: Hardware) -> tuple[MomentRef, ...]:
     """The trace's moments with their compute time on `hardware`. The OPTIMIZER moment carries none:
     its work is the schedule's OPTIMIZER_STEP actions, costed at the hardware's optimizer rates on
     the tier each runs on, so the recorded time of the plain optimizer step is not charged again."""
-    rate = hardware.device_flops_per_s
     measured = trace.meta.time_source is TimeSource.MEASURED
 
     def seconds(m: Moment) -> float:
         if m.phase is Phase.OPTIMIZER:
             return 0.0
-        return m.compute_seconds if measured else m.flops / rate
+        return m.compute_seconds if measured else moment_seconds(hardware, trace, m)
 
     return tuple(
         MomentRef(id=m.id, phase=m.phase, kind=m.kind, module=m.module, block=m.block, tensors=m.tensors,
@@ -202,10 +204,22 @@ def _block_infos(trace: Trace, hardware: Hardware, order: tuple[int, ...], block
     activation_bytes = trace.block_activation_bytes()
     measured = trace.meta.time_source is TimeSource.MEASURED
     spans: dict[tuple[Phase, int], list[int]] = {}
+    fwd: dict[int, list[float]] = {}  # block -> [forward seconds, forward FLOPs] on this hardware
     for m in trace.moments:
         if m.block >= 0 and m.phase is not Phase.OPTIMIZER:
             span = spans.setdefault((m.phase, m.block), [m.id, m.id])
             span[1] = m.id
+            if m.phase is Phase.FORWARD and not measured:
+                acc = fwd.setdefault(m.block, [0.0, 0.0])
+                acc[0] += moment_seconds(hardware, trace, m)
+                acc[1] += m.flops
+
+    def recompute_seconds(b) -> float:
+        """The block's forward once more: its FLOPs at the rate its forward moments run at."""
+        if measured:
+            return b.forward_seconds
+        secs, flops = fwd.get(b.id, (0.0, 0.0))
+        return b.forward_flops * secs / flops if flops > 0 else b.forward_flops / hardware.device_flops_per_s
     infos = []
     for b in trace.blocks:
         tensors = tuple(t for t in order if block_of[t] == b.id)
@@ -216,7 +230,7 @@ def _block_infos(trace: Trace, hardware: Hardware, order: tuple[int, ...], block
             param_bytes=sum(trace.tensors[t].numel for t in tensors) * itemsize,
             activation_bytes=activation_bytes[b.id],
             input_bytes=b.input_bytes,
-            recompute_seconds=b.forward_seconds if measured else b.forward_flops / hardware.device_flops_per_s,
+            recompute_seconds=recompute_seconds(b),
             recompute_flops=b.forward_flops,
             forward_moments=tuple(spans.get((Phase.FORWARD, b.id), NO_MOMENTS)),
             backward_moments=tuple(spans.get((Phase.BACKWARD, b.id), NO_MOMENTS)),

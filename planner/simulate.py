@@ -34,8 +34,16 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
   swaps its own). With one rank all of this is the plain sum.
 - Channels. H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
   SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
-  `count * read rate`, writes at `count * write rate`. CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at
-  `host.optimizer_params_per_s`; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
+  `count * read rate`, writes at `count * write rate`, each at most the host-side cap
+  (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
+  when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
+  policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
+  Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
+  reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
+  reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
+  CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the CPU Adam rate at the chunk size with all cores
+  (`costmodel.cpu_adam_params_per_s`), at the rate measured with copies beside it when a PCIe or SSD
+  server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
   `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
   device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
   issue order: a CPU step overlapped with backward delays the backward work issued after it (busy
@@ -60,7 +68,8 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
 Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
 next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
 instantly, PCIe links are full duplex, collectives cost `Hardware.collective_seconds`, staging
-buffers in HOST for NVMe copies are not counted.
+buffers in HOST for NVMe copies are not counted, a copy's rate is fixed when it starts (not re-shared
+as other traffic comes and goes).
 """
 
 from __future__ import annotations
@@ -96,6 +105,14 @@ from schemas.trace import DTYPE_BYTES, Phase
 
 from schemas.residency import Refusal, ResidencyRefused, ValidCopies
 
+from planner.costmodel import (
+    PAGEABLE_POLICIES,
+    adam_dram_bytes,
+    channel_bytes_per_s,
+    cpu_adam_params_per_s,
+    dram_bytes,
+    dram_bytes_per_s,
+)
 from planner.errors import PlannerError
 from planner.presets import PRESET_DIR, resolve_hardware
 from planner.sim_result import Interval, MemorySample, ScheduleViolation, SimResult, ViolationKind
@@ -170,6 +187,10 @@ class _Sim:
     groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], _Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
+    pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
+    dram: _Server = field(default_factory=_Server)  # host DRAM, shared by copies and CPU Adam
+    dram_rate: float = float("inf")
+    dram_busy: float = 0.0
     bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
     busy: dict[Channel, float] = field(default_factory=dict)
     timeline: list[Interval] = field(default_factory=list)
@@ -389,13 +410,8 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     if hardware.device.kind is DeviceKind.CPU_EMULATED:  # one set of cores computes and steps
         for rank in range(world):
             servers[(Channel.CPU_OPTIMIZER, rank)] = servers[(Channel.COMPUTE, rank)]
-    rate = {
-        Channel.H2D: hardware.h2d_bytes_per_s,
-        Channel.D2H: hardware.d2h_bytes_per_s,
-        Channel.NVME_READ: hardware.nvme_read_bytes_per_s,
-        Channel.NVME_WRITE: hardware.nvme_write_bytes_per_s,
-        Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s,
-    }
+    rate = {ch: channel_bytes_per_s(hardware, ch)  # pinned; NVMe behind the host-side cap
+            for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE, Channel.INTER_GPU)}
     sim = _Sim(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
                copies=ValidCopies(lists, n), ready=ready, stepped=[0] * n, world=world,
                owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
@@ -403,7 +419,8 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
                replicated=[[False] * n for _ in lists],
                place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
-               servers=servers, rate=rate, groups=_comm_groups(layout))
+               servers=servers, rate=rate, groups=_comm_groups(layout),
+               pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware))
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:
@@ -501,17 +518,38 @@ def _transfer(sim: _Sim, channels: tuple[Channel, ...], nbytes: int, issue: floa
                                     f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
                                     list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
     start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
-    duration = max(nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) / sim.rate[ch]
+    pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
+    other = {Channel.H2D: Channel.D2H, Channel.D2H: Channel.H2D}
+    rates = {}
+    for ch in channels:
+        if ch in other:  # both ways at once: the other direction still busy as this copy starts
+            duplex = sim.servers[(other[ch], rank)].free_at > start
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex)
+        else:
+            rates[ch] = sim.rate[ch]
+    # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
+    duration = max(nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) / rates[ch]
                    for ch in channels)
-    end = start + duration
+    end = max(start + duration, _draw_dram(sim, dram_bytes(sim.hardware, channels, nbytes, pageable=pageable), start))
     for ch in channels:
         sim.servers[(ch, rank)].free_at = end
         sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
-        sim.busy[ch] = sim.busy.get(ch, 0.0) + nbytes / sim.rate[ch]
+        sim.busy[ch] = sim.busy.get(ch, 0.0) + nbytes / rates[ch]
         if duration > 0:
             sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
     sim.last_end = max(sim.last_end, end)
     return end
+
+
+def _draw_dram(sim: _Sim, nbytes: float, start: float) -> float:
+    """Reserve `nbytes` of host DRAM bandwidth from `start` (after what is reserved already); returns
+    when the reservation ends (`start` when the profile gives no DRAM bandwidth)."""
+    if nbytes <= 0 or sim.dram_rate == float("inf"):
+        return start
+    begin = max(start, sim.dram.free_at)
+    sim.dram.free_at = begin + nbytes / sim.dram_rate
+    sim.dram_busy += nbytes / sim.dram_rate
+    return sim.dram.free_at
 
 
 def _apply(sim: _Sim, a: Action, i: int, issue: float, blocks: list[_Block], act_bytes: list[int],
@@ -621,16 +659,22 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
                                 f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c) from None
     ready = max(issue, *(sim.ready[li][c][d] for li in inputs))
     params = sim.schedule.layout.chunks[c].used_elements
+    server_key = (Channel.CPU_OPTIMIZER if d == _HOST else Channel.COMPUTE, sim.schedule.layout.chunks[c].owner_rank)
+    start = max(ready, sim.servers[server_key].free_at)
     if d == _HOST:
-        channel, rate = Channel.CPU_OPTIMIZER, sim.hardware.host.optimizer_params_per_s
+        # with copies beside it: a PCIe or SSD server still busy as the step starts (findings 2026-11-23)
+        copies = any(srv.free_at > start for (ch, _), srv in sim.servers.items()
+                     if ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
+        channel, rate = Channel.CPU_OPTIMIZER, cpu_adam_params_per_s(sim.hardware, with_copies=copies)
     elif d == _DEVICE:
         channel, rate = Channel.COMPUTE, sim.hardware.device.optimizer_params_per_s
     else:
         raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
                                 moment=m, action_index=i, chunk=c)
-    server = sim.servers[(channel, sim.schedule.layout.chunks[c].owner_rank)]
-    start = max(ready, server.free_at)
+    server = sim.servers[server_key]
     end = start + params / rate
+    if d == _HOST:
+        end = max(end, _draw_dram(sim, adam_dram_bytes(sim.hardware, params), start))
     server.free_at = end
     sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
     sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))

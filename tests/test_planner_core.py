@@ -175,9 +175,11 @@ def test_costmodel_channels_and_stage_max() -> None:
     hw = resolve_hardware("rtx4090-768g-12ssd")
     assert transfer_seconds(hw, Channel.H2D, 25e9) == pytest.approx(25e9 / hw.h2d_bytes_per_s)
     assert transfer_seconds(hw, Channel.H2D, 0) == 0.0
-    # an SSD is simplex: reads and writes add up
-    assert nvme_seconds(hw, 1e9, 1e9) == pytest.approx(1e9 / hw.nvme_read_bytes_per_s + 1e9 / hw.nvme_write_bytes_per_s)
-    assert optimizer_seconds(hw, Tier.HOST, 10**9) == pytest.approx(1e9 / hw.host.optimizer_params_per_s)
+    # an SSD is simplex: reads and writes add up; 12 SSDs read behind the 48 GB/s host-side cap
+    read, write = min(hw.nvme_read_bytes_per_s, 48e9), min(hw.nvme_write_bytes_per_s, 48e9)
+    assert read == 48e9 < hw.nvme_read_bytes_per_s
+    assert nvme_seconds(hw, 1e9, 1e9) == pytest.approx(1e9 / read + 1e9 / write)
+    assert optimizer_seconds(hw, Tier.HOST, 10**9) == pytest.approx(1e9 / hw.cpu_adam_params_per_s(hw.host.cores))
     assert optimizer_seconds(hw, Tier.DEVICE, 10**9) == pytest.approx(1e9 / hw.device.optimizer_params_per_s)
     load = StageLoad(compute_seconds=0.5, recompute_seconds=0.25, cpu_optimizer_seconds=0.1,
                      bytes_per_channel={Channel.H2D: int(hw.h2d_bytes_per_s)})
@@ -288,3 +290,33 @@ def test_packing_size_packs_a_block_into_k_chunks() -> None:
 def test_layout_is_deterministic() -> None:
     p = problem_of(tiny())
     assert build_layout(p, chunk_elements=8192) == build_layout(p, chunk_elements=8192)
+
+
+def test_costmodel_prices_what_the_profile_measures() -> None:
+    """Issue 17 items 1-2: pageable, both-ways, with-copies and shape-dependent rates, the margin."""
+    from planner.costmodel import (
+        channel_bytes_per_s, cpu_adam_params_per_s, device_capacity_bytes, dram_bytes, dram_bytes_per_s, moment_seconds,
+    )
+    hw = resolve_hardware("rtx4090-768g-12ssd")
+    assert channel_bytes_per_s(hw, Channel.H2D, pageable=True) == pytest.approx(10e9)
+    assert channel_bytes_per_s(hw, Channel.D2H, duplex=True) == pytest.approx(21e9)
+    assert cpu_adam_params_per_s(hw, with_copies=True) == pytest.approx(1.2e9)
+    assert cpu_adam_params_per_s(hw) == pytest.approx(1.5e9)
+    assert device_capacity_bytes(hw) == hw.device_bytes - int(1e9)
+    assert dram_bytes_per_s(hw) == pytest.approx(409.6e9)
+    # DEVICE <-> NVMe passes host memory twice (bounce buffer); a pageable copy three times
+    assert dram_bytes(hw, (Channel.NVME_READ, Channel.H2D), 100) == 200
+    assert dram_bytes(hw, (Channel.H2D,), 100, pageable=True) == 300
+    # a GPT-3 13B block at batch 8: the MLP GEMMs at the table's 164 TFLOPS, attention slower
+    from planner.families import gpt_trace
+    trace = gpt_trace(layers=1, hidden=5120, heads=40, seq=1024, batch=8)
+    block = next(m for m in trace.moments if m.block == 0 and m.flops > 0)
+    seconds = moment_seconds(hw, trace, block)
+    assert seconds > block.flops / hw.device_flops_per_s  # attention at 110 TFLOPS, not 164
+    assert seconds < block.flops / 110e12
+    flat = dataclasses.replace(hw, device=dataclasses.replace(hw.device, matmul_rates=(), attention_rates=()))
+    assert moment_seconds(flat, trace, block) == pytest.approx(block.flops / hw.device_flops_per_s)
+    # batch 1: the GEMMs run slower per FLOP (140 vs 164 TFLOPS measured/estimated)
+    small = gpt_trace(layers=1, hidden=5120, heads=40, seq=1024, batch=1)
+    b1 = next(m for m in small.moments if m.block == 0 and m.flops > 0)
+    assert moment_seconds(hw, small, b1) / b1.flops > seconds / block.flops

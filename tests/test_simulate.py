@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -427,3 +428,24 @@ def test_cpu_steps_share_the_cores_of_an_emulated_device() -> None:
     for r in (beside, shared):  # the work itself is the same, still reported per channel
         assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(2.0)
         assert r.busy_seconds_per_channel[Channel.COMPUTE] == pytest.approx(6.1)
+
+
+def test_prices_pageable_policy_and_shared_dram() -> None:
+    """Issue 17: DeepSpeed's copies stage through pageable memory (slower than the same schedule
+    pinned); host DRAM is one shared server (the iteration lasts at least its bytes / bandwidth)."""
+    import dataclasses as dc
+
+    from planner.presets import resolve_hardware
+    from schemas import Schedule
+
+    path = Path(__file__).resolve().parent.parent / "traces/golden/pstar-gpt-4b.rtx4090-768g-12ssd.schedule.msgpack"
+    s = Schedule.read(path)
+    hw = resolve_hardware("rtx4090-768g-12ssd")
+    pinned = simulate(s, hw)
+    assert pinned.bytes_per_channel[Channel.H2D] > 0
+    pageable = simulate(dc.replace(s, header=dc.replace(s.header, policy="zero3-offload")), hw)
+    assert pageable.iteration_seconds > pinned.iteration_seconds
+    moved = sum(pinned.bytes_per_channel[ch] for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
+    slow = dc.replace(hw, host=dc.replace(hw.host, dram_gb_per_s=2.0, adam_dram_bytes_per_param=0.0))  # copies alone
+    narrow = simulate(s, slow)
+    assert narrow.iteration_seconds >= moved / 2e9 > pinned.iteration_seconds
