@@ -23,13 +23,13 @@ class MathOptSolver:
 
     _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
 
-    def __init__(self, name: str, *, dual_simplex: bool = False) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
         self.kind = self._TYPES[name]
-        # GLOP on its dual simplex: measured on the 256-block LP (hidden 4096, a100-80g-12ssd, chunk
-        # 67257720, bench/bench_depth.py): 1.99 s CPU instead of 3.84 s on GLOP's default (primal),
-        # 3.40 s on HiGHS's dual simplex, 3.30 s on its barrier; the same optimum, one thread
-        self.dual_simplex = dual_simplex
+        # Note [GLOP's primal simplex]: its dual simplex was 2x faster on the 256-block LP (1.99 s vs
+        # 3.84 s CPU, bench/bench_depth.py), but with the shared host-DRAM and both-ways PCIe rows it
+        # ran for over 12 minutes on gpt-small's LP (cpu-emulated, 0.05 GB), past its time limit, where
+        # the primal simplex solves the whole problem in 0.5 s (measured 2026-11-23, this CI machine)
         self.model = mathopt.Model(name="placement")
         self._rows = 0
 
@@ -71,8 +71,6 @@ class MathOptSolver:
             params.relative_gap_tolerance = relative_gap
             if node_limit is not None:
                 params.node_limit = node_limit
-        elif self.kind is mathopt.SolverType.GLOP and self.dual_simplex:
-            params.lp_algorithm = mathopt.LPAlgorithm.DUAL_SIMPLEX
         with quiet_stdout():
             return mathopt.solve(self.model, self.kind, params=params)
 

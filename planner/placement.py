@@ -227,7 +227,7 @@ class PlacementModel:
         self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.groups)))
         # minimal-capacity mode: the capacity of one tier becomes a variable and the objective
         self.capacity_variable = capacity_variable
-        self.solver = MathOptSolver(lp_solver if relax else "HIGHS", dual_simplex=relax and lp_solver == "GLOP")
+        self.solver = MathOptSolver(lp_solver if relax else "HIGHS")
         self.solver_name = self.solver.name
         self._add_variables()
         self._add_memory_constraints()
