@@ -77,6 +77,8 @@ names = st.text(min_size=1, max_size=12)
 counts = st.integers(min_value=0, max_value=MAX_INT)
 seconds = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
 positive = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
+# params/s: schemas.hardware.PLAUSIBLE refuses less than 1 param/s
+params_rate = st.floats(min_value=1.0, max_value=1e12, allow_nan=False, allow_infinity=False)
 fractions = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, allow_nan=False)
 digests = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64).map(lambda h: "sha256:" + h)
 
@@ -187,7 +189,7 @@ def hardwares(draw: Any) -> Hardware:
         name=draw(names),
         description=draw(texts),
         device=DeviceSpec(kind=draw(_pick(DeviceKind)), name=draw(texts), memory_gb=draw(positive),
-                          usable_fraction=draw(fractions), compute_tflops=draw(positive), optimizer_params_per_s=draw(positive),
+                          usable_fraction=draw(fractions), compute_tflops=draw(positive), optimizer_params_per_s=draw(params_rate),
                           matmul_rates=tuple(MatmulRate(dtype=draw(_pick(DType)), m=draw(_ints(1, 1 << 16)), n=draw(_ints(1, 1 << 16)),
                                                         k=draw(_ints(1, 1 << 16)), tflops=draw(positive))
                                              for _ in range(draw(_ints(0, 2)))),
@@ -195,7 +197,7 @@ def hardwares(draw: Any) -> Hardware:
                                                               tokens=draw(_ints(1, 1 << 16)), head_dim=draw(_ints(1, 256)),
                                                               forward_tflops=draw(positive), backward_tflops=draw(positive))
                                                 for _ in range(draw(_ints(0, 2))))),
-        host=HostSpec(memory_gb=draw(positive), usable_fraction=draw(fractions), optimizer_params_per_s=draw(positive),
+        host=HostSpec(memory_gb=draw(positive), usable_fraction=draw(fractions), optimizer_params_per_s=draw(params_rate),
                       cores=draw(_ints(1, 512)), dram_gb_per_s=draw(positive),
                       adam_chunk_params=draw(_ints(1, 1 << 30)),
                       adam_rates=tuple(AdamRate(threads=t, params_per_s=draw(positive), params_per_s_with_copies=draw(positive))

@@ -82,7 +82,8 @@ def test_evaluation_every_5_steps_leaves_the_training_identical(variant, tmp_pat
 
     # the same run without evaluations, on a fresh engine
     model2 = build()
-    engine2 = executor.run(model2, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path)
+    # its own NVMe directory: the first engine still holds its directory's lock (executor/nvme.py)
+    engine2 = executor.run(model2, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path / "second")
     want = engine_run(engine2, model2, loss_fn, batches)
     assert got == want
     a, b = engine.state_dict(), engine2.state_dict()
