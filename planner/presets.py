@@ -9,10 +9,11 @@ right here.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from planner.errors import PlannerError
-from schemas import Hardware
+from schemas import Hardware, Schedule
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "traces" / "hardware"
 DEFAULT_HARDWARE = "cpu-emulated"
@@ -32,3 +33,19 @@ def resolve_hardware(spec: str | None) -> Hardware:
     if not preset.exists():
         raise PlannerError(f"hardware {spec!r}: no such file and no such preset; presets: {', '.join(preset_names())}")
     return Hardware.read(preset)
+
+
+def hardware_for(schedule: Schedule, spec: str | None, *, source: str) -> Hardware:
+    """The hardware to replay `schedule` on: `spec` if given, else the preset its header names; a
+    warning on stderr when it is not the hardware the schedule was solved for."""
+    name = schedule.header.hardware_name
+    if spec:
+        hardware = resolve_hardware(spec)
+    elif (PRESET_DIR / f"{name}.toml").exists():
+        hardware = resolve_hardware(name)
+    else:
+        raise PlannerError(f"{source}: solved for hardware {name!r}, which is not a preset; pass --hardware NAME|FILE")
+    if hardware.digest != schedule.header.hardware_digest:
+        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
+              f"({name!r}, digest {schedule.header.hardware_digest[:19]}...)", file=sys.stderr)
+    return hardware

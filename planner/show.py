@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.errors import PlannerError
-from planner.presets import PRESET_DIR, resolve_hardware
+from planner.presets import hardware_for
 from planner.verify import verify_schedule
 from schemas import FormatError, Hardware, Schedule, Trace, load_any
 from schemas._base import read_bytes
@@ -91,17 +90,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def _verify(schedule: Schedule, args: argparse.Namespace) -> None:
     """The simulator's semantic checks and the trace digest (planner/verify.py)."""
-    hardware_spec = getattr(args, "hardware", None)
-    if hardware_spec:
-        hardware = resolve_hardware(hardware_spec)
-    elif (PRESET_DIR / f"{schedule.header.hardware_name}.toml").exists():
-        hardware = resolve_hardware(schedule.header.hardware_name)
-    else:
-        raise PlannerError(f"{args.file}: solved for hardware {schedule.header.hardware_name!r}, which is not a preset; "
-                           "pass --hardware NAME|FILE to replay it")
-    if hardware.digest != schedule.header.hardware_digest:
-        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
-              f"({schedule.header.hardware_name!r})", file=sys.stderr)
+    hardware = hardware_for(schedule, getattr(args, "hardware", None), source=args.file)
     digest = None
     if getattr(args, "trace", None):
         Trace.read(args.trace)  # a trace that does not load is its own one-line error

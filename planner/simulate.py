@@ -77,7 +77,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -114,7 +113,7 @@ from planner.costmodel import (
     dram_bytes_per_s,
 )
 from planner.errors import PlannerError
-from planner.presets import PRESET_DIR, resolve_hardware
+from planner.presets import hardware_for
 from planner.sim_result import Interval, MemorySample, ScheduleViolation, SimResult, ViolationKind
 
 
@@ -775,16 +774,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     schedule = Schedule.read(args.schedule)
-    if args.hardware:
-        hardware = resolve_hardware(args.hardware)
-    elif (PRESET_DIR / f"{schedule.header.hardware_name}.toml").exists():
-        hardware = resolve_hardware(schedule.header.hardware_name)
-    else:
-        raise PlannerError(f"{args.schedule}: solved for hardware {schedule.header.hardware_name!r}, which is not a "
-                           "preset; pass --hardware NAME|FILE")
-    if hardware.digest != schedule.header.hardware_digest:
-        print(f"warning: hardware {hardware.name!r} differs from the one the schedule was solved for "
-              f"({schedule.header.hardware_name!r}, digest {schedule.header.hardware_digest[:19]}...)", file=sys.stderr)
+    hardware = hardware_for(schedule, args.hardware, source=args.schedule)
     if args.trace:
         digest = digest_bytes(read_bytes("trace", args.trace))
         if digest != schedule.header.trace_digest:

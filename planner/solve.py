@@ -51,7 +51,6 @@ from planner.exact import solve_exact_report
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
 from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
 from planner.placement import (
-    MIP_RELATIVE_GAP,
     PlacementInfeasible,
     PlacementInput,
     PlacementModel,
