@@ -56,7 +56,6 @@ from planner.placement import (
     PlacementModel,
     PlacementSolution,
     SparsePlacementModel,
-    Tier,
     minimal_capacity,
     placement_input,
     root_bound_seconds,
