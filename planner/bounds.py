@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from schemas._base import format_bytes
 
+from planner.costmodel import cpu_adam_threads, nvme_seconds, optimizer_step_price
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
 from planner.problem import Problem, device_non_model_bytes
@@ -53,7 +54,8 @@ def physical_lower_bound_seconds(data: PlacementInput) -> float:
     nvme_os = max(0.0, off * os_item - host_room)
     nvme = 0.0
     if nvme_os > 0 and data.has_nvme:
-        nvme = nvme_os / data.nvme_read_bytes_per_s + nvme_os / data.nvme_write_bytes_per_s
+        # read and written once each: the SSDs' least time for both (costmodel.nvme_time_rows)
+        nvme = max(a * nvme_os + b * nvme_os for a, b in data.nvme_rows())
     return max(compute, d2h, h2d, cpu, nvme)
 
 
@@ -142,11 +144,15 @@ def lower_bound(problem: Problem) -> LowerBound:
     rest = max(0.0, p - dev_free / max(1, os_item))
     # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
     rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
+    # CPU Adam at the fastest rate the simulator can charge a step (costmodel.optimizer_step_price:
+    # alone, at the executor's thread count of an overlapped step or of one at the OPTIMIZER moment)
+    adam_per_param = min(optimizer_step_price(hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=o)).seconds
+                         for o in (False, True))
 
     def load(s: float) -> dict[str, float]:  # PCIe per rank (1/p each); the node's CPU shared
         return {"H2D": (h2d + os_item * (rest - s)) / ranks / rate_h2d,
                 "D2H": (item * s + os_item * (rest - s)) / ranks / rate_d2h,
-                "CPU_OPTIMIZER": s / nodes / hw.host.optimizer_params_per_s}
+                "CPU_OPTIMIZER": s / nodes * adam_per_param}
 
     lo, hi = 0.0, rest
     for _ in range(100):
@@ -162,8 +168,7 @@ def lower_bound(problem: Problem) -> LowerBound:
     # model data that fits neither the GPUs nor the CPU lives on the SSDs: read and written every step
     excess = max(0, p * (item + os_item) - max(0, ranks * (problem.device_bytes - max(nm))) - nodes * problem.host_bytes)
     if excess:
-        r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
-        per["NVME"] = excess / r + excess / w if r > 0 and w > 0 else math.inf
+        per["NVME"] = nvme_seconds(hw, excess, excess)  # the least time of any interleaving (costmodel.nvme_time_rows)
     resource = max(per, key=lambda k: per[k])
     return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
 

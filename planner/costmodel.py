@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 
 from schemas._base import frozen
-from schemas.hardware import Hardware
+from schemas.hardware import DeviceKind, Hardware
 from schemas.schedule import Channel, Tier
 from schemas.trace import DType, Moment, Phase, Trace
 
@@ -41,12 +41,22 @@ def nvme_cap_bytes_per_s(hardware: Hardware) -> float:
     return cap if cap > 0 else math.inf
 
 
-def channel_bytes_per_s(hardware: Hardware, channel: Channel, *, pageable: bool = False, duplex: bool = False) -> float:
+def nvme_mixed(hardware: Hardware) -> bool:
+    """The file measured the SSDs' rates while reading and writing at once (`nvme.mixed_*`): reads and
+    writes are then two servers that slow each other down while both run; otherwise the drives are
+    simplex, reads and writes sharing their time (the format's rule for 0, Fuyou Eq. 4)."""
+    return hardware.nvme.mixed_read_gb_per_s_each > 0 and hardware.nvme.mixed_write_gb_per_s_each > 0
+
+
+def channel_bytes_per_s(hardware: Hardware, channel: Channel, *, pageable: bool = False, duplex: bool = False,
+                        mixed: bool = False) -> float:
     """Bandwidth of a byte channel (0.0 when the machine has no such path, e.g. no SSD).
 
-    NVMe: count x per-SSD rate, at most the host-side cap. H2D/D2H: pinned by default; `pageable`
-    at the pageable rate, `duplex` at the rate while the other direction runs too (each only where the
-    file measured it: 0 there means "as pinned / full duplex", the format's rule)."""
+    NVMe: count x per-SSD rate, at most the host-side cap; `mixed`: the rate while the other direction
+    runs too (`nvme.mixed_*`, where measured), both directions together at most the cap. H2D/D2H:
+    pinned by default; `pageable` at the pageable rate, `duplex` at the rate while the other direction
+    runs too (each only where the file measured it: 0 there means "as pinned / full duplex", the
+    format's rule)."""
     if channel in (Channel.H2D, Channel.D2H):
         links = hardware.links
         rate = hardware.h2d_bytes_per_s if channel is Channel.H2D else hardware.d2h_bytes_per_s
@@ -57,11 +67,48 @@ def channel_bytes_per_s(hardware: Hardware, channel: Channel, *, pageable: bool 
             both = links.duplex_h2d_gb_per_s if channel is Channel.H2D else links.duplex_d2h_gb_per_s
             rate = min(rate, both * 1e9) if both > 0 else rate
         return rate
-    if channel is Channel.NVME_READ:
-        return min(hardware.nvme_read_bytes_per_s, nvme_cap_bytes_per_s(hardware))
-    if channel is Channel.NVME_WRITE:
-        return min(hardware.nvme_write_bytes_per_s, nvme_cap_bytes_per_s(hardware))
+    if channel in (Channel.NVME_READ, Channel.NVME_WRITE):
+        nv = hardware.nvme
+        if mixed and nvme_mixed(hardware):
+            # never above a direction's rate alone (a drive does not read faster because it also
+            # writes: a profile's mixed figure above it is noise, e.g. a VM disk's cache); the cap holds
+            # reads + writes together
+            r = min(nv.count * nv.mixed_read_gb_per_s_each * 1e9, hardware.nvme_read_bytes_per_s)
+            w = min(nv.count * nv.mixed_write_gb_per_s_each * 1e9, hardware.nvme_write_bytes_per_s)
+            share = min(1.0, nvme_cap_bytes_per_s(hardware) / (r + w))
+            return (r if channel is Channel.NVME_READ else w) * share
+        alone = hardware.nvme_read_bytes_per_s if channel is Channel.NVME_READ else hardware.nvme_write_bytes_per_s
+        return min(alone, nvme_cap_bytes_per_s(hardware))
     return {Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s}[channel]
+
+
+def nvme_time_rows(hardware: Hardware) -> tuple[tuple[float, float], ...]:
+    """Linear rows (seconds per read byte, seconds per write byte) whose max is the least time the
+    SSDs need for R bytes read and W written in one window: t >= a*R + b*W for each row.
+
+    A drive spends time a reading alone (rate r), b writing alone (w) and c doing both (mr, mw, the
+    `mixed` rates): R = a r + c mr, W = b w + c mw, minimize a + b + c. That LP's value is the max over
+    its dual's vertices (LP duality): (1/r, 0), (0, 1/w), and (1/r, 1/w) when mr/r + mw/w <= 1 (mixing
+    never pays: the simplex sum, Fuyou Eq. 4), else (1/r, (1 - mr/r)/mw) and ((1 - mw/w)/mr, 1/w);
+    with a host cap also (1/cap, 1/cap). Unmeasured mixed rates: simplex. The simulator's
+    servers (a read and a write server at the mixed rates while both run) never beat these rows."""
+    r = channel_bytes_per_s(hardware, Channel.NVME_READ)
+    w = channel_bytes_per_s(hardware, Channel.NVME_WRITE)
+    if r <= 0 or w <= 0:
+        return ()
+    rows = [(1 / r, 0.0), (0.0, 1 / w)]
+    mr = channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True)
+    mw = channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True)
+    if not nvme_mixed(hardware) or mr / r + mw / w <= 1:
+        rows.append((1 / r, 1 / w))
+    else:
+        rows += [(1 / r, (1 - mr / r) / mw), ((1 - mw / w) / mr, 1 / w)]
+    cap = nvme_cap_bytes_per_s(hardware)
+    if math.isfinite(cap):
+        rows.append((1 / cap, 1 / cap))
+    # only the rows no other row dominates (fewer rows for the placement model)
+    rows = list(dict.fromkeys(rows))
+    return tuple(x for x in rows if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in rows))
 
 
 def device_capacity_bytes(hardware: Hardware) -> int:
@@ -69,11 +116,51 @@ def device_capacity_bytes(hardware: Hardware) -> int:
     return max(0, hardware.device_bytes - hardware.device_margin_bytes)
 
 
-def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False) -> float:
-    """Fused CPU Adam at the chunk size the file measured, with all the host's cores (the CPU optimizer
-    is one per node), at the rate measured with host copies / SSD traffic beside it when `with_copies`
-    (findings 2026-11-23: the rate of one chunk-sized tensor, and it falls while copies share DRAM)."""
-    return hardware.cpu_adam_params_per_s(hardware.host.cores, with_copies=with_copies)
+def cpu_adam_threads(hardware: Hardware, *, overlapped: bool) -> int:
+    """Threads the executor's CPU optimizer steps with (executor/stepping.py `_setup_cpu_steps`): every
+    core on a GPU machine (the cores are free while the GPU computes); on an emulated DEVICE the
+    backward computes on the same cores, so a step overlapped with backward runs on the optimizer
+    worker with half of them (`max(1, cores // 2)`) and a step at the OPTIMIZER moment on the training
+    thread with all of them."""
+    cores = hardware.host.cores
+    if overlapped and hardware.device.kind is DeviceKind.CPU_EMULATED:
+        return max(1, cores // 2)
+    return cores
+
+
+def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False, threads: int | None = None) -> float:
+    """Fused CPU Adam at the chunk size the file measured (`host.adam_chunk_params`; one size is
+    measured, so every chunk is priced at it), with `threads` threads (default: all the host's cores,
+    the CPU optimizer is one per node), at the rate measured with host copies / SSD traffic beside it
+    when `with_copies` (findings 2026-11-23: the rate of one chunk-sized tensor, and it falls while
+    copies share DRAM)."""
+    return hardware.cpu_adam_params_per_s(hardware.host.cores if threads is None else threads, with_copies=with_copies)
+
+
+@frozen
+class OptimizerPrice:
+    """What one Adam step over a chunk costs: seconds on its resource and the host DRAM bytes it draws."""
+
+    seconds: float
+    dram_bytes: float  # 0 on DEVICE (HBM is not the host's DRAM)
+
+
+def optimizer_step_price(hardware: Hardware, tier: Tier, params: float, *, with_copies: bool = False,
+                         threads: int | None = None) -> OptimizerPrice:
+    """THE price of an Adam step over `params` params of one chunk, used by every caller (simulator,
+    placement model, bounds, policies, emit's pacing).
+
+    DEVICE: `device.optimizer_params_per_s` (GPU Adam is HBM-bound; no host DRAM). HOST: fused CPU
+    Adam at `threads` threads (default: all cores; `cpu_adam_threads` gives the executor's count) from
+    the `host.adam_rates` table at its chunk size, at its rate with copies beside it when
+    `with_copies`; it moves `host.adam_dram_bytes_per_param` bytes per param through host DRAM (28 for
+    fp32 AdamW), which the callers draw from the shared DRAM bandwidth (`dram_bytes_per_s`)."""
+    if tier is Tier.DEVICE:
+        return OptimizerPrice(seconds=params / hardware.device.optimizer_params_per_s, dram_bytes=0.0)
+    if tier is Tier.HOST:
+        rate = cpu_adam_params_per_s(hardware, with_copies=with_copies, threads=threads)
+        return OptimizerPrice(seconds=params / rate, dram_bytes=adam_dram_bytes(hardware, params))
+    raise ValueError(f"the optimizer runs on DEVICE or HOST, not {tier}")
 
 
 def dram_bytes_per_s(hardware: Hardware) -> float:
@@ -200,19 +287,21 @@ def moment_seconds(hardware: Hardware, trace: Trace, moment: Moment) -> float:
     return gemm_seconds + rest / rate
 
 
-def optimizer_seconds(hardware: Hardware, tier: Tier, params: int, *, with_copies: bool = False) -> float:
-    """Adam over `params` parameters on DEVICE (GPU Adam) or HOST (fused CPU Adam; `with_copies`: while
-    DMA / SSD traffic runs beside it)."""
-    if tier is Tier.DEVICE:
-        return params / hardware.device.optimizer_params_per_s
-    if tier is Tier.HOST:
-        return params / cpu_adam_params_per_s(hardware, with_copies=with_copies)
-    raise ValueError(f"the optimizer runs on DEVICE or HOST, not {tier}")
+def optimizer_seconds(hardware: Hardware, tier: Tier, params: int, *, with_copies: bool = False,
+                      threads: int | None = None) -> float:
+    """Seconds of Adam over `params` parameters on DEVICE or HOST (`optimizer_step_price`)."""
+    return optimizer_step_price(hardware, tier, params, with_copies=with_copies, threads=threads).seconds
 
 
 def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> float:
-    """One simplex device per SSD: reads and writes add up (Fuyou Eq. 4)."""
-    return transfer_seconds(hardware, Channel.NVME_READ, read_bytes) + transfer_seconds(hardware, Channel.NVME_WRITE, write_bytes)
+    """The least time the SSDs read and write these bytes in (`nvme_time_rows`: simplex drives add
+    reads and writes up, Fuyou Eq. 4; drives measured mixed may run both at once)."""
+    if read_bytes <= 0 and write_bytes <= 0:
+        return 0.0
+    rows = nvme_time_rows(hardware)
+    if not rows:
+        return math.inf
+    return max(a * read_bytes + b * write_bytes for a, b in rows)
 
 
 @frozen
@@ -247,8 +336,9 @@ def stage_seconds(hardware: Hardware, load: StageLoad) -> float:
 
 
 __all__ = [
-    "PAGEABLE_POLICIES", "StageLoad", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
-    "channel_seconds", "compute_seconds", "cpu_adam_params_per_s", "device_capacity_bytes", "dram_bytes",
-    "dram_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_seconds",
-    "optimizer_seconds", "stage_seconds", "transfer_seconds",
+    "OptimizerPrice", "PAGEABLE_POLICIES", "StageLoad", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
+    "channel_seconds", "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
+    "dram_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
+    "nvme_time_rows",
+    "optimizer_seconds", "optimizer_step_price", "stage_seconds", "transfer_seconds",
 ]

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.decisions import activation_moments
 from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
 from planner.problem import Problem
@@ -217,7 +218,10 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
         return {}, {}, {}
     est = _estimated_tick_seconds(plan)
     n_ticks = len(plan.tick_moment)
-    rate = problem.hardware.host.optimizer_params_per_s
+    hw = problem.hardware
+    # the simulator's price of these steps: overlapped with backward, SSD/PCIe traffic beside them
+    seconds_per_element = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True,
+                                               threads=cpu_adam_threads(hw, overlapped=True)).seconds
     lead = max(os_bytes.values()) / (problem.hardware.nvme_read_bytes_per_s or math.inf)
 
     def first_tick_at(seconds: float, lo: int, hi: int) -> int:
@@ -235,7 +239,7 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
     for tick, g in early:
         elements = sum(d.layout.chunks[c].elements for c in plan.trainable_chunks[g])
         start = max(est[tick], cpu_free)
-        cpu_free = cpu_end[g] = start + elements / rate
+        cpu_free = cpu_end[g] = start + elements * seconds_per_element
         last = step_tick[g] = max(first_tick_at(start - lead, tick, n_ticks), last)
         if step_tick[g] < n_ticks and os_bytes[g]:
             read_tick[g] = first_tick_at(start - 2 * lead, plan.grad_first_tick[g], step_tick[g])

@@ -168,6 +168,7 @@ def _scaled(d: PlacementInput) -> PlacementInput:
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
         duplex_bytes_per_s=d.duplex_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
+        nvme_time_rows=tuple((x * b / t, y * b / t) for x, y in d.nvme_time_rows),
     )
 
 
@@ -627,7 +628,7 @@ class PlacementModel:
         inf = self.solver.infinity()
         ch = self.channels = self._channel_exprs()
         rd = d.nvme_read_bytes_per_s or 1.0
-        wr = d.nvme_write_bytes_per_s or 1.0
+        nvme_rows = d.nvme_rows()
         for s in range(n):
             t = self.stage_time[s]
             self.solver.Add(t >= ch["COMPUTE"][s], f"time_compute[{s}]")
@@ -637,7 +638,8 @@ class PlacementModel:
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
             if d.duplex_bytes_per_s > 0:  # both ways at once move at most the duplex rates together (links.duplex_*)
                 self.solver.Add(t >= (ch["H2D"][s] + ch["D2H"][s]) * (1.0 / d.duplex_bytes_per_s), f"time_pcie_both_ways[{s}]")
-            self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
+            for k, (a, b) in enumerate(nvme_rows):  # costmodel.nvme_time_rows: simplex, or mixed and the cap
+                self.solver.Add(t >= ch["NVME_READ"][s] * a + ch["NVME_WRITE"][s] * b, f"time_nvme[{s},{k}]")
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
         # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
@@ -646,24 +648,25 @@ class PlacementModel:
             later = self.suffix[s + 1] if s + 1 < n else 0
             self.solver.Add(self.suffix[s] == self.stage_time[s] + later, f"suffix[{s}]")
         cpu_tail: Any = 0
-        nvme_tail: Any = 0
+        nvme_tails: list[Any] = [0] * len(nvme_rows)  # per SSD time row
         cpu_tail_at: list[Any] = [0] * (n + 1)  # CPU work released at or after stage s
         for s in reversed(range(n)):
             cpu_here = ch["CPU_RELEASED"][s]
-            nvme_here = (ch["OS_READ"][s] + ch["NVME_READ"][s]) * (1.0 / rd) + (ch["OS_WRITE"][s] + ch["NVME_WRITE"][s]) * (1.0 / wr)
             if not _is_zero(cpu_here):
                 v = self.solver.NumVar(0, inf, f"cpu_optimizer_tail[{s}]")  # running sums keep rows sparse
                 self.solver.Add(v == cpu_tail + cpu_here, f"cpu_optimizer_tail_run[{s}]")
                 cpu_tail = v
-            if not _is_zero(nvme_here):
-                v = self.solver.NumVar(0, inf, f"nvme_tail[{s}]")
-                self.solver.Add(v == nvme_tail + nvme_here, f"nvme_tail_run[{s}]")
-                nvme_tail = v
+            for k, (a, b) in enumerate(nvme_rows):
+                nvme_here = (ch["OS_READ"][s] + ch["NVME_READ"][s]) * a + (ch["OS_WRITE"][s] + ch["NVME_WRITE"][s]) * b
+                if not _is_zero(nvme_here):
+                    v = self.solver.NumVar(0, inf, f"nvme_tail[{s},{k}]")
+                    self.solver.Add(v == nvme_tails[k] + nvme_here, f"nvme_tail_run[{s},{k}]")
+                    nvme_tails[k] = v
+                if not _is_zero(nvme_tails[k]):
+                    self.solver.Add(self.suffix[s] >= nvme_tails[k], f"nvme_suffix[{s},{k}]")
             cpu_tail_at[s] = cpu_tail
             if not _is_zero(cpu_tail):
                 self.solver.Add(self.suffix[s] >= cpu_tail, f"cpu_optimizer_suffix[{s}]")
-            if not _is_zero(nvme_tail):
-                self.solver.Add(self.suffix[s] >= nvme_tail, f"nvme_suffix[{s}]")
         if d.dram_bytes_per_s > 0:
             # host DRAM is shared (costmodel.dram_bytes): every PCIe / SSD byte passes it once per leg
             # and CPU Adam moves adam_dram_bytes_per_element per param; the iteration lasts at least
@@ -698,8 +701,9 @@ class PlacementModel:
             # Adam after backward: the optimizer stage alone carries the CPU step and its SSD traffic
             o = d.optimizer_stage
             self.solver.Add(self.stage_time[o] >= ch["CPU_RELEASED"][o], "time_cpu_optimizer")
-            self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * (1.0 / rd)
-                            + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * (1.0 / wr), "time_nvme_optimizer")
+            for k, (a, b) in enumerate(nvme_rows):
+                self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
+                                + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
 
     def _add_objective(self) -> None:
         if self.capacity is not None:
@@ -710,12 +714,13 @@ class PlacementModel:
         # SECONDARY_TERMS x sum T_s, so the LP value / (1 + SECONDARY_TERMS x SECONDARY_WEIGHT) stays
         # a lower bound on sum T_s.
         d, ch = self.data, self.channels
-        rd = d.nvme_read_bytes_per_s or 1.0
-        wr = d.nvme_write_bytes_per_s or 1.0
+        # the SSDs' work at the least coefficients of their time rows: never above a stage's SSD time
+        rows = d.nvme_rows()
+        ra, wb = min(a for a, _ in rows), min(b for _, b in rows)
         work = 0
         for s in range(len(d.stages)):
             work += ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s) + ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s)
-            work += (ch["NVME_READ"][s] + ch["OS_READ"][s]) * (1.0 / rd) + (ch["NVME_WRITE"][s] + ch["OS_WRITE"][s]) * (1.0 / wr)
+            work += (ch["NVME_READ"][s] + ch["OS_READ"][s]) * ra + (ch["NVME_WRITE"][s] + ch["OS_WRITE"][s]) * wb
             work += ch["CPU_RELEASED"][s] + (ch["COMPUTE"][s] - d.stages[s].compute_seconds)
         self.secondary = work
         self.solver.Minimize(sum(self.stage_time) + SECONDARY_WEIGHT * work)

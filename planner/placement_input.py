@@ -9,7 +9,7 @@ import dataclasses
 import math
 from collections import defaultdict
 
-from planner.costmodel import channel_bytes_per_s, cpu_adam_params_per_s, dram_bytes_per_s
+from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes_per_s, nvme_time_rows, optimizer_step_price
 from planner.problem import Problem
 from schemas._base import frozen
 from schemas.schedule import Channel, ChunkLayout, ChunkList, Phase, Tier
@@ -81,6 +81,16 @@ class PlacementInput:
     duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
+    nvme_time_rows: tuple[tuple[float, float], ...] = ()
+    """(seconds per read byte, per write byte) rows: the SSDs need at least max_k a_k R + b_k W for R bytes
+    read and W written (costmodel.nvme_time_rows: mixed reads and writes, the host cap); empty: simplex
+    at the two rates above (R / read + W / write)"""
+
+    def nvme_rows(self) -> tuple[tuple[float, float], ...]:
+        """The SSD time rows, the simplex row when none were given."""
+        if self.nvme_time_rows:
+            return self.nvme_time_rows
+        return ((1.0 / (self.nvme_read_bytes_per_s or 1.0), 1.0 / (self.nvme_write_bytes_per_s or 1.0)),)
 
     @property
     def has_nvme(self) -> bool:
@@ -160,12 +170,15 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         h2d_bytes_per_s=channel_bytes_per_s(hw, Channel.H2D), d2h_bytes_per_s=channel_bytes_per_s(hw, Channel.D2H),
         nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ),
         nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE),
-        cpu_adam_seconds_per_element=1.0 / cpu_adam_params_per_s(hw, with_copies=True),
+        # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
+        cpu_adam_seconds_per_element=optimizer_step_price(
+            hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
         duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True) + channel_bytes_per_s(hw, Channel.D2H, duplex=True)
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),
         dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
-        gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
+        gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
+        nvme_time_rows=nvme_time_rows(hw),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
     )
 

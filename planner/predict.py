@@ -11,16 +11,17 @@ from collections.abc import Sequence
 
 from planner.costmodel import (
     PAGEABLE_POLICIES,
-    adam_dram_bytes,
+    cpu_adam_threads,
     dram_bytes,
     dram_bytes_per_s,
-    optimizer_seconds,
+    optimizer_step_price,
     transfer_seconds,
 )
 from planner.errors import InfeasibleError
 from planner.problem import Problem
 from planner.replay import ResidencyReplay
 from schemas.schedule import ActivationMode, Channel, Op, Prediction, Schedule, Stage, Tier, action_channels
+from schemas.trace import Phase
 
 
 def predict_stages(problem: Problem, schedule: Schedule, deadlines: Sequence[int],
@@ -69,11 +70,14 @@ def predict_stages(problem: Problem, schedule: Schedule, deadlines: Sequence[int
         if a.op is Op.OPTIMIZER_STEP:
             params = schedule.layout.chunks[a.chunk].used_elements
             if a.dst is Tier.HOST:
-                cpu_opt[s] += optimizer_seconds(hw, Tier.HOST, params, with_copies=host_copies)
+                overlapped = problem.moments[a.moment].phase is not Phase.OPTIMIZER
+                price = optimizer_step_price(hw, Tier.HOST, params, with_copies=host_copies,
+                                             threads=cpu_adam_threads(hw, overlapped=overlapped))
+                cpu_opt[s] += price.seconds
                 if dram_rate < math.inf:
-                    transfers.setdefault("DRAM", []).append((s, n_stages - 1, adam_dram_bytes(hw, params) / dram_rate))
+                    transfers.setdefault("DRAM", []).append((s, n_stages - 1, price.dram_bytes / dram_rate))
             else:
-                device_opt[s] += optimizer_seconds(hw, Tier.DEVICE, params)
+                device_opt[s] += optimizer_step_price(hw, Tier.DEVICE, params).seconds
             continue
         chans = action_channels(a)
         # DEVICE <-> HOST only: the NVMe path goes through pinned bounce buffers (costmodel.PAGEABLE_POLICIES)

@@ -35,14 +35,20 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
 - Channels. H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
   SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
   `count * read rate`, writes at `count * write rate`, each at most the host-side cap
-  (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
+  (`nvme.host_cap_gb_per_s`); where the file measured the SSDs reading and writing at once
+  (`nvme.mixed_*`), a read server and a write server instead, each at its rate alone, or at the
+  mixed rate (both together at most the cap) when the other one is still busy as it starts
+  (`costmodel.channel_bytes_per_s(mixed=True)`; `costmodel.nvme_time_rows` is the least time any
+  interleaving needs, the rows the placement model charges). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
   when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
   policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
   Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
   reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
   reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
-  CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the CPU Adam rate at the chunk size with all cores
-  (`costmodel.cpu_adam_params_per_s`), at the rate measured with copies beside it when a PCIe or SSD
+  CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the cost model's one price of a step
+  (`costmodel.optimizer_step_price`): the CPU Adam rate at the chunk size with the executor's thread
+  count (`costmodel.cpu_adam_threads`: all cores, or half of them for a step overlapped with
+  backward on an emulated DEVICE), at the rate measured with copies beside it when a PCIe or SSD
   server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
   `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
   device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
@@ -106,11 +112,12 @@ from schemas.residency import Refusal, ResidencyRefused, ValidCopies
 
 from planner.costmodel import (
     PAGEABLE_POLICIES,
-    adam_dram_bytes,
     channel_bytes_per_s,
-    cpu_adam_params_per_s,
+    cpu_adam_threads,
     dram_bytes,
     dram_bytes_per_s,
+    nvme_mixed,
+    optimizer_step_price,
 )
 from planner.errors import PlannerError
 from planner.presets import hardware_for
@@ -187,6 +194,7 @@ class _Sim:
     servers: dict[tuple[Channel, int], _Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
+    nvme_mixed: bool = False  # separate NVMe read and write servers at the mixed rates while both run
     dram: _Server = field(default_factory=_Server)  # host DRAM, shared by copies and CPU Adam
     dram_rate: float = float("inf")
     dram_busy: float = 0.0
@@ -395,12 +403,17 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
     # the node's ranks (PatrickStar §9.1's 12 cores serve its 8 ranks); collectives: one cluster-wide
     # server priced by Hardware.collective_seconds (intra- vs inter-node)
     nvme = [_Server() for _ in range(n_nodes)]
+    # SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server per node that
+    # slow each other down while both run (`_transfer`); otherwise one simplex server (Fuyou Eq. 4)
+    nvme_write = [_Server() for _ in range(n_nodes)] if nvme_mixed(hardware) else nvme
     cpu = [_Server() for _ in range(n_nodes)]
     collectives = _Server()
 
     def server(ch: Channel, rank: int) -> _Server:
-        if ch in (Channel.NVME_READ, Channel.NVME_WRITE):
+        if ch is Channel.NVME_READ:
             return nvme[node_of[rank]]
+        if ch is Channel.NVME_WRITE:
+            return nvme_write[node_of[rank]]
         if ch is Channel.CPU_OPTIMIZER:
             return cpu[node_of[rank]]
         return collectives if ch is Channel.INTER_GPU else _Server()
@@ -419,7 +432,8 @@ def _setup(schedule: Schedule, hardware: Hardware) -> _Sim:
                place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, groups=_comm_groups(layout),
-               pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware))
+               pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware),
+               nvme_mixed=nvme_mixed(hardware))
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:
@@ -519,11 +533,17 @@ def _transfer(sim: _Sim, channels: tuple[Channel, ...], nbytes: int, issue: floa
     start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
     pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
     other = {Channel.H2D: Channel.D2H, Channel.D2H: Channel.H2D}
+    other_ssd = {Channel.NVME_READ: Channel.NVME_WRITE, Channel.NVME_WRITE: Channel.NVME_READ}
     rates = {}
     for ch in channels:
         if ch in other:  # both ways at once: the other direction still busy as this copy starts
             duplex = sim.servers[(other[ch], rank)].free_at > start
             rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex)
+        elif ch in other_ssd and sim.nvme_mixed:
+            # reads and writes overlap on the SSDs: the mixed rates (nvme.mixed_*, both under the host
+            # cap) while the other direction's server is still busy as this transfer starts
+            mixed = sim.servers[(other_ssd[ch], rank)].free_at > start
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, mixed=mixed)
         else:
             rates[ch] = sim.rate[ch]
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
@@ -664,18 +684,22 @@ def _optimizer_step(sim: _Sim, a: Action, i: int, issue: float, last_grad_write:
         # with copies beside it: a PCIe or SSD server still busy as the step starts (findings 2026-11-23)
         copies = any(srv.free_at > start for (ch, _), srv in sim.servers.items()
                      if ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
-        channel, rate = Channel.CPU_OPTIMIZER, cpu_adam_params_per_s(sim.hardware, with_copies=copies)
+        # the executor's thread count: a step overlapped with backward (issued before the OPTIMIZER
+        # moment) runs on its optimizer worker, which on an emulated DEVICE has half the cores
+        overlapped = sim.schedule.moments[m].phase is not Phase.OPTIMIZER
+        channel = Channel.CPU_OPTIMIZER
+        price = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=copies,
+                                     threads=cpu_adam_threads(sim.hardware, overlapped=overlapped))
     elif d == _DEVICE:
-        channel, rate = Channel.COMPUTE, sim.hardware.device.optimizer_params_per_s
+        channel, price = Channel.COMPUTE, optimizer_step_price(sim.hardware, Tier.DEVICE, params)
     else:
         raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
                                 moment=m, action_index=i, chunk=c)
     server = sim.servers[server_key]
-    end = start + params / rate
-    if d == _HOST:
-        end = max(end, _draw_dram(sim, adam_dram_bytes(sim.hardware, params), start))
+    end = start + price.seconds
+    end = max(end, _draw_dram(sim, price.dram_bytes, start))
     server.free_at = end
-    sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
+    sim.busy[channel] = sim.busy.get(channel, 0.0) + price.seconds
     sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
     sim.last_end = max(sim.last_end, end)
     for li in inputs:

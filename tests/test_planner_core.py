@@ -175,10 +175,23 @@ def test_costmodel_channels_and_stage_max() -> None:
     hw = resolve_hardware("rtx4090-768g-12ssd")
     assert transfer_seconds(hw, Channel.H2D, 25e9) == pytest.approx(25e9 / hw.h2d_bytes_per_s)
     assert transfer_seconds(hw, Channel.H2D, 0) == 0.0
-    # an SSD is simplex: reads and writes add up; 12 SSDs read behind the 48 GB/s host-side cap
+    # 12 SSDs read behind the 48 GB/s host-side cap; reads alone at the cap, writes alone at 12 x 3.4
     read, write = min(hw.nvme_read_bytes_per_s, 48e9), min(hw.nvme_write_bytes_per_s, 48e9)
     assert read == 48e9 < hw.nvme_read_bytes_per_s
-    assert nvme_seconds(hw, 1e9, 1e9) == pytest.approx(1e9 / read + 1e9 / write)
+    assert nvme_seconds(hw, 1e9, 0) == pytest.approx(1e9 / read)
+    assert nvme_seconds(hw, 0, 1e9) == pytest.approx(1e9 / write)
+    # both at once: 12 x 2.2 GB/s each way (nvme.mixed_*), 52.8 GB/s together, held to the 48 GB/s cap:
+    # 2 GB take 2/48 s, less than the simplex sum 1/48 + 1/40.8 (mixing pays behind the cap)
+    assert nvme_seconds(hw, 1e9, 1e9) == pytest.approx(2e9 / 48e9)
+    assert nvme_seconds(hw, 1e9, 1e9) < 1e9 / read + 1e9 / write
+    simplex = dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, mixed_read_gb_per_s_each=0.0,
+                                                               mixed_write_gb_per_s_each=0.0))
+    assert nvme_seconds(simplex, 1e9, 1e9) == pytest.approx(1e9 / read + 1e9 / write)  # unmeasured: simplex (Fuyou Eq. 4)
+    # mixing that does not pay (mr/r + mw/w <= 1, no cap): the drives serialize, the simplex sum
+    slow = dataclasses.replace(simplex, nvme=dataclasses.replace(hw.nvme, host_cap_gb_per_s=0.0, mixed_read_gb_per_s_each=1.0,
+                                                                 mixed_write_gb_per_s_each=1.0))
+    r, w = hw.nvme_read_bytes_per_s, hw.nvme_write_bytes_per_s
+    assert nvme_seconds(slow, 1e9, 1e9) == pytest.approx(1e9 / r + 1e9 / w)
     assert optimizer_seconds(hw, Tier.HOST, 10**9) == pytest.approx(1e9 / hw.cpu_adam_params_per_s(hw.host.cores))
     assert optimizer_seconds(hw, Tier.DEVICE, 10**9) == pytest.approx(1e9 / hw.device.optimizer_params_per_s)
     load = StageLoad(compute_seconds=0.5, recompute_seconds=0.25, cpu_optimizer_seconds=0.1,

@@ -15,6 +15,7 @@ from planner.simulate import ScheduleViolation, ViolationKind, simulate
 from schemas.hardware import DeviceKind
 from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, SolverStatus, Tier
 from strategies import hardwares, schedules
+from test_simulate_builders import ELEMENTS as ELEMENTS_
 from test_simulate_builders import (
     CHUNK_BYTES,
     RESIDENT,
@@ -449,3 +450,60 @@ def test_prices_pageable_policy_and_shared_dram() -> None:
     slow = dc.replace(hw, host=dc.replace(hw.host, dram_gb_per_s=2.0, adam_dram_bytes_per_param=0.0))  # copies alone
     narrow = simulate(s, slow)
     assert narrow.iteration_seconds >= moved / 2e9 > pinned.iteration_seconds
+
+
+def test_nvme_reads_and_writes_overlap_at_the_mixed_rates() -> None:
+    """SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server; the read
+    issued while the write runs goes at the mixed rate instead of waiting for it (simplex above)."""
+    hw = dataclasses.replace(HW, nvme=dataclasses.replace(HW.nvme, mixed_read_gb_per_s_each=0.8,
+                                                          mixed_write_gb_per_s_each=0.4))
+    specs = [
+        (0, Op.WRITE_BACK, P, 1, H, N),  # 1 GB alone at 0.5 GB/s: 0..2 s
+        (0, Op.FETCH, P, 0, N, H),  # the write is running: 1 GB at the mixed 0.8 GB/s, 0..1.25 s
+        (0, Op.FETCH, P, 0, H, D),  # 1.25..2.25 s
+        (1, Op.EVICT, P, 0, H, None),
+        (1, Op.EVICT, P, 1, N, None),
+        (7, Op.EVICT, P, 0, D, None),
+    ]
+    r = simulate(tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,)), hw)
+    assert r.moment_start_seconds[0] == pytest.approx(2.25)
+    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1.25)
+    assert r.busy_seconds_per_channel[Channel.NVME_WRITE] == pytest.approx(2.0)
+    # a host-side cap holds both together: 0.8 + 0.4 GB/s squeezed into 0.6 GB/s (a third each way lost)
+    capped = dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, host_cap_gb_per_s=0.6))
+    r = simulate(tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,)), capped)
+    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1 / 0.4)
+
+
+def _cpu_step_specs(step_moment: int) -> list:
+    return [
+        (0, Op.FETCH, P, 0, H, D),
+        (1, Op.EVICT, P, 0, D, None),
+        (4, Op.ALLOCATE, G, 1, None, D),
+        (6, Op.FETCH, P, 0, H, D),
+        (6, Op.ALLOCATE, G, 0, None, D),
+        (7, Op.WRITE_BACK, G, 0, D, H),
+        (7, Op.EVICT, G, 0, D, None),
+        (7, Op.EVICT, P, 0, D, None),
+        (step_moment, Op.OPTIMIZER_STEP, None, 0, None, H),
+        (8, Op.OPTIMIZER_STEP, None, 1, None, D),
+        (8, Op.EVICT, G, 0, H, None),
+        (8, Op.EVICT, G, 1, D, None),
+    ]
+
+
+@pytest.mark.parametrize("kind", [DeviceKind.CPU_EMULATED, DeviceKind.CUDA])
+def test_cpu_adam_is_priced_at_the_executors_thread_count(kind) -> None:
+    """costmodel.optimizer_step_price with the executor's threads: on an emulated DEVICE a step
+    overlapped with backward runs on the optimizer worker with half the cores (the 1-thread row here),
+    a step at the OPTIMIZER moment with all of them; on a GPU machine every step has all cores."""
+    from schemas.hardware import AdamRate
+    hw = dataclasses.replace(HW, device=dataclasses.replace(HW.device, kind=kind), host=dataclasses.replace(
+        HW.host, adam_chunk_params=ELEMENTS_, adam_rates=(AdamRate(threads=1, params_per_s=ELEMENTS_ / 1.0),
+                                                          AdamRate(threads=2, params_per_s=ELEMENTS_ / 0.5))))
+    residency = {(P, 0): (H,), (P, 1): (D,)}
+    overlapped = simulate(tiny_schedule(_cpu_step_specs(7), residency), hw)
+    at_the_end = simulate(tiny_schedule(_cpu_step_specs(8), residency), hw)
+    assert at_the_end.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(0.5)
+    want = 1.0 if kind is DeviceKind.CPU_EMULATED else 0.5
+    assert overlapped.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(want)

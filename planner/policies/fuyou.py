@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError
 from planner.materialize import Decisions, EvictionRule
 from planner.policies._common import budget, chunk_plans, has_nvme, policy_layout
@@ -65,7 +66,9 @@ def activation_plan(problem: Problem, home: Tier) -> tuple[tuple[ActivationMode,
     os_bytes = p * sum(problem.list_itemsize(x) for x in problem.os_lists)
     fwd = sum(m.compute_seconds for m in problem.moments if m.phase is Phase.FORWARD)
     bwd = sum(m.compute_seconds for m in problem.moments if m.phase is Phase.BACKWARD)
-    t_opt = p / hw.host.optimizer_params_per_s
+    # the cost model's one price (costmodel.optimizer_step_price): Fuyou's CPU Adam overlaps backward
+    # beside the PCIe/SSD traffic (Fuyou §4.3), so at the rate with copies and the overlapped threads
+    t_opt = optimizer_step_price(hw, Tier.HOST, p, with_copies=True, threads=cpu_adam_threads(hw, overlapped=True)).seconds
     bw_gpu = min(hw.h2d_bytes_per_s, hw.d2h_bytes_per_s)
     ssd = home is Tier.NVME
     s2c = hw.nvme_read_bytes_per_s if ssd else math.inf
