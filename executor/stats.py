@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.schedule import BYTE_CHANNELS, Channel, Schedule, Tier
@@ -26,6 +26,9 @@ class EngineStats:
     iteration_seconds: float  # last iteration: root pre_forward to the end of engine.step()
     peak_activation_bytes: int = 0  # since attach: activation bytes held on DEVICE at once (ActivationManager)
     optimizer_state_bytes: int = 0  # MASTER, M and V the store holds now, once per chunk whatever its tiers
+    # last iteration: seconds the steps kept a core busy (stepping._busy_clock: CPU time of a 1-thread
+    # step, which leaves out the time backward preempts the nice-19 worker; wall time otherwise)
+    optimizer_busy_seconds_per_tier: dict[Tier, float] = field(default_factory=dict)
 
     def bytes_match(self, schedule: Schedule) -> bool:
         """Whether the last iteration moved exactly the bytes the schedule predicts on every channel."""
@@ -69,6 +72,7 @@ class IterationCounters:
         self.iteration_start = 0.0
         self.phase_seconds: dict[Phase, float] = defaultdict(float)
         self.optimizer_seconds: dict[Tier, float] = defaultdict(float)
+        self.optimizer_busy_seconds: dict[Tier, float] = defaultdict(float)
         self.last: dict[str, Any] = {}
 
     def begin_iteration(self, engine: Any) -> None:
@@ -77,6 +81,7 @@ class IterationCounters:
         self.iteration_start = time.perf_counter()
         self.phase_seconds = defaultdict(float)
         self.optimizer_seconds = defaultdict(float)
+        self.optimizer_busy_seconds = defaultdict(float)
 
     def add_phase(self, phase: Phase, seconds: float, *, last_backward: bool) -> None:
         if not last_backward:  # from root post_backward to engine.step() is the user's time
@@ -89,6 +94,7 @@ class IterationCounters:
             "iteration_seconds": time.perf_counter() - self.iteration_start,
             "seconds_per_phase": dict(self.phase_seconds),
             "optimizer_seconds_per_tier": dict(self.optimizer_seconds),
+            "optimizer_busy_seconds_per_tier": dict(self.optimizer_busy_seconds),
         }
 
     def snapshot(self, engine: Any) -> EngineStats:
@@ -101,6 +107,7 @@ class IterationCounters:
             peak_bytes_per_tier={tier: pool.peak_bytes for tier, pool in engine.store.pools.items()},
             seconds_per_phase=last.get("seconds_per_phase", {}),
             optimizer_seconds_per_tier=last.get("optimizer_seconds_per_tier", {}),
+            optimizer_busy_seconds_per_tier=last.get("optimizer_busy_seconds_per_tier", {}),
             iteration_seconds=last.get("iteration_seconds", 0.0),
             peak_activation_bytes=engine.activations.stats().peak_live_bytes,
             optimizer_state_bytes=engine.optimizer_state_bytes(),

@@ -83,6 +83,18 @@ def default_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[
     return groups
 
 
+def _busy_clock() -> Any:
+    """A clock of the seconds a step keeps a core busy, for comparison with the simulator's busy time:
+    the calling thread's CPU time when it steps with one intra-op thread (the optimizer worker on an
+    emulated DEVICE, at nice 19 beside backward: its wall time also counts the time backward preempts
+    it), its wall time otherwise (CPU time of one thread would miss the other intra-op threads' work)."""
+    if torch.get_num_threads() == 1:
+        start = time.thread_time()
+        return lambda: time.thread_time() - start
+    start = time.perf_counter()
+    return lambda: time.perf_counter() - start
+
+
 class OptimizerSteps:
     """The engine's optimizer steps, clipping and loss scaling (module docstring)."""
 
@@ -96,7 +108,7 @@ class OptimizerSteps:
     def _optimizer_step(self, chunk: int, tier: Tier, *, why: str) -> None:
         store = self.store
         self._fill_gaps(chunk)
-        start = time.perf_counter()
+        start, busy = time.perf_counter(), _busy_clock()
         lists = [ChunkList.PARAM, ChunkList.M, ChunkList.V] + ([ChunkList.MASTER] if self._has_master else [])
         for lst in lists:
             store.drop_readers(lst, chunk, tier)  # a write-back still reading the old values
@@ -114,6 +126,7 @@ class OptimizerSteps:
         for lst in lists:
             store.updated(lst, chunk, tier)
         self._stats.optimizer_seconds[tier] += time.perf_counter() - start
+        self._stats.optimizer_busy_seconds[tier] += busy()
 
     def _setup_cpu_steps(self, schedule: Schedule, *, stale: bool, threads: int | None) -> None:
         """Checked before anything is touched: the optimizer worker for overlapped HOST steps, or the
@@ -168,12 +181,13 @@ class OptimizerSteps:
         optimizer, stats = self.optimizer, self._stats
 
         def run(t: dict[ChunkList, torch.Tensor]) -> None:
-            start = time.perf_counter()
+            start, busy = time.perf_counter(), _busy_clock()
             optimizer.step_chunk(chunk, param=t[ChunkList.PARAM], grad=t[ChunkList.GRAD],
                                  master=t.get(ChunkList.MASTER), exp_avg=t[ChunkList.M], exp_avg_sq=t[ChunkList.V],
                                  grad_scale=grad_scale, skip_tensors=skip, hyperparameters=hyper)
             with self._stats_lock:
                 stats.optimizer_seconds[Tier.HOST] += time.perf_counter() - start
+                stats.optimizer_busy_seconds[Tier.HOST] += busy()
 
         def submit(job: Any) -> Any:
             def guarded() -> None:
