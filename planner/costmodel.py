@@ -1,23 +1,23 @@
-"""The cost model: seconds for bytes on a channel, for FLOPs on the device, for Adam on a tier,
-and the time of a stage as the max over its channels (Fuyou Eq. 2 and 5, §4.5).
+"""The cost model: seconds for bytes on a channel, for FLOPs on the device, and the one price of an
+Adam step (`optimizer_step_price`). The simulator (`planner.simulate`) is the only predictor of an
+iteration; the placement model's rows (`planner.placement`) use these prices too.
 
-Every channel is its own resource and they overlap perfectly inside a stage; the NVMe drives are
-simplex, so a stage's NVMe reads and writes share their time (Fuyou Eq. 4, 7). The CPU optimizer
-is a channel of its own when it overlaps backward (Fuyou §4.3); a DEVICE optimizer step is device
-compute. Bandwidths are per rank; with several ranks each rank moves its own share.
+Bandwidths are per rank; with several ranks each rank moves its own share. SSDs without measured
+mixed rates are simplex, reads and writes sharing their time (Fuyou Eq. 4, 7); with them, reads and
+writes may overlap at the mixed rates (`nvme_time_rows`). The CPU optimizer overlaps backward
+(Fuyou §4.3); a DEVICE optimizer step is device compute.
 
 Prices come from what the hardware file measures (issue 17): a meta trace's FLOPs at the GEMM and
 attention rates of the shapes the model runs (`moment_seconds`), CPU Adam at the chunk size with the
-host's threads (and its slower rate while copies run beside it), pageable copy rates for systems
-that stage through pageable memory (`PAGEABLE_POLICIES`), the both-ways rate while H2D and D2H run
-at once, the SSDs behind the host-side cap, and one host DRAM bandwidth that CPU Adam, the DMA
-copies and the SSD traffic share (`dram_bytes`).
+executor's thread count (and its slower rate while copies run beside it), pageable copy rates for
+systems that stage through pageable memory (`PAGEABLE_POLICIES`), the both-ways rate while H2D and
+D2H run at once, the SSDs' mixed rates behind the host-side cap, and one host DRAM bandwidth that CPU
+Adam, the DMA copies and the SSD traffic share (`dram_bytes`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 from schemas._base import frozen
 from schemas.hardware import DeviceKind, Hardware
@@ -82,33 +82,51 @@ def channel_bytes_per_s(hardware: Hardware, channel: Channel, *, pageable: bool 
     return {Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s}[channel]
 
 
-def nvme_time_rows(hardware: Hardware) -> tuple[tuple[float, float], ...]:
-    """Linear rows (seconds per read byte, seconds per write byte) whose max is the least time the
-    SSDs need for R bytes read and W written in one window: t >= a*R + b*W for each row.
+def two_way_rows(r: float, w: float, mr: float, mw: float, cap: float = math.inf) -> tuple[tuple[float, float], ...]:
+    """Linear rows (seconds per byte one way, per byte the other way) whose max is the least time a
+    link that moves R bytes one way at r alone and W the other way at w alone, or both at once at mr
+    and mw (0: not measured, never at once: simplex), needs: t >= a*R + b*W for each row.
 
-    A drive spends time a reading alone (rate r), b writing alone (w) and c doing both (mr, mw, the
-    `mixed` rates): R = a r + c mr, W = b w + c mw, minimize a + b + c. That LP's value is the max over
-    its dual's vertices (LP duality): (1/r, 0), (0, 1/w), and (1/r, 1/w) when mr/r + mw/w <= 1 (mixing
-    never pays: the simplex sum, Fuyou Eq. 4), else (1/r, (1 - mr/r)/mw) and ((1 - mw/w)/mr, 1/w);
-    with a host cap also (1/cap, 1/cap). Unmeasured mixed rates: simplex. The simulator's
-    servers (a read and a write server at the mixed rates while both run) never beat these rows."""
-    r = channel_bytes_per_s(hardware, Channel.NVME_READ)
-    w = channel_bytes_per_s(hardware, Channel.NVME_WRITE)
+    The link spends time x on R alone, y on W alone and z on both: R = x r + z mr, W = y w + z mw,
+    minimize x + y + z. That LP's value is the max over its dual's vertices (LP duality): (1/r, 0),
+    (0, 1/w), and (1/r, 1/w) when mr/r + mw/w <= 1 (running both at once never pays: the simplex
+    sum, Fuyou Eq. 4), else (1/r, (1 - mr/r)/mw) and ((1 - mw/w)/mr, 1/w); with a cap on both
+    together also (1/cap, 1/cap). The simulator (each direction at its rate alone, or at the
+    both-ways rate when the other is busy as it starts) never beats these rows. Only rows no other
+    row dominates are returned."""
     if r <= 0 or w <= 0:
         return ()
     rows = [(1 / r, 0.0), (0.0, 1 / w)]
-    mr = channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True)
-    mw = channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True)
-    if not nvme_mixed(hardware) or mr / r + mw / w <= 1:
+    if mr <= 0 or mw <= 0 or mr / r + mw / w <= 1:
         rows.append((1 / r, 1 / w))
     else:
         rows += [(1 / r, (1 - mr / r) / mw), ((1 - mw / w) / mr, 1 / w)]
-    cap = nvme_cap_bytes_per_s(hardware)
     if math.isfinite(cap):
         rows.append((1 / cap, 1 / cap))
-    # only the rows no other row dominates (fewer rows for the placement model)
     rows = list(dict.fromkeys(rows))
     return tuple(x for x in rows if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in rows))
+
+
+def nvme_time_rows(hardware: Hardware) -> tuple[tuple[float, float], ...]:
+    """`two_way_rows` of the SSDs (seconds per read byte, per write byte): rates alone behind the host
+    cap, the mixed rates (`nvme.mixed_*`, both under the cap) where measured, else simplex."""
+    mixed = nvme_mixed(hardware)
+    return two_way_rows(channel_bytes_per_s(hardware, Channel.NVME_READ), channel_bytes_per_s(hardware, Channel.NVME_WRITE),
+                        channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True) if mixed else 0.0,
+                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True) if mixed else 0.0,
+                        nvme_cap_bytes_per_s(hardware))
+
+
+def pcie_time_rows(hardware: Hardware, *, pageable: bool = False) -> tuple[tuple[float, float], ...]:
+    """`two_way_rows` of the PCIe link (seconds per H2D byte, per D2H byte): each direction at its
+    rate alone, both at once at the `links.duplex_*` rates where measured; not measured: full duplex
+    (two rows, each direction on its own)."""
+    h, d = (channel_bytes_per_s(hardware, ch, pageable=pageable) for ch in (Channel.H2D, Channel.D2H))
+    links = hardware.links
+    if links.duplex_h2d_gb_per_s <= 0 or links.duplex_d2h_gb_per_s <= 0:
+        return ((1 / h, 0.0), (0.0, 1 / d))
+    hb, db = (channel_bytes_per_s(hardware, ch, pageable=pageable, duplex=True) for ch in (Channel.H2D, Channel.D2H))
+    return two_way_rows(h, d, hb, db)
 
 
 def device_capacity_bytes(hardware: Hardware) -> int:
@@ -304,41 +322,10 @@ def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> f
     return max(a * read_bytes + b * write_bytes for a, b in rows)
 
 
-@frozen
-class StageLoad:
-    """Work one stage puts on each resource."""
-
-    compute_seconds: float = 0.0  # forward/backward work on the device
-    recompute_seconds: float = 0.0  # forward rerun for RECOMPUTE blocks (in their first backward stage)
-    device_optimizer_seconds: float = 0.0  # GPU Adam steps (device compute)
-    cpu_optimizer_seconds: float = 0.0  # CPU Adam steps, overlapping the device's work
-    bytes_per_channel: Mapping[Channel, int] | None = None
-
-
-def channel_seconds(hardware: Hardware, load: StageLoad) -> dict[Channel, float]:
-    """Busy seconds of each resource for `load` (NVMe reads and writes both charged to the drives)."""
-    moved = dict(load.bytes_per_channel or {})
-    nvme = nvme_seconds(hardware, moved.get(Channel.NVME_READ, 0), moved.get(Channel.NVME_WRITE, 0))
-    return {
-        Channel.COMPUTE: load.compute_seconds + load.recompute_seconds + load.device_optimizer_seconds,
-        Channel.H2D: transfer_seconds(hardware, Channel.H2D, moved.get(Channel.H2D, 0)),
-        Channel.D2H: transfer_seconds(hardware, Channel.D2H, moved.get(Channel.D2H, 0)),
-        Channel.NVME_READ: nvme,  # the simplex drives: reads + writes
-        Channel.NVME_WRITE: nvme,
-        Channel.INTER_GPU: transfer_seconds(hardware, Channel.INTER_GPU, moved.get(Channel.INTER_GPU, 0)),
-        Channel.CPU_OPTIMIZER: load.cpu_optimizer_seconds,
-    }
-
-
-def stage_seconds(hardware: Hardware, load: StageLoad) -> float:
-    """T_s = max over channels (Fuyou Eq. 2, 5): every resource overlaps the others inside a stage."""
-    return max(channel_seconds(hardware, load).values())
-
-
 __all__ = [
-    "OptimizerPrice", "PAGEABLE_POLICIES", "StageLoad", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
-    "channel_seconds", "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
+    "OptimizerPrice", "PAGEABLE_POLICIES", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
+    "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
     "dram_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
-    "nvme_time_rows",
-    "optimizer_seconds", "optimizer_step_price", "stage_seconds", "transfer_seconds",
+    "nvme_time_rows", "pcie_time_rows", "two_way_rows",
+    "optimizer_seconds", "optimizer_step_price", "transfer_seconds",
 ]

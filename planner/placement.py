@@ -169,6 +169,7 @@ def _scaled(d: PlacementInput) -> PlacementInput:
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
         duplex_bytes_per_s=d.duplex_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
         nvme_time_rows=tuple((x * b / t, y * b / t) for x, y in d.nvme_time_rows),
+        pcie_time_rows=tuple((x * b / t, y * b / t) for x, y in d.pcie_time_rows),
     )
 
 
@@ -636,8 +637,10 @@ class PlacementModel:
                 self.solver.Add(t >= ch["COMPUTE"][s] + ch["ON_DEMAND"][s], f"time_on_demand[{s}]")
             self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
-            if d.duplex_bytes_per_s > 0:  # both ways at once move at most the duplex rates together (links.duplex_*)
-                self.solver.Add(t >= (ch["H2D"][s] + ch["D2H"][s]) * (1.0 / d.duplex_bytes_per_s), f"time_pcie_both_ways[{s}]")
+            # both ways at once at the links.duplex_* rates: the least time of any overlap (costmodel.pcie_time_rows)
+            for k, (a, b) in enumerate(d.pcie_time_rows):
+                if a > 0 and b > 0:  # the one-way rows are the two above
+                    self.solver.Add(t >= ch["H2D"][s] * a + ch["D2H"][s] * b, f"time_pcie_both_ways[{s},{k}]")
             for k, (a, b) in enumerate(nvme_rows):  # costmodel.nvme_time_rows: simplex, or mixed and the cap
                 self.solver.Add(t >= ch["NVME_READ"][s] * a + ch["NVME_WRITE"][s] * b, f"time_nvme[{s},{k}]")
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs

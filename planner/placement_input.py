@@ -9,7 +9,14 @@ import dataclasses
 import math
 from collections import defaultdict
 
-from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes_per_s, nvme_time_rows, optimizer_step_price
+from planner.costmodel import (
+    channel_bytes_per_s,
+    cpu_adam_threads,
+    dram_bytes_per_s,
+    nvme_time_rows,
+    optimizer_step_price,
+    pcie_time_rows,
+)
 from planner.problem import Problem
 from schemas._base import frozen
 from schemas.schedule import Channel, ChunkLayout, ChunkList, Phase, Tier
@@ -82,6 +89,9 @@ class PlacementInput:
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
     nvme_time_rows: tuple[tuple[float, float], ...] = ()
+    pcie_time_rows: tuple[tuple[float, float], ...] = ()
+    """(seconds per H2D byte, per D2H byte) rows of the link both ways (costmodel.pcie_time_rows: the
+    links.duplex_* rates while both run); empty: each direction alone at its rate"""
     """(seconds per read byte, per write byte) rows: the SSDs need at least max_k a_k R + b_k W for R bytes
     read and W written (costmodel.nvme_time_rows: mixed reads and writes, the host cap); empty: simplex
     at the two rates above (R / read + W / write)"""
@@ -178,7 +188,7 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
-        nvme_time_rows=nvme_time_rows(hw),
+        nvme_time_rows=nvme_time_rows(hw), pcie_time_rows=pcie_time_rows(hw),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
     )
 

@@ -49,7 +49,7 @@ from planner.bounds import explain_infeasible, lower_bound
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
+from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, materialize_replayed, param_budget_bytes
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
@@ -268,8 +268,7 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
         stats = SolverStats(status=placement.status, objective_seconds=placement.objective_seconds,
                             lower_bound_seconds=placement.bound_seconds, gap=placement.gap)
     try:
-        schedule = materialize(problem, decisions, stats=stats)
-        replay = simulate(schedule, problem.hardware)
+        schedule, replay = materialize_replayed(problem, decisions, stats=stats)
     except (InfeasibleError, ScheduleViolation, PlannerError) as exc:
         log.info("%s: dropped (%s)", what, exc)
         return None

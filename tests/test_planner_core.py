@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import TRACES
-from planner.costmodel import StageLoad, nvme_seconds, optimizer_seconds, stage_seconds, transfer_seconds
+from planner.costmodel import nvme_seconds, optimizer_seconds, transfer_seconds
 from planner.errors import PlannerError
 from planner.families import gpt_param_count, gpt_trace
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
@@ -194,10 +194,6 @@ def test_costmodel_channels_and_stage_max() -> None:
     assert nvme_seconds(slow, 1e9, 1e9) == pytest.approx(1e9 / r + 1e9 / w)
     assert optimizer_seconds(hw, Tier.HOST, 10**9) == pytest.approx(1e9 / hw.cpu_adam_params_per_s(hw.host.cores))
     assert optimizer_seconds(hw, Tier.DEVICE, 10**9) == pytest.approx(1e9 / hw.device.optimizer_params_per_s)
-    load = StageLoad(compute_seconds=0.5, recompute_seconds=0.25, cpu_optimizer_seconds=0.1,
-                     bytes_per_channel={Channel.H2D: int(hw.h2d_bytes_per_s)})
-    assert stage_seconds(hw, load) == pytest.approx(1.0)  # H2D bound
-    assert stage_seconds(hw, dataclasses.replace(load, bytes_per_channel={})) == pytest.approx(0.75)  # compute bound
     no_ssd = resolve_hardware("rtx4090-128g")
     assert math.isinf(transfer_seconds(no_ssd, Channel.NVME_READ, 1))
 
@@ -333,3 +329,27 @@ def test_costmodel_prices_what_the_profile_measures() -> None:
     small = gpt_trace(layers=1, hidden=5120, heads=40, seq=1024, batch=1)
     b1 = next(m for m in small.moments if m.block == 0 and m.flops > 0)
     assert moment_seconds(hw, small, b1) / b1.flops > seconds / block.flops
+
+
+def test_two_way_rows_are_the_least_time_of_any_overlap() -> None:
+    """costmodel.two_way_rows (LP duality): where running both directions at once pays, the rows are
+    the exact least time; where it does not, the simplex sum; every row a lower bound of any mix."""
+    from planner.costmodel import pcie_time_rows, two_way_rows
+
+    def least(rows, r_bytes, w_bytes):
+        return max(a * r_bytes + b * w_bytes for a, b in rows)
+
+    # PCIe 25 GB/s each way alone, 21 + 21 both at once (rtx4090-768g-12ssd): both at once pays
+    rows = two_way_rows(25.0, 25.0, 21.0, 21.0)
+    assert least(rows, 21.0, 21.0) == pytest.approx(1.0)  # one second both ways at once
+    assert least(rows, 46.0, 21.0) == pytest.approx(2.0)  # then 25 more bytes alone
+    assert least(rows, 25.0, 0.0) == pytest.approx(1.0)
+    assert least(rows, 46.0, 21.0) > (46.0 + 21.0) / 42.0  # the placement model's old row (H + D) / 42: 1.6 s
+    # mixing that does not pay: the simplex sum
+    assert least(two_way_rows(6.0, 3.0, 2.0, 1.0), 6.0, 3.0) == pytest.approx(2.0)
+    # unmeasured both-ways rates: simplex
+    assert least(two_way_rows(6.0, 3.0, 0.0, 0.0), 6.0, 3.0) == pytest.approx(2.0)
+    # a cap on both together
+    assert least(two_way_rows(10.0, 10.0, 10.0, 10.0, cap=10.0), 5.0, 5.0) == pytest.approx(1.0)
+    hw = resolve_hardware("rtx4090-768g-12ssd")
+    assert least(pcie_time_rows(hw), 46e9, 21e9) == pytest.approx(2.0)

@@ -59,8 +59,11 @@ def test_header_gap_is_the_true_gap_next_to_the_mip_gap(hw, layers, device_facto
     assert h.objective_seconds == report.simulated_seconds  # the header's time is the simulator's
     assert 0 < h.lower_bound_seconds <= h.objective_seconds
     assert h.gap == pytest.approx((report.simulated_seconds - h.lower_bound_seconds) / report.simulated_seconds)
-    # the MIP's own gap: its model objective over its chunk size's valid model bound (LP or root)
-    assert -1e-9 <= report.mip_gap <= 0.10
+    # the MIP's own gap: its model objective over its chunk size's valid model bound (LP or root). 12%:
+    # 6 layers went from 9.8% to 11.7% when the SSDs' mixed-rate rows (issue 17 item 2, the host cap
+    # makes mixing pay) lowered the LP (0.928 -> 0.908 ms) and the pinned MIP stayed at 1.028 ms; its
+    # replay went from 1.304 to 0.963 ms (true gap 28.8% -> 5.7%) with the DRAM calendar
+    assert -1e-9 <= report.mip_gap <= 0.12
 
 
 @pytest.mark.parametrize("layers, device_factor", [(2, None), (3, 5.0), (6, 4.0)])

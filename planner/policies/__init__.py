@@ -10,16 +10,19 @@ the bytes) where the real system runs out of memory: none of its decision sets f
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from planner.errors import InfeasibleError, PlannerError
-from planner.materialize import Decisions, materialize
+from planner.materialize import (
+    Decisions,
+    materialize_replayed,
+    with_simulated_prediction,
+)
 from planner.policies import deepspeed, fuyou, gemini, patrickstar, pytorch
 from planner.policies._common import policy_layout
 from planner.problem import Problem
-from planner.simulate import ScheduleViolation, SimResult, ViolationKind, simulate
-from schemas.schedule import Prediction, Schedule
+from planner.simulate import ScheduleViolation, ViolationKind
+from schemas.schedule import Schedule
 
 # name -> the decision sets of that system, in the order it tries them
 POLICIES: dict[str, Callable[..., tuple[Decisions, ...]]] = {
@@ -50,8 +53,7 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
     last: InfeasibleError | None = None
     for d in tried:
         try:
-            schedule = materialize(problem, d)
-            result = simulate(schedule, problem.hardware)
+            schedule, _ = materialize_replayed(problem, d)  # its prediction is the simulator's
         except InfeasibleError as exc:
             last = exc
             continue
@@ -60,21 +62,8 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
                 raise
             last = InfeasibleError(str(exc))
             continue
-        return with_simulated_prediction(schedule, result)
+        return schedule
     raise InfeasibleError(f"{name}: {last}")
-
-
-def with_simulated_prediction(schedule: Schedule, r: SimResult) -> Schedule:
-    """The schedule with the simulator's prediction (stage times, totals, peaks) in place of the cost model's."""
-    starts = list(r.moment_start_seconds) + [r.iteration_seconds]
-    stages = tuple(dataclasses.replace(st, predicted_seconds=max(0.0, starts[st.last_moment + 1] - starts[st.first_moment]))
-                   for st in schedule.stages)
-    prediction = Prediction(iteration_seconds=r.iteration_seconds, flops=r.flops + r.recompute_flops,
-                            bytes_per_channel=dict(r.bytes_per_channel),
-                            busy_seconds_per_channel=dict(r.busy_seconds_per_channel),
-                            peak_bytes_per_tier=dict(r.peak_bytes_per_tier))
-    header = dataclasses.replace(schedule.header, objective_seconds=r.iteration_seconds)
-    return dataclasses.replace(schedule, header=header, stages=stages, prediction=prediction)
 
 
 __all__ = ["POLICIES", "baseline", "decisions", "policy_layout", "with_simulated_prediction"]
