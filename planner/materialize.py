@@ -73,14 +73,28 @@ from planner.decisions import (
     param_budget_bytes,
     uniform_decisions,
 )
-from planner.device_cache import cache_plan, check_budget, demand_pass, prefetch_early, trim_intervals
+from planner.device_cache import (
+    cache_plan,
+    check_budget,
+    demand_pass,
+    prefetch_early,
+    trim_intervals,
+)
 from planner.emit import block_activation_plans, emit_actions, initial_residency
 from planner.errors import InfeasibleError, PlannerError
 from planner.problem import Problem
 from planner.replay import ReplayError, ResidencyReplay, replay_residency
 from planner.sim_result import ScheduleViolation, SimResult, ViolationKind
 from planner.simulate import simulate
-from schemas.schedule import ActivationMode, Budgets, Prediction, Schedule, ScheduleHeader, SolverStatus, Tier
+from schemas.schedule import (
+    ActivationMode,
+    Budgets,
+    Prediction,
+    Schedule,
+    ScheduleHeader,
+    SolverStatus,
+    Tier,
+)
 
 
 def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | None = None) -> Schedule:
