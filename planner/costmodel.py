@@ -151,8 +151,12 @@ def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False, thre
     measured, so every chunk is priced at it), with `threads` threads (default: all the host's cores,
     the CPU optimizer is one per node), at the rate measured with host copies / SSD traffic beside it
     when `with_copies` (findings 2026-11-23: the rate of one chunk-sized tensor, and it falls while
-    copies share DRAM)."""
-    return hardware.cpu_adam_params_per_s(hardware.host.cores if threads is None else threads, with_copies=with_copies)
+    copies share DRAM). Never faster with copies than alone: copies beside it take DRAM bandwidth and
+    cores, so a profile's higher figure with copies is noise (a loaded machine measured 1.47e8 alone
+    and 8.33e8 with copies at 2 threads, bench_executor 2026-11-23)."""
+    t = hardware.host.cores if threads is None else threads
+    alone = hardware.cpu_adam_params_per_s(t)
+    return min(alone, hardware.cpu_adam_params_per_s(t, with_copies=True)) if with_copies else alone
 
 
 @frozen

@@ -353,3 +353,15 @@ def test_two_way_rows_are_the_least_time_of_any_overlap() -> None:
     assert least(two_way_rows(10.0, 10.0, 10.0, 10.0, cap=10.0), 5.0, 5.0) == pytest.approx(1.0)
     hw = resolve_hardware("rtx4090-768g-12ssd")
     assert least(pcie_time_rows(hw), 46e9, 21e9) == pytest.approx(2.0)
+
+
+def test_cpu_adam_is_never_faster_with_copies_beside_it() -> None:
+    """A loaded profile run measured Adam faster with copies than alone (noise): priced at the rate alone."""
+    from planner.costmodel import cpu_adam_params_per_s
+    from schemas.hardware import AdamRate
+
+    hw = resolve_hardware("cpu-emulated")
+    noisy = dataclasses.replace(hw, host=dataclasses.replace(hw.host, adam_rates=(
+        AdamRate(threads=2, params_per_s=1.47e8, params_per_s_with_copies=8.33e8),)))
+    assert cpu_adam_params_per_s(noisy, with_copies=True) == pytest.approx(1.47e8)
+    assert cpu_adam_params_per_s(hw, with_copies=True) == pytest.approx(3.98e8)  # below the rate alone: as measured
