@@ -143,7 +143,10 @@ def materialize_replayed(problem: Problem, decisions: Decisions, *,
             raise InfeasibleError(str(exc)) from None
         raise
     draft = dataclasses.replace(draft, header=_header(problem, decisions, stats, result.iteration_seconds))
-    return with_simulated_prediction(draft, result, objective=False), result
+    # times and totals: the simulator's; peaks: the residency replay's, which the capacities were checked on
+    schedule = with_simulated_prediction(draft, result, objective=False)
+    prediction = dataclasses.replace(schedule.prediction, peak_bytes_per_tier=replay.peak_bytes_per_tier)
+    return dataclasses.replace(schedule, prediction=prediction), result
 
 
 def with_simulated_prediction(schedule: Schedule, r: SimResult, *, objective: bool = True) -> Schedule:

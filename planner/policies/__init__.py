@@ -53,7 +53,7 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
     last: InfeasibleError | None = None
     for d in tried:
         try:
-            schedule, _ = materialize_replayed(problem, d)  # its prediction is the simulator's
+            schedule, result = materialize_replayed(problem, d)
         except InfeasibleError as exc:
             last = exc
             continue
@@ -62,7 +62,7 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
                 raise
             last = InfeasibleError(str(exc))
             continue
-        return schedule
+        return with_simulated_prediction(schedule, result)  # peaks too: the simulator's
     raise InfeasibleError(f"{name}: {last}")
 
 
