@@ -21,7 +21,7 @@ from planner.errors import PlannerError
 COMMANDS = {
     "validate": "planner.show",
     "show": "planner.show",
-    "solve": "planner.solve",
+    "solve": "planner.solve_cli",
     "simulate": "planner.simulate",
     "compare": "planner.compare",
     "maxsize": "planner.maxsize",

@@ -46,7 +46,7 @@ from planner.presets import resolve_hardware
 from planner.problem import build_problem
 from planner.simulate import ScheduleViolation, simulate
 from planner.solution import build_schedule
-from planner.solve import reference_decisions
+from planner.reference import reference_decisions
 from schemas import Hardware
 from schemas._base import frozen
 
@@ -110,7 +110,7 @@ def tide_may_fit(problem) -> bool:
 
 def tide_reference_fits(problem) -> bool:
     """Sufficient condition, fast (seconds where the MIP takes minutes): one of tide's reference
-    decision sets (`planner.solve.reference_decisions`: what the baselines decide, run through tide's
+    decision sets (`planner.reference.reference_decisions`: what the baselines decide, run through tide's
     engine) on the baselines' chunk layout, materialized within every capacity and replayed by the
     simulator. It is what makes tide's largest model at least every baseline's."""
     layout = policy_layout(problem)
