@@ -22,7 +22,7 @@ COMMANDS = {
     "validate": "planner.show",
     "show": "planner.show",
     "solve": "planner.solve_cli",
-    "simulate": "planner.simulate",
+    "simulate": "planner.simulate_cli",
     "compare": "planner.compare",
     "maxsize": "planner.maxsize",
     "diff": "planner.diff",
