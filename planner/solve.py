@@ -36,7 +36,6 @@ import math
 import time
 from collections.abc import Callable
 
-
 from planner.policies import policy_layout
 from planner.bounds import explain_infeasible, lower_bound
 from planner.errors import InfeasibleError, PlannerError

@@ -23,7 +23,6 @@ from schemas.hardware import Hardware
 from schemas.schedule import ActivationMode, Schedule, Tier
 from schemas.trace import Trace
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "solve",
