@@ -16,7 +16,7 @@ GRAD, MASTER, M, V) uses the same layout: a tensor has the same chunk and offset
   layout is what it was.
 - A tensor larger than the chunk gets a chunk of its own, exactly its size (never an error).
 - With world_size > 1 the chunks of a block are padded with empty chunks to whole comm groups of
-  world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a group of one
+  world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a comm group of one
   capacity (all-gather and reduce-scatter need equal shards).
 
 Which chunk size is best is a cost question (PLANNER-OPT evaluates `candidate_chunk_sizes` with
@@ -92,7 +92,7 @@ def build_layout(problem: Problem, *, chunk_elements: int) -> ChunkLayout:
 
 
 def _comm_groups(chunks: list[_OpenChunk], world_size: int, chunk_elements: int) -> list[_OpenChunk]:
-    """Pad each block's run of chunks to whole groups of world_size; one capacity per group."""
+    """Pad each block's run of chunks to whole comm groups of world_size; one capacity per comm group."""
     out: list[_OpenChunk] = []
     i = 0
     while i < len(chunks):
@@ -102,11 +102,11 @@ def _comm_groups(chunks: list[_OpenChunk], world_size: int, chunk_elements: int)
         run = chunks[i:j]
         run += [_OpenChunk(block=chunks[i].block, elements=chunk_elements) for _ in range(-len(run) % world_size)]
         for g in range(0, len(run), world_size):
-            group = run[g:g + world_size]
-            capacity = max(c.elements for c in group)
-            for c in group:
+            comm_group = run[g:g + world_size]
+            capacity = max(c.elements for c in comm_group)
+            for c in comm_group:
                 c.elements = capacity
-            out += group
+            out += comm_group
         i = j
     return out
 

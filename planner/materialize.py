@@ -37,8 +37,8 @@ How (DESIGN.md §4.3):
 7. Copies between DEVICE and NVME go through HOST as two actions (chunks); an activation swap to
    NVME is one action whose path crosses both channels (as the simulator models it).
 
-With world_size > 1 the entries are comm groups (PatrickStar §7): a PARAM group is fetched by the
-owner of each chunk and then all-gathered (ALL_GATHER before first use), GRAD groups are
+With world_size > 1 the entries are comm groups (PatrickStar §7): a PARAM comm group is fetched by the
+owner of each chunk and then all-gathered (ALL_GATHER before first use), GRAD comm groups are
 reduce-scattered when their backward is done (REDUCE_SCATTER), then each owner moves its chunk to
 its optimizer tier; copies to and from HOST/NVME and optimizer steps of a chunk are done by its
 owner rank, DEVICE copies and EVICTs from DEVICE by every rank. Bytes of local copies are per
@@ -157,7 +157,7 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
         if mode is not ActivationMode.KEEP and activation_moments(problem, b)[0] < 0:
             raise PlannerError(f"decisions of {d.policy!r}: block {b} has no forward or no backward moment, "
                                f"so its activations can only be kept, found {mode}")
-    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own group
+    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own comm group
     for c in d.layout.chunks:
         if c.comm_group != c.id // ws:
             raise PlannerError(f"decisions of {d.policy!r}: chunk {c.id} is in comm group {c.comm_group}, expected "

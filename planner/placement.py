@@ -5,8 +5,8 @@ optimizer), solved through OR-Tools' linear solver wrapper: HiGHS for the intege
 its relaxation (the DESIGN.md hint: the LP of this shape is tight and fast; CP-SAT is not).
 
 Chunks that are touched by exactly the same stages are interchangeable, so they are aggregated into
-a *group* and the model counts them instead of carrying one boolean per chunk: between two uses of
-a group, `keep[g,i]` chunks stay on DEVICE and `incoming[g,i,k]` arrive in the k-th stage before
+a *chunk class* and the model counts them instead of carrying one boolean per chunk: between two uses of
+a chunk class, `keep[g,i]` chunks stay on DEVICE and `incoming[g,i,k]` arrive in the k-th stage before
 the next use (how many PARAM chunks of g are on DEVICE in stage s, `resident[g][s]` of the
 solution, follows). 175B stays a few thousand rows; every row is sparse (running sums), which
 is what keeps the simplex fast.
@@ -62,7 +62,7 @@ from typing import Any
 from ortools.math_opt.python import mathopt
 
 from planner.mathopt_solver import MathOptSolver
-from planner.placement_input import BlockData, GroupData, PlacementInput, StageData, group_summary, placement_input
+from planner.placement_input import BlockData, ChunkClass, PlacementInput, StageData, chunk_class_summary, placement_input
 from planner.placement_terms import (
     ACT_MODES,
     INFINITE_BYTES,
@@ -74,7 +74,7 @@ from planner.placement_terms import (
     TIME_UNIT,
     Gap,
     act_windows,
-    group_gaps,
+    chunk_class_gaps,
     is_zero,
     scaled_input,
     stage_runs,
@@ -88,7 +88,7 @@ from schemas.schedule import ActivationMode, Tier
 class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     """The aggregated placement MIP (or its LP relaxation) of one PlacementInput.
 
-    Per group g (count_g interchangeable chunks) and gap i between two uses (DESIGN.md §8.7 names):
+    Per chunk class g (count_g interchangeable chunks) and gap i between two uses (DESIGN.md §8.7 names):
       keep[g,i]        chunks that stay on DEVICE through the gap (the rest leave after the use)
       incoming[g,i,k]  chunks arriving during the k-th lookahead stage before the next use
       refresh[g,k]     kept chunks re-uploaded in place after the CPU Adam rewrote them (wrap gap)
@@ -97,7 +97,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
       param_nvme[g]    chunks whose PARAM lives on NVME, not HOST (fetched through HOST at every use)
       os_device[g] + os_host[g] + os_nvme[g] = count_g (trainable)
     Per block: act[b,mode] in {0,1}, one mode. Per stage: stage_time[s].
-    During a use stage all of the group's chunks are on DEVICE; between uses the kept ones plus
+    During a use stage all of the class's chunks are on DEVICE; between uses the kept ones plus
     those that already arrived: resident[g,s] is derived, never a variable of its own.
     """
 
@@ -113,7 +113,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.data = scaled_input(data)
         self.relax = relax
         # prefetch depth: every stage of a gap for small models, fewer for big ones (model size)
-        self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.groups)))
+        self.lookahead = lookahead if lookahead is not None else max(LOOKAHEAD_STAGES, LOOKAHEAD_BUDGET // max(1, len(data.chunk_classes)))
         # minimal-capacity mode: the capacity of one tier becomes a variable and the objective
         self.capacity_variable = capacity_variable
         self.solver = MathOptSolver(lp_solver if relax else "HIGHS")
@@ -162,8 +162,8 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.nvme_incoming: list[list[list[Any]]] = []  # [g][gap][k] the part of incoming[g,gap,k] read from NVME
         self.on_demand: list[list[Any]] = []  # [g][gap] chunks fetched at the next use itself (no prefetch room)
         self.nvme_on_demand: list[list[Any]] = []  # [g][gap] the part of on_demand read from NVME
-        for g in d.groups:
-            gaps = group_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, self.lookahead)
+        for g in d.chunk_classes:
+            gaps = chunk_class_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, self.lookahead)
             self.gaps.append(gaps)
             pers = self._int(0, g.count, f"persistent[{g.id}]")
             n_os = g.count if g.trainable else 0
@@ -279,7 +279,7 @@ class SparsePlacementModel(PlacementModel):
         super()._build_memory_terms()
         n = len(self.data.stages)
         items: list[tuple[int, int, Any]] = []
-        for gi, g in enumerate(self.data.groups):
+        for gi, g in enumerate(self.data.chunk_classes):
             for i, gap in enumerate(self.gaps[gi]):
                 pos = {s: j for j, s in enumerate(gap.stages)}
                 for k, s_in in enumerate(gap.lookahead):
@@ -356,8 +356,8 @@ def minimal_capacity(data: PlacementInput, tier: Tier, *, relax_others: bool, re
 
 
 __all__ = [
-    "ACT_MODES", "INFINITE_BYTES", "MIP_RELATIVE_GAP", "BlockData", "GroupData", "PlacementInfeasible", "PlacementInput",
-    "PlacementModel", "act_windows", "group_gaps",
-    "PlacementSolution", "SparsePlacementModel", "StageData", "group_summary", "minimal_capacity", "placement_feasible", "placement_input",
+    "ACT_MODES", "INFINITE_BYTES", "MIP_RELATIVE_GAP", "BlockData", "ChunkClass", "PlacementInfeasible", "PlacementInput",
+    "PlacementModel", "act_windows", "chunk_class_gaps",
+    "PlacementSolution", "SparsePlacementModel", "StageData", "chunk_class_summary", "minimal_capacity", "placement_feasible", "placement_input",
     "root_bound_seconds", "solve_placement",
 ]

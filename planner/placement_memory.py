@@ -44,20 +44,20 @@ class MemoryRows:
         d, n = self.data, len(self.data.stages)
         inf = self.solver.infinity()
         self.device_static = self.solver.NumVar(0, inf, "device_static")  # OS on DEVICE
-        self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.groups)),
+        self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.chunk_classes)),
                         "device_static_sum")
         self.host_static = self.solver.NumVar(0, inf, "host_static")  # HOST copies of PARAM + OS on HOST
         self.solver.Add(self.host_static == sum((g.count - self.os_device[gi] - self.param_nvme[gi]) * g.param_bytes
                                                 + (self.os_host[gi] + self.os_stream[gi]) * g.os_bytes
-                                                for gi, g in enumerate(d.groups)), "host_static_sum")
-        self.use_bytes = [0.0] * n  # PARAM bytes of the groups a stage's work touches
+                                                for gi, g in enumerate(d.chunk_classes)), "host_static_sum")
+        self.use_bytes = [0.0] * n  # PARAM bytes of the chunk classes a stage's work touches
         self.arrived: list[list[Any]] = [[] for _ in range(n)]  # incoming chunks already on DEVICE in s (bytes)
         self.arriving: list[list[Any]] = [[] for _ in range(n)]  # the part of `arrived` arriving during s itself
         kept: list[tuple[int, int, Any]] = []
         staging: list[tuple[int, int, Any]] = []
         grads: list[tuple[int, int, Any]] = []
         host_grads: list[tuple[int, int, Any]] = []
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             for s in g.use_stages:
                 self.use_bytes[s] += g.count * g.param_bytes
             for i, gap in enumerate(self.gaps[gi]):
@@ -105,7 +105,7 @@ class MemoryRows:
             if len(swap):
                 saved.append((swap.start, swap.stop - 1, b.activation_bytes * swapped + b.input_bytes * ckpt))
             host_acts.append((offload, reload, b.activation_bytes * choice[ActivationMode.SWAP_HOST] + b.input_bytes * ckpt))
-        trainable = [(gi, g) for gi, g in enumerate(d.groups) if g.trainable]
+        trainable = [(gi, g) for gi, g in enumerate(d.chunk_classes) if g.trainable]
         if d.has_nvme and trainable:
             # OS living on NVME passes through HOST for its CPU step. With overlap the write-back of
             # one chunk overlaps the read of the next: one more chunk of OS is staged on HOST during
@@ -124,14 +124,14 @@ class MemoryRows:
                 host_grads.append((d.optimizer_stage, d.optimizer_stage, 2 * staged))
             else:
                 host_grads.append((d.optimizer_stage, d.optimizer_stage, staged))
-        pn_groups = [(gi, g) for gi, g in enumerate(d.groups) if self.param_nvme[gi].upper_bound > 0]
-        if pn_groups:
+        pn_classes = [(gi, g) for gi, g in enumerate(d.chunk_classes) if self.param_nvme[gi].upper_bound > 0]
+        if pn_classes:
             # a CPU step of an NVMe-homed chunk reads its PARAM to HOST and writes it back (and the
             # write-back of one step overlaps the next): two chunks of PARAM staged on HOST
             any_pn = self._flag("any_nvme_param")
-            for gi, g in pn_groups:
+            for gi, g in pn_classes:
                 self.solver.Add(self.param_nvme[gi] <= g.count * any_pn, f"any_nvme_param[{g.id}]")
-            staging.append((0, n - 1, 2 * max(g.param_bytes for _, g in pn_groups) * any_pn))
+            staging.append((0, n - 1, 2 * max(g.param_bytes for _, g in pn_classes) * any_pn))
         self.stream_transient: Any = 0
         if d.stream_optimizer and trainable:
             # a streamed GPU Adam step holds one chunk's OS, PARAM and GRAD on DEVICE at a time
@@ -183,7 +183,7 @@ class MemoryRows:
     def _nvme_expr(self) -> Any:
         d = self.data
         expr = 0
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             expr += (self.os_nvme[gi] + self.os_nvme_stream[gi]) * g.os_bytes + self.param_nvme[gi] * g.param_bytes
         for b, choice in zip(d.blocks, self.act):
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]

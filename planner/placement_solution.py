@@ -21,16 +21,16 @@ log = logging.getLogger(__name__)
 
 @frozen
 class PlacementSolution:
-    """The solved placement, per group / block / stage."""
+    """The solved placement, per chunk class / block / stage."""
 
     status: SolverStatus
     objective_seconds: float  # sum of stage times of this solution
     bound_seconds: float  # the solver's proven lower bound for this model
     relaxed: bool  # LP relaxation (fractional counts): a bound, not a plan
-    resident: tuple[tuple[float, ...], ...]  # [group][stage] PARAM chunks on DEVICE
-    incoming: tuple[tuple[float, ...], ...]  # [group][stage] PARAM chunks arriving during the stage
-    persistent: tuple[float, ...]  # [group] chunks that never leave DEVICE
-    os_counts: tuple[dict[str, float], ...]  # [group] chunks with OS on DEVICE / HOST / NVME
+    resident: tuple[tuple[float, ...], ...]  # [chunk class][stage] PARAM chunks on DEVICE
+    incoming: tuple[tuple[float, ...], ...]  # [chunk class][stage] PARAM chunks arriving during the stage
+    persistent: tuple[float, ...]  # [chunk class] chunks that never leave DEVICE
+    os_counts: tuple[dict[str, float], ...]  # [chunk class] chunks with OS on DEVICE / HOST / NVME
     activation_modes: tuple[ActivationMode, ...]  # [block] (argmax for a relaxation)
     checkpoint_offload: bool = False  # RECOMPUTE blocks' inputs wait on HOST (materialize's checkpoint_tier)
     stage_seconds: tuple[float, ...]
@@ -41,7 +41,7 @@ class PlacementSolution:
     channel_bytes: dict[str, float]  # H2D, D2H, NVME_READ, NVME_WRITE per iteration
     solve_seconds: float  # wall clock (printed, never written into a schedule)
     solver: str
-    param_nvme: tuple[float, ...] = ()  # [group] PARAM chunks homed on NVME (materialize's param_home_tiers)
+    param_nvme: tuple[float, ...] = ()  # [chunk class] PARAM chunks homed on NVME (materialize's param_home_tiers)
 
     @property
     def gap(self) -> float:
@@ -102,7 +102,7 @@ class SolutionExtraction:
             return x if self.relax else float(round(x))
 
         resident, incoming = [], []
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             res = [0.0] * n
             inc = [0.0] * n
             for s in g.use_stages:

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from planner.placement_input import BlockData, GroupData, PlacementInput
+from planner.placement_input import BlockData, ChunkClass, PlacementInput
 from schemas._base import frozen
 from schemas.schedule import ActivationMode
 
@@ -35,7 +35,7 @@ def act_windows(b: BlockData, n_stages: int) -> tuple[range, range, int, int]:
 
 @frozen
 class Gap:
-    """Stages between two consecutive uses of a group (cyclic: the last gap wraps the iteration)."""
+    """Stages between two consecutive uses of a chunk class (cyclic: the last gap wraps the iteration)."""
 
     stages: tuple[int, ...]  # in time order
     lookahead: tuple[int, ...]  # the stages (a suffix of `stages`) where chunks may arrive
@@ -45,7 +45,7 @@ class Gap:
 BYTE_UNIT = float(2**20)  # the model's bytes are MiB
 TIME_UNIT = 1e-3  # the model's seconds are milliseconds
 LOOKAHEAD_STAGES = 3  # the least prefetch depth: stages before its use in which a chunk may arrive
-LOOKAHEAD_BUDGET = 200  # arrival variables per gap summed over groups (depth = budget / groups)
+LOOKAHEAD_BUDGET = 200  # arrival variables per gap summed over chunk classes (depth = budget / classes)
 MIP_RELATIVE_GAP = 1e-2  # stop the MIP once proven within 1% of its bound (the header's gap target is 2%)
 SECONDARY_WEIGHT = 1e-4  # weight of moved/recomputed/CPU work in the objective (a tie-breaker)
 NVME_STREAM_STAGED_CHUNKS = 2  # OS chunks of NVMe-streamed GPU steps staged on HOST at once (one read ahead)
@@ -57,7 +57,7 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
     b, t = BYTE_UNIT, TIME_UNIT
     return dataclasses.replace(
         d,
-        groups=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b) for g in d.groups),
+        chunk_classes=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b) for g in d.chunk_classes),
         blocks=tuple(dataclasses.replace(x, activation_bytes=x.activation_bytes / b, input_bytes=x.input_bytes / b,
                                          recompute_seconds=x.recompute_seconds / t) for x in d.blocks),
         stages=tuple(dataclasses.replace(st, compute_seconds=st.compute_seconds / t, non_model_bytes=st.non_model_bytes / b,
@@ -73,9 +73,9 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
     )
 
 
-def group_gaps(g: GroupData, n_stages: int, optimizer_stage: int, optimizer_overlap: bool,
+def chunk_class_gaps(g: ChunkClass, n_stages: int, optimizer_stage: int, optimizer_overlap: bool,
                lookahead: int = LOOKAHEAD_STAGES) -> tuple[Gap, ...]:
-    """The gaps of a group, each with the stages where its chunks may arrive for the next use."""
+    """The gaps of a chunk class, each with the stages where its chunks may arrive for the next use."""
     uses = g.use_stages
     if not uses:
         return ()
@@ -126,7 +126,7 @@ __all__ = [
     "TIME_UNIT",
     "Gap",
     "act_windows",
-    "group_gaps",
+    "chunk_class_gaps",
     "is_zero",
     "scaled_input",
     "stage_runs",

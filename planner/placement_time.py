@@ -27,7 +27,7 @@ class TimeRows:
         cpu_released: list[Any] = [0] * n  # CPU Adam time whose grads become final in stage s
         os_read: list[Any] = [0] * n  # NVMe OS bytes to read / write for those steps
         os_write: list[Any] = [0] * n
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             for i, gap in enumerate(self.gaps[gi]):
                 for k, s in enumerate(gap.lookahead):
                     h2d[s] += self.incoming[gi][i][k] * g.param_bytes
@@ -132,7 +132,7 @@ class TimeRows:
             if not is_zero(moved):
                 self.solver.Add(self.suffix[0] >= moved * (1.0 / d.dram_bytes_per_s), "time_host_dram")
         o = d.optimizer_stage
-        trainable = [g for g in d.groups if g.trainable and g.elements > 0]
+        trainable = [g for g in d.chunk_classes if g.trainable and g.elements > 0]
         bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
         if bounded_host and d.optimizer_overlap and trainable and not is_zero(cpu_tail_at[0]):
             # When the CPU optimizer falls behind backward, the grads of the steps it has not reached

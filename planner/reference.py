@@ -18,11 +18,11 @@ log = logging.getLogger(__name__)
 
 
 def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
-                        os_device_groups: int = 0) -> list[tuple[str, object]]:
+                        os_device_comm_groups: int = 0) -> list[tuple[str, object]]:
     """What the baselines decide (planner.policies), as tide Decisions on `layout`: Fuyou's (OS and
     PARAM on NVME, CPU Adam overlapped with backward, its Eq. 1-12 activation swap, checkpoints
     off DEVICE), ZeRO-Offload's (PARAM persistent on DEVICE, OS on HOST, checkpoints on HOST),
-    PatrickStar/Gemini's (chunks on demand, OS on HOST, and with `os_device_groups` the OS of that
+    PatrickStar/Gemini's (chunks on demand, OS on HOST, and with `os_device_comm_groups` the OS of that
     many leading comm groups in the DEVICE margin, stepped there) and PyTorch's (everything on DEVICE). They
     run through tide's engine (Belady eviction, prefetch at the first harmless opportunity, and the
     CPU overlap unless `optimizer_overlap` is False), so each is at least what the system does.
@@ -34,8 +34,8 @@ def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, chec
 
     def make(name: str, os_tier: Tier, optimizer_tier: Tier, modes: tuple, *, home: Tier = Tier.HOST,
              persistent: frozenset[int] = frozenset(), checkpoint: Tier | None = None,
-             os_device_groups: int = 0, system: str = "") -> tuple[str, object]:
-        on_device = problem.world_size * os_device_groups  # the first comm groups' OS on DEVICE, GPU Adam
+             os_device_comm_groups: int = 0, system: str = "") -> tuple[str, object]:
+        on_device = problem.world_size * os_device_comm_groups  # the first comm groups' OS on DEVICE, GPU Adam
         plans = tuple(ChunkPlan(chunk=c.id, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE) if c.id < on_device
                       else ChunkPlan(chunk=c.id, os_tier=os_tier, optimizer_tier=optimizer_tier) for c in layout.chunks)
         checkpoint = checkpoint if checkpoint_offload else None
@@ -66,9 +66,9 @@ def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, chec
                            "per block on HOST (cpu_checkpointing, as Fuyou §5.1 ran DeepSpeed)"))
     ps = "patrickstar: chunks on access, OS on HOST, CPU Adam, a checkpoint per block"
     out.append(make("patrickstar-like", Tier.HOST, Tier.HOST, recompute, system=ps))
-    if os_device_groups:
-        out.append(make(f"patrickstar-like, OS of {os_device_groups} comm groups on DEVICE", Tier.HOST, Tier.HOST,
-                        recompute, os_device_groups=os_device_groups,
+    if os_device_comm_groups:
+        out.append(make(f"patrickstar-like, OS of {os_device_comm_groups} comm groups on DEVICE", Tier.HOST, Tier.HOST,
+                        recompute, os_device_comm_groups=os_device_comm_groups,
                         system=f"{ps}; OS of the leading comm groups in the DEVICE margin, GPU Adam (§8.2)"))
     out.append(make("pytorch-like", Tier.DEVICE, Tier.DEVICE, (ActivationMode.KEEP,) * n_blocks, persistent=everything,
                     system="pytorch: everything on DEVICE, GPU AdamW"))
@@ -98,7 +98,7 @@ def os_margin_decisions(problem, layout, *, optimizer_overlap: bool,
     def decisions(k: int):
         return next((name, d) for name, d in reference_decisions(
             problem, layout, optimizer_overlap=optimizer_overlap, checkpoint_offload=checkpoint_offload,
-            os_device_groups=k) if name.startswith("patrickstar-like, OS of"))
+            os_device_comm_groups=k) if name.startswith("patrickstar-like, OS of"))
 
     def fits(k: int) -> bool:
         try:

@@ -127,15 +127,15 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
     if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
         return _activation(sim, a, i, issue, blocks, act_bytes)
     if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
-        # comm group `chunk`: bytes over INTER_GPU, once the group's copies on DEVICE are there (the
-        # owners' fetched shards, the written grads); afterwards every chunk of the group is ready on
+        # comm group `chunk`: bytes over INTER_GPU, once the comm group's copies on DEVICE are there (the
+        # owners' fetched shards, the written grads); afterwards every chunk of the comm group is ready on
         # DEVICE (an all-gather leaves a copy on every rank)
         li = _list(sim, a, i)
-        group = sim.groups.get(a.chunk, ())
-        inputs = [sim.ready[li][c][DEVICE_INDEX] for c in group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
+        comm_group = sim.comm_groups.get(a.chunk, ())
+        inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
         end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
                         f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
-        for c in group:
+        for c in comm_group:
             if a.op is Op.ALL_GATHER:
                 hold(sim, li, c, DEVICE_INDEX, everywhere=True)
                 sim.copies.gather(li, c)

@@ -83,7 +83,7 @@ class SimState:
     replicated: list[list[bool]]  # [list][chunk] a DEVICE copy is held by every rank (else by the owner only)
     place_bytes: list[list[list[int]]]  # [tier][rank (DEVICE) or node (HOST, NVME)][list]
     place_total: list[list[int]]  # [tier][rank or node]: sum over lists
-    groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
+    comm_groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
@@ -139,7 +139,7 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                replicated=[[False] * n for _ in lists],
                place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
-               servers=servers, rate=rate, groups=_comm_groups(layout),
+               servers=servers, rate=rate, comm_groups=_comm_groups(layout),
                pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware))
     for r in schedule.initial_residency:
         li = list_index[r.list]
@@ -154,10 +154,10 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
 
 
 def _comm_groups(layout) -> dict[int, tuple[int, ...]]:
-    groups: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
     for c in layout.chunks:
-        groups.setdefault(c.comm_group, []).append(c.id)
-    return {g: tuple(cs) for g, cs in groups.items()}
+        members.setdefault(c.comm_group, []).append(c.id)
+    return {g: tuple(cs) for g, cs in members.items()}
 
 
 def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:

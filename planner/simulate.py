@@ -23,7 +23,7 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
   `Hardware.collective_seconds` (the slower of the NVLink and the NIC stage of a hierarchical ring). Bytes and busy
   seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
   (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
-  (an ALL_GATHER after the owners' copies of the group arrived, a REDUCE_SCATTER after the grads
+  (an ALL_GATHER after the owners' copies of the comm group arrived, a REDUCE_SCATTER after the grads
   were written) and its outputs are ready when it ends.
 - Memory per rank and per node. DEVICE capacity is per rank: a copy of a chunk on DEVICE is held
   by its owner rank only (a FETCH/PREFETCH/WRITE_BACK to DEVICE, which the owner does, and the

@@ -77,7 +77,7 @@ FLAG_EPSILON = 1e-6  # an LP value above this pins a mechanism switch on
 REPLAN_ATTEMPTS = 2  # placements with HOST cut by a paced schedule's shortfall
 PIN_MODES_BLOCKS = 32  # from this many blocks on, the MIP keeps the LP's activation mode per block
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
-RELEASE_STAGES = 6  # second try: groups used within this many stages of a fractional variable are freed
+RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
 # blocks, hidden 4096); the limit makes a hard case stop at the same incumbent on any machine
 MIP_NODE_LIMIT = 500
@@ -412,7 +412,7 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
     2. fix every integer variable whose LP value is integral; HiGHS closes the fractional rest at its
        root (1-5 nodes measured at 32-512 blocks, hidden 4096, bench/bench_depth.py; before, 64
        blocks branched 749 nodes into its time limit among 150-470 fractional counts);
-    3. if that leaves no plan, free the groups used within RELEASE_STAGES of a fractional variable;
+    3. if that leaves no plan, free the chunk classes used within RELEASE_STAGES of a fractional variable;
        then the next pin set (modes released, then the switches one at a time); the pinned MIP
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
@@ -453,7 +453,7 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
            budget: float) -> PlacementSolution | None:
-    """One pin set: fix to the LP's integral values, then release the groups near the fractional
+    """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
     ones; None when neither leaves a plan."""
     model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
     integer = [v for v in model.solver.model.variables() if v.integer]
@@ -469,35 +469,35 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
     fractional = [v.name for v in integer
                   if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
     skip = set(fractional)
-    for free_groups in (set(), _groups_near(data, fractional)):
+    for free_classes in (set(), _chunk_classes_near(data, fractional)):
         for v in integer:
             lo, hi = original[v.name]
             x = float(round(values[v.name])) if v.name in values else math.nan
-            if v.name in skip or _group_of(v.name) in free_groups or not lo <= x <= hi:
+            if v.name in skip or _chunk_class_of(v.name) in free_classes or not lo <= x <= hi:
                 v.lower_bound, v.upper_bound = lo, hi
             else:
                 v.lower_bound = v.upper_bound = x
         try:
             return model.solve(time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT)
         except PlacementInfeasible as exc:
-            log.info("LP-integral fixing (%d fractional, %d groups freed): %s", len(fractional), len(free_groups), exc)
+            log.info("LP-integral fixing (%d fractional, %d chunk classes freed): %s", len(fractional), len(free_classes), exc)
     return None
 
 
-def _group_of(name: str) -> int | None:
-    """The group id in a per-group variable's name (`keep[g,i]`, `os_host[g]`, ...), else None."""
+def _chunk_class_of(name: str) -> int | None:
+    """The chunk class id in a per-class variable's name (`keep[g,i]`, `os_host[g]`, ...), else None."""
     if "[" not in name or name.startswith(("act[", "stage_time", "suffix", "checkpoint")):
         return None
     head = name[name.index("[") + 1:].split(",")[0].rstrip("]")
     return int(head) if head.isdigit() else None
 
 
-def _groups_near(data: PlacementInput, names: list[str]) -> set[int]:
-    """Groups used within RELEASE_STAGES stages of a group that has a fractional variable."""
-    hot = {g for g in (_group_of(k) for k in names) if g is not None}
-    stages = {s for g in hot for s in data.groups[g].use_stages}
+def _chunk_classes_near(data: PlacementInput, names: list[str]) -> set[int]:
+    """Chunk classes used within RELEASE_STAGES stages of a chunk class that has a fractional variable."""
+    hot = {g for g in (_chunk_class_of(k) for k in names) if g is not None}
+    stages = {s for g in hot for s in data.chunk_classes[g].use_stages}
     out = set(hot)
-    for g in data.groups:
+    for g in data.chunk_classes:
         if any(abs(s - t) <= RELEASE_STAGES for s in g.use_stages for t in stages):
             out.add(g.id)
     return out

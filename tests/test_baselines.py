@@ -328,7 +328,7 @@ def test_every_reference_decision_set_says_which_parts_are_the_systems_and_which
     from planner.reference import reference_decisions
 
     p = problem()
-    sets = reference_decisions(p, policy_layout(p), os_device_groups=1)
+    sets = reference_decisions(p, policy_layout(p), os_device_comm_groups=1)
     assert len(sets) >= 6
     for name, d in sets:
         assert d.notes[0] == f"reference decision set: {name}"
