@@ -6,8 +6,7 @@ aggregation of chunks into counts, a chunk may arrive in *any* stage before its 
 placement model looks LOOKAHEAD_STAGES back), and every candidate chunk size is solved to
 optimality rather than pruned by LP values.
 
-Integer scaling (CP-SAT has no continuous variables): bytes stay bytes; time is counted in units
-small enough that the cheapest nonzero item costs >= 100 units, each item's duration rounded up.
+Integers only: Note [exact integer scaling] in `ExactModel._choose_time_unit`.
 """
 
 from __future__ import annotations
@@ -65,6 +64,9 @@ class ExactModel:
         self._add_objective()
 
     # -- scaling -------------------------------------------------------------------------
+    # Note [exact integer scaling]:
+    # Integer scaling (CP-SAT has no continuous variables): bytes stay bytes; time is counted in units
+    # small enough that the cheapest nonzero item costs >= 100 units, each item's duration rounded up.
     def _choose_time_unit(self) -> None:
         d = self.data
         items = [st.compute_seconds for st in d.stages]

@@ -3,54 +3,12 @@
 One mixed-integer model over the stages of an iteration (forward / backward of each block, the
 optimizer), solved through OR-Tools' linear solver wrapper: HiGHS for the integer model, GLOP for
 its relaxation (the DESIGN.md hint: the LP of this shape is tight and fast; CP-SAT is not).
-
-Chunks that are touched by exactly the same stages are interchangeable, so they are aggregated into
-a *chunk class* and the model counts them instead of carrying one boolean per chunk: between two uses of
-a chunk class, `keep[g,i]` chunks stay on DEVICE and `incoming[g,i,k]` arrive in the k-th stage before
-the next use (how many PARAM chunks of g are on DEVICE in stage s, `resident[g][s]` of the
-solution, follows). 175B stays a few thousand rows; every row is sparse (running sums), which
-is what keeps the simplex fast.
-
-The cost model is Fuyou's (§4.5, Eq. 2 and 5) applied per stage: a stage lasts as long as its
-busiest channel, and the iteration is the sum of the stages:
-
-    T_s >= compute_s + recompute_s (+ GPU Adam in the optimizer stage)
-    T_s >= H2D bytes_s / BW_H2D            T_s >= D2H bytes_s / BW_D2H
-    T_s >= NVMe reads_s / BW_read + NVMe writes_s / BW_write        (an SSD is simplex, Eq. 4)
-    sum_{s' >= s} T_s' >= CPU Adam work released at or after s       (Fuyou §4.3: the CPU optimizer
-                                                                      overlaps backward, in order)
-Data flow per chunk (what the time rows charge):
-- a PARAM chunk that must be on DEVICE in stage s+1 and is not in stage s arrives during stage s
-  (prefetch, `incoming[g,s]`): it costs H2D time in s and DEVICE memory in s (double buffering);
-- grads of chunks whose Adam runs on the CPU go D2H in their last backward stage; their updated
-  params (HOST copy) must come up again before the next forward uses them (stale DEVICE copies);
-- chunks whose optimizer state lives on DEVICE run GPU Adam and keep params and grads on DEVICE;
-- OS on HOST or NVME may instead be streamed to the DEVICE for GPU Adam in the optimizer stage
-  (OS, PARAM and GRAD up, OS and PARAM down; from NVME also read from and written back to the
-  SSDs, two chunks of it staged on HOST): what frees the largest models from the CPU optimizer
-  (175B: 116 s of CPU Adam at 1.5e9 params/s) when HOST cannot hold their OS;
-- OS on NVME is read and written once per iteration by the CPU Adam (no grads through the SSDs
-  thanks to the overlap, Fuyou §4.3); when the CPU falls behind backward, the grads it has not
-  reached wait on HOST into the optimizer stage (a row of their own, `cpu_optimizer_lag`);
-- PARAM homed on NVME (Fuyou's layout, for models whose PARAM copies do not fit on HOST): read
-  from the SSDs for every fetch (staged on HOST until the use) and for its CPU step, written back
-  after it; a chunk fetched on demand (at its use, no room to prefetch) makes the use wait;
-- activations: KEEP holds the block's saved bytes on DEVICE until its backward; RECOMPUTE keeps
-  only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
-  stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
-
-The model's input (chunk classes, blocks, stages) is built in `planner.placement_input`; the solver
-calls go through `planner.mathopt_solver`.
-
-The non-model curve (`MomentRef.non_model_bytes`, recorded with every activation kept) is the
-baseline of DEVICE memory; activation plans subtract what they free.
-
-Mechanism switches (`any_stream`, `any_nvme_stream`, `any_nvme_os`, `any_nvme_param`: some chunk
-uses the mechanism, which reserves its staging room) are big-M binaries that make the relaxation
-weak; `fixed_flags` pins them (planner.solve pins them to the rounded LP and, on big traces, the
-activation modes too), which is what keeps the 175B MIP at seconds instead of its time limit.
-The model is optimistic where the SSDs' FIFO and the CPU's pace interact (it charges transfers per
-stage, the simulator queues them): planner.solve therefore replays every plan in the simulator.
+`PlacementModel` owns the variables; its memory rows, time rows and solution extraction live in
+`planner.placement_memory`, `planner.placement_time` and `planner.placement_solution`. The model's
+input (chunk classes, blocks, stages) is built in `planner.placement_input`; the solver calls go
+through `planner.mathopt_solver`. Why it looks as it does: Note [placement chunk classes] (above
+`PlacementModel`) and Note [placement mechanism switches] (above `_flag`) here;
+Note [placement cost model] and Note [placement data flow] in `placement_time.py`.
 """
 
 from __future__ import annotations
@@ -83,6 +41,16 @@ from planner.placement_memory import MemoryRows
 from planner.placement_solution import PlacementInfeasible, PlacementSolution, SolutionExtraction
 from planner.placement_time import TimeRows
 from schemas.schedule import ActivationMode, Tier
+
+
+# Note [placement chunk classes]:
+# Chunks that are touched by exactly the same stages are interchangeable, so they are aggregated into
+# a *chunk class* and the model counts them instead of carrying one boolean per chunk: between two uses of
+# a chunk class, `keep[g,i]` chunks stay on DEVICE and `incoming[g,i,k]` arrive in the k-th stage before
+# the next use (how many PARAM chunks of g are on DEVICE in stage s, `resident[g][s]` of the
+# solution, follows). 175B stays a few thousand rows; every row is sparse (running sums), which
+# is what keeps the simplex fast.
+
 
 
 class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
@@ -134,6 +102,13 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     def _bool(self, name: str) -> Any:
         return self.solver.NumVar(0, 1, name) if self.relax else self.solver.BoolVar(name)
 
+    # Note [placement mechanism switches]:
+    # Mechanism switches (`any_stream`, `any_nvme_stream`, `any_nvme_os`, `any_nvme_param`: some chunk
+    # uses the mechanism, which reserves its staging room) are big-M binaries that make the relaxation
+    # weak; `fixed_flags` pins them (planner.solve pins them to the rounded LP and, on big traces, the
+    # activation modes too), which is what keeps the 175B MIP at seconds instead of its time limit.
+    # The model is optimistic where the SSDs' FIFO and the CPU's pace interact (it charges transfers per
+    # stage, the simulator queues them): planner.solve therefore replays every plan in the simulator.
     def _flag(self, name: str) -> Any:
         """A 0/1 switch of a whole mechanism (any chunk streamed, any OS on NVME, ...): the big-M rows
         behind it are what makes the relaxation weak and the MIP slow, so `fixed_flags` may pin it

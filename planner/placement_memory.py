@@ -159,6 +159,9 @@ class MemoryRows:
         """PARAM + GRAD bytes on DEVICE in stage s (the budget materialize gets)."""
         return self.use_bytes[s] + self.kept_bytes[s] + sum(self.arrived[s]) + self.grad_bytes[s]
 
+    # Note [placement non-model baseline]:
+    # The non-model curve (`MomentRef.non_model_bytes`, recorded with every activation kept) is the
+    # baseline of DEVICE memory; activation plans subtract what they free.
     def _device_expr(self, s: int) -> Any:
         d = self.data
         transient = self.stream_transient if s == d.optimizer_stage else 0

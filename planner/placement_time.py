@@ -11,6 +11,38 @@ from schemas.schedule import ActivationMode, Tier
 from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT, act_windows, is_zero
 
 
+# Note [placement cost model]:
+# The cost model is Fuyou's (§4.5, Eq. 2 and 5) applied per stage: a stage lasts as long as its
+# busiest channel, and the iteration is the sum of the stages:
+#
+#     T_s >= compute_s + recompute_s (+ GPU Adam in the optimizer stage)
+#     T_s >= H2D bytes_s / BW_H2D            T_s >= D2H bytes_s / BW_D2H
+#     T_s >= NVMe reads_s / BW_read + NVMe writes_s / BW_write        (an SSD is simplex, Eq. 4)
+#     sum_{s' >= s} T_s' >= CPU Adam work released at or after s       (Fuyou §4.3: the CPU optimizer
+#                                                                       overlaps backward, in order)
+#
+# Note [placement data flow]:
+# Data flow per chunk (what the time rows charge):
+# - a PARAM chunk that must be on DEVICE in stage s+1 and is not in stage s arrives during stage s
+#   (prefetch, `incoming[g,s]`): it costs H2D time in s and DEVICE memory in s (double buffering);
+# - grads of chunks whose Adam runs on the CPU go D2H in their last backward stage; their updated
+#   params (HOST copy) must come up again before the next forward uses them (stale DEVICE copies);
+# - chunks whose optimizer state lives on DEVICE run GPU Adam and keep params and grads on DEVICE;
+# - OS on HOST or NVME may instead be streamed to the DEVICE for GPU Adam in the optimizer stage
+#   (OS, PARAM and GRAD up, OS and PARAM down; from NVME also read from and written back to the
+#   SSDs, two chunks of it staged on HOST): what frees the largest models from the CPU optimizer
+#   (175B: 116 s of CPU Adam at 1.5e9 params/s) when HOST cannot hold their OS;
+# - OS on NVME is read and written once per iteration by the CPU Adam (no grads through the SSDs
+#   thanks to the overlap, Fuyou §4.3); when the CPU falls behind backward, the grads it has not
+#   reached wait on HOST into the optimizer stage (a row of their own, `cpu_optimizer_lag`);
+# - PARAM homed on NVME (Fuyou's layout, for models whose PARAM copies do not fit on HOST): read
+#   from the SSDs for every fetch (staged on HOST until the use) and for its CPU step, written back
+#   after it; a chunk fetched on demand (at its use, no room to prefetch) makes the use wait;
+# - activations: KEEP holds the block's saved bytes on DEVICE until its backward; RECOMPUTE keeps
+#   only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
+#   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
+
+
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
 

@@ -27,6 +27,28 @@ from planner.costmodel import adam_dram_bytes, channel_bytes_per_s, cpu_adam_par
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
 from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, tier_bit
 
+# Note [simulator channels]:
+# H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
+# SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
+# `count * read rate`, writes at `count * write rate`, each at most the host-side cap
+# (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
+# when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
+# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
+# Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
+# reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
+# reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
+# CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the CPU Adam rate at the chunk size with all cores
+# (`costmodel.cpu_adam_params_per_s`), at the rate measured with copies beside it when a PCIe or SSD
+# server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
+# `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
+# device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
+# issue order: a CPU step overlapped with backward delays the backward work issued after it (busy
+# time is still reported per channel). Conservative: the executor's optimizer worker runs at the
+# lowest CPU priority, so backward goes first there; the work on the cores is the same.
+# A copy between DEVICE and NVME crosses HOST: it occupies both
+# channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
+
+
 def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: float, ready: float, label: str,
               *, m: int, i: int, action: Action, rank: int = 0, node_ranks: int = 1) -> float:
     """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes.
@@ -72,8 +94,15 @@ def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:
     return sim.dram.free_at
 
 
+# Note [simulator validity]:
+# Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
+# it is valid. Copies make the destination valid when issued (its arrival time is tracked
+# separately); backward work that writes a GRAD chunk makes other copies stale; an optimizer step
+# makes copies of PARAM and the OS lists on other tiers stale and the GRAD chunk dead.
+
+
 def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int],
-           last_grad_write: list[int]) -> float:
+                 last_grad_write: list[int]) -> float:
     """Apply action `i` issued at time `issue`; returns when it completes."""
     m = a.moment
     if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):

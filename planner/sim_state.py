@@ -100,6 +100,18 @@ def tier_bit(t: int) -> int:
     return 1 << int(t)
 
 
+# Note [simulator ranks]:
+# With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
+# and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
+# (SPMD); each node's ranks share its SSDs and its CPU optimizer (one server each per node), and
+# collectives share one cluster-wide server, priced intra- vs inter-node by
+# `Hardware.collective_seconds` (the slower of the NVLink and the NIC stage of a hierarchical ring). Bytes and busy
+# seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
+# (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
+# (an ALL_GATHER after the owners' copies of the comm group arrived, a REDUCE_SCATTER after the grads
+# were written) and its outputs are ready when it ends.
+
+
 def setup(schedule: Schedule, hardware: Hardware) -> SimState:
     layout = schedule.layout
     lists = tuple(layout.lists)
@@ -163,6 +175,16 @@ def _comm_groups(layout) -> dict[int, tuple[int, ...]]:
 def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:
     sim.place_bytes[t][place][li] += nbytes
     sim.place_total[t][place] += nbytes
+
+
+# Note [simulator memory per rank and node]:
+# DEVICE capacity is per rank: a copy of a chunk on DEVICE is held
+# by its owner rank only (a FETCH/PREFETCH/WRITE_BACK to DEVICE, which the owner does, and the
+# optimizer state) or by every rank (PARAM and GRAD at the start of the iteration, after an
+# ALL_GATHER, an ALLOCATE on DEVICE or a backward write); the DEVICE peak is the busiest rank's.
+# HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
+# there counts on its owner's node, and swapped activations once per rank of the node (each rank
+# swaps its own). With one rank all of this is the plain sum.
 
 
 def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) -> None:

@@ -3,73 +3,11 @@
 `simulate(schedule, hardware)` replays one iteration using only the schedule (its moments carry
 compute seconds, FLOPs, non-model bytes and parameter tensors; its activation plans carry bytes and
 recompute seconds) and returns a `SimResult`, or raises `ScheduleViolation` naming the moment, the
-action index, the chunk list and the chunk of the first rule the schedule breaks.
-
-Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2):
-
-- Time. Moment m's event happens when moment m-1's work ends (moment 0 at t=0). Its actions are
-  issued then, in list order. Each channel is a FIFO server: an action starts when it is issued,
-  the channel is free, and its inputs are ready, and lasts bytes / bandwidth. Moment m's work
-  (on COMPUTE) starts after the previous work, after every FETCH of moment m, after every chunk
-  its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
-  activations of a block whose backward starts at m are back on DEVICE; it lasts the moment's
-  compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
-  The time the work waits past its event is a stall. The iteration ends when the last work and the
-  last transfer or optimizer step are done.
-- Ranks. With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
-  and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
-  (SPMD); each node's ranks share its SSDs and its CPU optimizer (one server each per node), and
-  collectives share one cluster-wide server, priced intra- vs inter-node by
-  `Hardware.collective_seconds` (the slower of the NVLink and the NIC stage of a hierarchical ring). Bytes and busy
-  seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
-  (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
-  (an ALL_GATHER after the owners' copies of the comm group arrived, a REDUCE_SCATTER after the grads
-  were written) and its outputs are ready when it ends.
-- Memory per rank and per node. DEVICE capacity is per rank: a copy of a chunk on DEVICE is held
-  by its owner rank only (a FETCH/PREFETCH/WRITE_BACK to DEVICE, which the owner does, and the
-  optimizer state) or by every rank (PARAM and GRAD at the start of the iteration, after an
-  ALL_GATHER, an ALLOCATE on DEVICE or a backward write); the DEVICE peak is the busiest rank's.
-  HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
-  there counts on its owner's node, and swapped activations once per rank of the node (each rank
-  swaps its own). With one rank all of this is the plain sum.
-- Channels. H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
-  SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
-  `count * read rate`, writes at `count * write rate`, each at most the host-side cap
-  (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
-  when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
-  policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
-  Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
-  reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
-  reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
-  CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the CPU Adam rate at the chunk size with all cores
-  (`costmodel.cpu_adam_params_per_s`), at the rate measured with copies beside it when a PCIe or SSD
-  server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
-  `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
-  device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
-  issue order: a CPU step overlapped with backward delays the backward work issued after it (busy
-  time is still reported per channel). Conservative: the executor's optimizer worker runs at the
-  lowest CPU priority, so backward goes first there; the work on the cores is the same.
-  A copy between DEVICE and NVME crosses HOST: it occupies both
-  channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
-- Validity. Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
-  it is valid. Copies make the destination valid when issued (its arrival time is tracked
-  separately); backward work that writes a GRAD chunk makes other copies stale; an optimizer step
-  makes copies of PARAM and the OS lists on other tiers stale and the GRAD chunk dead.
-- Memory, per moment after its actions: DEVICE = chunks held + non-model bytes + activations;
-  HOST and NVME = chunks held + activations swapped there. The trace's non-model bytes are recorded
-  with every block's activations kept, so between a block's last forward moment and its first
-  backward moment the simulator subtracts what the activation plan moved away: a RECOMPUTE block
-  keeps only its input bytes, a swapped block holds nothing on DEVICE while offloaded.
-  ACT_OFFLOAD / ACT_RELOAD of a RECOMPUTE block move its kept input (the checkpoint) to HOST or NVME
-  and back: how ZeRO-Infinity and Fuyou keep activation checkpoints off the GPU (Fuyou §2.2, §4.5).
-  Capacity is checked against `schedule.budgets` per moment (and, without the non-model bytes,
-  after every action, because the executor's store allocates as it goes).
-
-Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
-next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
-instantly, PCIe links are full duplex, collectives cost `Hardware.collective_seconds`, staging
-buffers in HOST for NVMe copies are not counted, a copy's rate is fixed when it starts (not re-shared
-as other traffic comes and goes).
+action index, the chunk list and the chunk of the first rule the schedule breaks. The rules follow
+the action semantics of `schemas/schedule.py`; each sits beside its code as a Note:
+Note [simulator time], Note [simulator memory per moment] and Note [simulator simplifications] here;
+Note [simulator ranks] and Note [simulator memory per rank and node] in `planner/sim_state.py`;
+Note [simulator channels] and Note [simulator validity] in `planner/sim_actions.py`.
 """
 
 from __future__ import annotations
@@ -95,6 +33,25 @@ from planner.sim_state import (
 from planner.sim_actions import apply_action, check_end
 
 # ----------------------------------------------------------------------------- simulate
+
+
+# Note [simulator time]:
+# Moment m's event happens when moment m-1's work ends (moment 0 at t=0). Its actions are
+# issued then, in list order. Each channel is a FIFO server: an action starts when it is issued,
+# the channel is free, and its inputs are ready, and lasts bytes / bandwidth. Moment m's work
+# (on COMPUTE) starts after the previous work, after every FETCH of moment m, after every chunk
+# its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
+# activations of a block whose backward starts at m are back on DEVICE; it lasts the moment's
+# compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
+# The time the work waits past its event is a stall. The iteration ends when the last work and the
+# last transfer or optimizer step are done.
+#
+# Note [simulator simplifications]:
+# Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
+# next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
+# instantly, PCIe links are full duplex, collectives cost `Hardware.collective_seconds`, staging
+# buffers in HOST for NVMe copies are not counted, a copy's rate is fixed when it starts (not re-shared
+# as other traffic comes and goes).
 
 
 def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
@@ -233,7 +190,16 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             sim.copies.write_grads(c)  # DEVICE only: copies elsewhere are stale now
             sim.ready[gi][c][DEVICE_INDEX] = end
 
-        # memory during the work
+        # Note [simulator memory per moment]:
+        # Per moment, after its actions: DEVICE = chunks held + non-model bytes + activations;
+        # HOST and NVME = chunks held + activations swapped there. The trace's non-model bytes are recorded
+        # with every block's activations kept, so between a block's last forward moment and its first
+        # backward moment the simulator subtracts what the activation plan moved away: a RECOMPUTE block
+        # keeps only its input bytes, a swapped block holds nothing on DEVICE while offloaded.
+        # ACT_OFFLOAD / ACT_RELOAD of a RECOMPUTE block move its kept input (the checkpoint) to HOST or NVME
+        # and back: how ZeRO-Infinity and Fuyou keep activation checkpoints off the GPU (Fuyou §2.2, §4.5).
+        # Capacity is checked against `schedule.budgets` per moment (and, without the non-model bytes,
+        # after every action, because the executor's store allocates as it goes).
         recorded_nm = m_ref.non_model_bytes
         non_model = max(0, recorded_nm - held_act_recorded)
         for t in TIER_INDEX.values():

@@ -1,31 +1,10 @@
-"""`python -m planner solve TRACE`: the trace and a hardware profile in, a schedule out (DESIGN.md §4).
+"""The planner's solve: a trace and a hardware profile in, a schedule out (DESIGN.md §4); its command
+line is `planner.solve_cli`.
 
-1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
-   placement LP relaxation solved (GLOP).
-2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
-   rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
-   ones while their LP can beat the best MIP (branch and bound over chunk sizes).
-3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
-   BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
-   overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
-4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
-   decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
-   decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
-   `planner.simulate`; the fastest replay is the schedule (a tie, within 0.1%, goes to a placement
-   and to the layout that wastes less, but never to a plan slower than the best reference decision
-   set). So tide can do everything a baseline decides, and is never slower than those decision sets
-   by construction.
-5. Header (one prediction, an honest bound): objective = the simulator's replay of the chosen
-   schedule, and the schedule's `prediction` is that replay too (`planner show` == `planner
-   simulate`); lower bound = max(the least valid model bound over the chunk sizes: unpinned LP at
-   its optimum or the unpinned root node; the physical limit `planner.bounds.lower_bound`);
-   gap = the true gap (simulated - bound) / simulated, never clipped. The MIP's own gap (to its
-   restricted model's dual bound) is printed beside it. The notes list every replay.
-
-Determinism: one solver thread, fixed seeds, LPs to their optimum, MIPs that stop at their gap or
-their node limit (the wall-clock limit is only a safety net), no clock read to decide anything,
-sorted iteration everywhere, and no wall-clock time in the file (solve seconds are printed, never
-written): the same inputs give the same bytes.
+Placement LP per chunk size, the placement MIP for the promising ones, each plan materialized and
+replayed in the simulator beside the reference decision sets (`planner.reference`); the fastest
+replay is the schedule. The steps are in Note [solve steps] and the same-bytes guarantee in
+Note [solve determinism], both above `solve_report`.
 """
 
 from __future__ import annotations
@@ -107,6 +86,36 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
     return solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
                         device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
                         checkpoint_offload=checkpoint_offload).schedule
+
+
+# Note [solve steps]:
+# 1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
+#    placement LP relaxation solved (GLOP).
+# 2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
+#    rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
+#    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
+# 3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
+#    BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
+#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
+# 4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
+#    decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
+#    decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
+#    `planner.simulate`; the fastest replay is the schedule (a tie, within 0.1%, goes to a placement
+#    and to the layout that wastes less, but never to a plan slower than the best reference decision
+#    set). So tide can do everything a baseline decides, and is never slower than those decision sets
+#    by construction.
+# 5. Header (one prediction, an honest bound): objective = the simulator's replay of the chosen
+#    schedule, and the schedule's `prediction` is that replay too (`planner show` == `planner
+#    simulate`); lower bound = max(the least valid model bound over the chunk sizes: unpinned LP at
+#    its optimum or the unpinned root node; the physical limit `planner.bounds.lower_bound`);
+#    gap = the true gap (simulated - bound) / simulated, never clipped. The MIP's own gap (to its
+#    restricted model's dual bound) is printed beside it. The notes list every replay.
+#
+# Note [solve determinism]:
+# Determinism: one solver thread, fixed seeds, LPs to their optimum, MIPs that stop at their gap or
+# their node limit (the wall-clock limit is only a safety net), no clock read to decide anything,
+# sorted iteration everywhere, and no wall-clock time in the file (solve seconds are printed, never
+# written): the same inputs give the same bytes.
 
 
 def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
