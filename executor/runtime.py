@@ -43,7 +43,7 @@ from torch import nn
 
 from executor import state as state_io
 from executor.activations import ActivationManager
-from executor.attach import RERECORD, check_attach, check_model, resolve_device, uses_nvme
+from executor.attach import RERECORD, activations_use_nvme, check_attach, check_model, resolve_device, uses_nvme
 from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
 from executor.drift import DriftChecks
@@ -114,8 +114,9 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
                                   for a in schedule.actions)
 
         # ---- the chunk store, filled per initial_residency; params move into it
+        # one NVMe store (and its directory lock) for chunks and activations alike (Note [NVME tier])
         nvme = None
-        if uses_nvme(schedule):
+        if uses_nvme(schedule) or activations_use_nvme(schedule):
             nvme = NvmeStore(nvme_dir, lists=nvme_lists(layout, schedule.initial_residency, schedule.actions))
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
@@ -175,7 +176,8 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
         self.activations = ActivationManager.from_schedule(
             model, schedule,
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
-            alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
+            alias_unpack=self._unpack, copies=self.store.copies, nvme=self.store.nvme, auto_prefetch=False,
+            on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
         self._setup_evaluation(model)
         self._setup_batch_check(schedule)
@@ -201,8 +203,12 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
     # Note [NVME tier]
     # NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
     # O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
-    # actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. The files are
-    # removed by `detach()` (or when the engine is collected).
+    # actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. Swapped
+    # activations go to per-block files of the same store (Note [activation files] in executor/nvme.py),
+    # and their copies through the store's copy engine: one copy engine, one NVMe file layer, one
+    # directory lock -- a second engine on the directory is refused even when only activations go to
+    # NVME, and a crashed run's files are removed at attach, never read. The files are removed by
+    # `detach()` (or when the engine is collected).
     #
     # Note [several ranks]
     # Several ranks (`schedule.header.world_size > 1`, launched by torchrun, the default process group
