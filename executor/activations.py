@@ -17,7 +17,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,11 @@ from executor.activation_records import (
     recompute_contexts,
     resolve_checkpoint_tiers,
 )
+from executor.activation_io import SwapIO, release
 from executor.copies import CpuCopyEngine, CudaCopyEngine, Ready
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
-from executor.nvme import ALIGN_BYTES, NvmeStore, StoreState, aligned_empty
+from executor.nvme import NvmeStore
 from executor.store import out_of_memory
 from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
@@ -56,11 +56,6 @@ def _device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
 def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """The copy worker's one primitive on the CPU (a module function so tests can make it fail)."""
     dst.copy_(src)
-
-
-def _padded(nbytes: int) -> int:
-    """A swapped record's share of its block's NVMe file: whole 4096-byte blocks (O_DIRECT's unit)."""
-    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
 # ----------------------------------------------------------------------------- the manager
@@ -160,19 +155,8 @@ class ActivationManager:
         self._on_failure = on_failure
         self.events: list[tuple[str, int]] | None = [] if record_events else None
 
-        # what close() closes: the copy engine and NVMe store this manager made itself
-        self._owned: dict[str, Any] = {}
-        self._nvme = nvme if any(b.swap_tier is Tier.NVME for b in self.blocks) else None
-        if self._nvme is None and any(b.swap_tier is Tier.NVME for b in self.blocks):
-            if nvme_dir is None:
-                raise ExecutorError("activation plan: a block swaps to NVME but no nvme_dir was given; pass "
-                                    "nvme_dir=<a directory on the SSD>")
-            if not Path(nvme_dir).is_dir():
-                raise ExecutorError(f"activation plan: nvme_dir={str(nvme_dir)!r} is not a directory; pass an "
-                                    "existing, writable directory on the SSD")
-            # the directory is left as found: the lock file goes at close() too
-            self._nvme = self._owned["nvme"] = NvmeStore(nvme_dir, lists={}, remove_lock_file=True)
-        self._copies = copies  # None: made on the first swap (`_copy_engine`)
+        self._io = SwapIO(copies=copies, nvme=nvme, nvme_dir=nvme_dir,
+                          needs_nvme=any(b.swap_tier is Tier.NVME for b in self.blocks))
         self._offloading = 0  # live bytes whose offload copy is in flight
         self._landing: list[tuple[Ready, weakref.ref[Record], int]] = []  # CUDA offloads not seen landed yet
         self._lock = threading.Lock()
@@ -183,7 +167,7 @@ class ActivationManager:
         self.paused = False
         self._handles: list[Any] = []
         self._closed = False
-        self._finalizer = weakref.finalize(self, _release, self._owned, self._nvme)
+        self._finalizer = weakref.finalize(self, release, self._io.owned, self._io.nvme)
         self.reset_stats()
         if install:
             self.install()
@@ -250,6 +234,7 @@ class ActivationManager:
             return  # a recomputation inside backward: its saved tensors are transient
         b.move(BlockState.CAPTURING)
         self._log("capture", b.index)
+        self._harvest()
         if not b.live_records():
             b.nvme_cursor = 0  # nothing of the previous forward is still held: reuse the file
         self._param_storages = self._model_storages()
@@ -383,35 +368,19 @@ class ActivationManager:
     # in flight then (the NVME write that follows reads HOST only). On the CPU the copy worker books it
     # in the copy job itself, before the copy's future completes, so a wait for the offload sees it; a
     # CUDA event calls nothing back, so the manager books the landed ones whenever it is asked
-    # (`_harvest`: counters, `wait_offloaded`, the next capture). Dropping the DEVICE reference early is
+    # (`_harvest`: counters, `wait_offloaded`, a block's next forward). Dropping the DEVICE reference early is
     # safe on a GPU: the copy engine records the source on its stream, so the allocator does not hand
     # the memory out before the copy ends.
     def _offload(self, b: Block, record: Record) -> None:
         tier = record.tier
         src, record.device = record.device, None
-        cuda = src.device.type == "cuda"
-        if tier is Tier.NVME:  # aligned and padded: the file write goes straight from it (O_DIRECT)
-            record.nvme_offset = b.nvme_cursor
-            b.nvme_cursor += _padded(record.nbytes)
-            record.host = aligned_empty(_padded(record.nbytes), torch.uint8, pin_memory=cuda)
-        else:
-            record.host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=cuda)
         with self._lock:
             self._offloading += record.nbytes
-        copies = self._copy_engine(src.device)
-        host = record.host[:record.nbytes]
-        if isinstance(copies, CudaCopyEngine):  # starts once the kernels producing the tensor are done
-            copied = copies.copy(host, src, after=[], channel=Channel.D2H)
-            with self._lock:
-                self._landing.append((copied, weakref.ref(record), record.nbytes))
-        else:
-            copied = copies.copy(host, src, after=[], fn=functools.partial(self._copy_and_land, record))
+        landing = self._io.offload(b, record, src, cpu_copy=functools.partial(self._copy_and_land, record))
         del src
-        record.offload = copied
-        if tier is Tier.NVME:
-            written = self._nvme.act_write_async(b.index, record.nvme_offset, record.host, after=[copied])
-            written.add_done_callback(functools.partial(_written, weakref.ref(record), record.host))
-            record.offload = Ready(future=written)
+        if landing is not None:
+            with self._lock:
+                self._landing.append((landing, weakref.ref(record), record.nbytes))
         with self._lock:
             self._offloaded[tier] += record.nbytes
             self._offloaded_per_block[b.index] += record.nbytes
@@ -473,23 +442,7 @@ class ActivationManager:
                 self._on_failure(str(error))
             raise error from exc
         self.hold(record, 1)
-        copies = self._copy_engine(dst.device)
-        cuda = isinstance(copies, CudaCopyEngine)
-        if tier is Tier.NVME:  # NVME -> HOST on the store's threads, once the write landed; then HOST -> DEVICE
-            host = aligned_empty(_padded(record.nbytes), torch.uint8, pin_memory=cuda)
-            read = self._nvme.act_read_async(record.block, record.nvme_offset, host, after=[record.offload])
-            if cuda:
-                record.reload = _copy_when_read(copies, read, dst, host[:record.nbytes])
-            else:
-                record.reload = copies.copy(dst, host[:record.nbytes], after=[Ready(future=read)], fn=_copy_bytes)
-        elif cuda:  # after the offload's event, and after the compute stream's last use of dst's memory
-            host = record.host
-            record.reload = copies.copy(dst, host, after=[record.offload], channel=Channel.H2D)
-        else:
-            host = record.host
-            record.reload = copies.copy(dst, host, after=[record.offload], fn=_copy_bytes)
-        record.device = dst
-        record.host = host  # kept until the unpack waited for the copy
+        self._io.reload(record, dst, cpu_copy=_copy_bytes)
         with self._lock:
             self._reloaded[tier] += record.nbytes
             self._reloaded_per_block[record.block] += record.nbytes
@@ -617,64 +570,16 @@ class ActivationManager:
                 continue
         return out
 
-    def _copy_engine(self, device: torch.device) -> CpuCopyEngine | CudaCopyEngine:
-        """The engine's copy engine, or (a manager built alone) its own, made on the first swap."""
-        if self._copies is None:
-            self._copies = CudaCopyEngine(device) if device.type == "cuda" else CpuCopyEngine()
-            self._owned["copies"] = self._copies
-        return self._copies
-
     def _log(self, what: str, block: int) -> None:
         if self.events is not None:
             self.events.append((what, block))
 
     def nvme_files(self) -> list[Path]:
         """The NVMe files made so far (for tests and reports)."""
-        return self._nvme.act_files() if self._nvme is not None else []
+        return self._io.files()
 
     @property
     def nvme_dir(self) -> Path | None:
         """The folder of the NVMe files (the store's run folder)."""
-        return self._nvme.directory if self._nvme is not None else None
-
-
-def _release(owned: dict[str, Any], nvme: NvmeStore | None) -> None:
-    """close() and the finalizer: the copies in flight land, then the NVMe files go (with the store and
-    its folder when the manager made its own); the engine's copy engine and store stay its own."""
-    copies = owned.pop("copies", None)
-    if copies is not None:
-        copies.close()
-    if nvme is not None:
-        if owned.pop("nvme", None) is not None:
-            nvme.close()
-        elif nvme.state is StoreState.OPEN:
-            nvme.remove_act_files()
-
-
-def _written(ref: weakref.ref[Record], host: torch.Tensor, future: Future) -> None:
-    """NVMe thread: the block's file holds the record's bytes now; its HOST copy goes."""
-    record = ref()
-    if record is not None and future.exception() is None and record.host is host:
-        record.host = None
-
-
-def _copy_when_read(copies: CudaCopyEngine, read: Future, dst: torch.Tensor, host: torch.Tensor) -> Ready:
-    """A GPU reload from NVME: the H2D copy is issued by the NVMe thread once the read landed, so the
-    training thread never waits for the disk here; it waits for the copy's event at the unpack. The
-    copy is ordered after the compute stream's last use of `dst`'s memory by an event recorded now."""
-    allocated = torch.cuda.Event()
-    allocated.record()  # dst may reuse memory the compute stream still reads: copy after it
-    issued: Future = Future()
-
-    def issue(done: Future) -> None:
-        try:
-            done.result()
-            issued.set_result(copies.copy(dst, host, after=[Ready(event=allocated)], channel=Channel.H2D,
-                                          after_compute=False))
-        except BaseException as exc:  # noqa: BLE001 - the unpack raises it as one line
-            issued.set_exception(exc)
-
-    read.add_done_callback(issue)
-    return Ready(future=issued)
-
+        return self._io.nvme.directory if self._io.nvme is not None else None
 
