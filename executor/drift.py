@@ -23,6 +23,8 @@ BATCH_DRIFT_RATIO = 1.5
 class DriftChecks:
     """The engine's drift checks (module docstring)."""
 
+    schedule: Schedule
+
     def _setup_batch_check(self, schedule: Schedule) -> None:
         # Note [batch drift]: per block, the activation bytes the recording saw it save for backward (what
         # it keeps: RECOMPUTE keeps its input). The hand-built schedules of tests carry 0: unknown, unchecked.

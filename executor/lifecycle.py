@@ -59,6 +59,10 @@ class EngineFailure:
 class Lifecycle:
     """The engine's states and failures (module docstring)."""
 
+    state: EngineState
+    cursor: int  # the next moment to apply
+    failure: EngineFailure | None
+
     # Note [failures]
     # Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
     # raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
