@@ -513,9 +513,9 @@ def test_dram_is_shared_bandwidth_not_a_queue_in_placement_order() -> None:
     """A copy queued behind a busy channel reserves DRAM when it runs, not when the simulator places
     it: a later-placed copy on an idle link is not held behind it (the DRAM FIFO did that: GPT-3 175B
     on a100-80g-12ssd replayed 152 s with it, 108 s without)."""
-    from planner.simulate import _Calendar
+    from planner.sim_state import Calendar
 
-    cal = _Calendar()
+    cal = Calendar()
     assert cal.reserve(10.0, 1.0) == pytest.approx(11.0)  # placed first, runs at 10 s
     assert cal.reserve(0.0, 1.0) == pytest.approx(1.0)  # placed second, runs at once: not after 11 s
     assert cal.reserve(9.5, 1.0) == pytest.approx(11.5)  # 0.5 s before the busy 10..11, the rest after it
