@@ -72,7 +72,13 @@ class MathOptSolver:
             if node_limit is not None:
                 params.node_limit = node_limit
         with quiet_stdout():
-            return mathopt.solve(self.model, self.kind, params=params)
+            result = mathopt.solve(self.model, self.kind, params=params)
+            if self.kind is mathopt.SolverType.GLOP and result.termination.reason is mathopt.TerminationReason.IMPRECISE:
+                # GLOP's primal simplex gave up on the numerics (gpt-small on cpu-emulated at 0.05 GB, once
+                # CPU Adam was priced at the worker's 1 thread beside the both-ways PCIe row): the same LP
+                # through HiGHS's simplex, deterministic too, reaches its optimum
+                result = mathopt.solve(self.model, mathopt.SolverType.HIGHS, params=params)
+            return result
 
 
 @contextlib.contextmanager
