@@ -42,6 +42,7 @@ class MemoryRows:
 
     def _build_memory_terms(self) -> None:
         d, n = self.data, len(self.data.stages)
+        p = d.ranks  # a comm group gathered on DEVICE is p chunks; its OS and HOST copy are the local chunk's
         inf = self.solver.infinity()
         self.device_static = self.solver.NumVar(0, inf, "device_static")  # OS on DEVICE
         self.solver.Add(self.device_static == sum(self.os_device[gi] * g.os_bytes for gi, g in enumerate(d.chunk_classes)),
@@ -59,27 +60,37 @@ class MemoryRows:
         host_grads: list[tuple[int, int, Any]] = []
         for gi, g in enumerate(d.chunk_classes):
             for s in g.use_stages:
-                self.use_bytes[s] += g.count * g.param_bytes
+                self.use_bytes[s] += g.count * g.param_bytes * p
             for i, gap in enumerate(self.gaps[gi]):
                 for first, last in stage_runs(gap.stages):
-                    kept.append((first, last, self.keep[gi][i] * g.param_bytes))
+                    kept.append((first, last, self.keep[gi][i] * (g.param_bytes * p)))
                 pos = {s: j for j, s in enumerate(gap.stages)}
                 for k, s_in in enumerate(gap.lookahead):
                     for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
-                        self.arrived[s].append(self.incoming[gi][i][k] * g.param_bytes)
-                    self.arriving[s_in].append(self.incoming[gi][i][k] * g.param_bytes)
+                        self.arrived[s].append(self.incoming[gi][i][k] * (g.param_bytes * p))
+                    self.arriving[s_in].append(self.incoming[gi][i][k] * (g.param_bytes * p))
                     if self.nvme_incoming[gi][i]:
                         # the staging copy of an NVMe-homed chunk stays on HOST until the use
                         for first, last in stage_runs(gap.stages[pos[s_in]:]):
                             staging.append((first, last, self.nvme_incoming[gi][i][k] * g.param_bytes))
             if not self.gaps[gi]:
-                kept.append((0, n - 1, self.persistent[gi] * g.param_bytes))
+                kept.append((0, n - 1, self.persistent[gi] * (g.param_bytes * p)))
             if not g.trainable:
                 continue
             if g.first_backward_stage >= 0:
                 # grads accumulate on DEVICE over the chunk's backward uses, then GPU Adam chunks keep them
-                grads.append((g.first_backward_stage, g.last_backward_stage, g.count * g.param_bytes))
-                grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
+                # (with p ranks the comm group's whole p * G until its reduce-scatter after the last
+                # backward use, PatrickStar §7; GPU Adam groups keep that entry until their step, as
+                # materialize's cache does: planner.device_cache keeps a comm group's GRAD entry whole)
+                grads.append((g.first_backward_stage, g.last_backward_stage, g.count * g.param_bytes * p))
+                if p == 1:
+                    grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
+                else:
+                    # with several ranks materialize keeps the GRAD entry of every DEVICE-stepped comm
+                    # group (streamed OS too) on DEVICE until its step, never written back in between
+                    # (planner.device_cache: a GRAD entry is unevictable while ws > 1)
+                    stepped = self.os_device[gi] + self.os_stream[gi] + self.os_nvme_stream[gi]
+                    grads.append((g.last_backward_stage + 1, n - 1, stepped * (g.param_bytes * p)))
                 # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)
                 last = g.last_backward_stage if d.optimizer_overlap else n - 1
                 streamed = self.os_stream[gi] + self.os_nvme_stream[gi]
@@ -178,7 +189,9 @@ class MemoryRows:
         return [full - sum(self.arriving[s]), full - st.non_model_bytes + st.tail_non_model_bytes]
 
     def _host_expr(self, s: int) -> Any:
-        return self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s] + self.host_staging_bytes[s]
+        expr = self.host_static + self.host_grad_bytes[s] + self.host_act_bytes[s] + self.host_staging_bytes[s]
+        # per node: its q ranks each hold their own local chunks, activations and staging (symmetric ranks)
+        return expr * self.data.ranks_per_node if self.data.ranks_per_node > 1 else expr
 
     def _nvme_expr(self) -> Any:
         d = self.data
@@ -187,7 +200,8 @@ class MemoryRows:
             expr += (self.os_nvme[gi] + self.os_nvme_stream[gi]) * g.os_bytes + self.param_nvme[gi] * g.param_bytes
         for b, choice in zip(d.blocks, self.act):
             expr += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
-        return expr
+        # per node: the node's SSDs hold its q ranks' local chunks and activations
+        return expr * d.ranks_per_node if d.ranks_per_node > 1 else expr
 
     def _cap(self, tier: Tier, given: float) -> Any:
         return self.capacity if self.capacity_variable is tier else given
