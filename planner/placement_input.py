@@ -33,6 +33,10 @@ class ChunkClass:
     # chunks, one owned per rank (PatrickStar §7), and the model counts comm groups: every rank holds
     # its own (local) chunk of each, so one set of counts describes every rank (issue 18 item 1)
     comm_group_size: int = 1
+    # chunks of each comm group holding trainable tensors (planner.layout pads a block's run of chunks
+    # to whole comm groups with empty ones): materialize's GRAD entry is these chunks' (device_cache),
+    # and only their owners step; they are the first ones of the comm group, owned by ranks 0..t-1
+    trainable_chunks: int = 1
 
     @property
     def count(self) -> int:
@@ -159,16 +163,17 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     for cg in sorted(members):
         ids = members[cg]
         use = tuple(sorted(set().union(*(uses.get(c, ()) for c in ids))))
-        key = (use, layout.chunks[ids[0]].elements, any(trainable_chunk[c] for c in ids))
+        key = (use, layout.chunks[ids[0]].elements, any(trainable_chunk[c] for c in ids), sum(trainable_chunk[c] for c in ids))
         keyed.setdefault(key, []).extend(ids)
     classes = []
-    for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
+    for gid, ((use, elements, trainable, n_trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
         backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
         classes.append(ChunkClass(
             id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
             elements=elements, trainable=trainable, use_stages=use,
             first_backward_stage=min(backward) if backward else -1,
-            last_backward_stage=max(backward) if backward else -1, comm_group_size=ws))
+            last_backward_stage=max(backward) if backward else -1, comm_group_size=ws,
+            trainable_chunks=n_trainable))
     blocks = []
     for b in problem.blocks:
         p = stage_of_moment[b.forward_moments[1]]

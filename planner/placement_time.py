@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.schedule import ActivationMode, Tier
+from planner.placement_memory import node_factors, scaled
 from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT, act_windows, is_zero
 
 
@@ -33,11 +34,13 @@ class TimeRows:
         peers = d.ranks - 1
         coll_rate = min((r for r in (d.collective_intra_bytes_per_s, d.collective_inter_bytes_per_s) if r > 0), default=0.0)
         for gi, g in enumerate(d.chunk_classes):
+            # the node's SSDs and CPU optimizer serve its ranks: per-node multipliers (1, 1 with one rank)
+            fp, fo = node_factors(d, g)
             for i, gap in enumerate(self.gaps[gi]):
                 for k, s in enumerate(gap.lookahead):
                     h2d[s] += self.incoming[gi][i][k] * g.param_bytes
                     if self.nvme_incoming[gi][i]:
-                        nvme_read[s] += self.nvme_incoming[gi][i][k] * g.param_bytes
+                        nvme_read[s] += scaled(self.nvme_incoming[gi][i][k] * g.param_bytes, fp)
                 use = (gap.stages[-1] + 1) % n
                 h2d[use] += self.on_demand[gi][i] * g.param_bytes
                 on_demand[use] += self.on_demand[gi][i] * (g.param_bytes / d.h2d_bytes_per_s)
@@ -53,7 +56,7 @@ class TimeRows:
                     if gap.wraps and g.trainable:
                         inter_gpu[d.optimizer_stage] += self.keep[gi][i] * (g.param_bytes * peers)
                 if not is_zero(self.nvme_on_demand[gi][i]):
-                    nvme_read[use] += self.nvme_on_demand[gi][i] * g.param_bytes
+                    nvme_read[use] += scaled(self.nvme_on_demand[gi][i] * g.param_bytes, fp)
                     on_demand[use] += self.nvme_on_demand[gi][i] * (g.param_bytes / rd)
                     if gap.wraps and self.refresh[gi]:
                         h2d[s] += self.refresh[gi][k] * g.param_bytes
@@ -66,18 +69,20 @@ class TimeRows:
             d2h[grads_at] += (cpu_chunks + streamed) * g.param_bytes
             if peers:  # the comm group's grads reduce-scattered after its last backward use (PatrickStar §7)
                 inter_gpu[grads_at] += g.count * g.param_bytes * peers
-            cpu_released[release] += cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element)
+            # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
+            # CPU servers are per node, planner.sim_state)
+            cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
             h2d[o] += streamed * (g.os_bytes + 2 * g.param_bytes)
             d2h[o] += streamed * (g.os_bytes + g.param_bytes)
             compute[o] += streamed * (g.elements * d.gpu_adam_seconds_per_element)
             # NVMe-streamed OS: read from and written back to the SSDs in the optimizer stage
-            nvme_read[o] += self.os_nvme_stream[gi] * g.os_bytes
-            nvme_write[o] += self.os_nvme_stream[gi] * g.os_bytes
+            nvme_read[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)
+            nvme_write[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)
             # NVMe-homed PARAM: read for the CPU step, written back after it
-            os_read[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
-            os_write[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
+            os_read[release] += scaled(self.os_nvme[gi] * g.os_bytes, fo) + scaled(self.param_nvme[gi] * g.param_bytes, fp)
+            os_write[release] += scaled(self.os_nvme[gi] * g.os_bytes, fo) + scaled(self.param_nvme[gi] * g.param_bytes, fp)
             compute[d.optimizer_stage] += self.os_device[gi] * (g.elements * d.gpu_adam_seconds_per_element)
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
@@ -89,19 +94,9 @@ class TimeRows:
             if not is_zero(self.ckpt_block[bi]):  # an offloaded checkpoint goes down and comes back
                 d2h[offload] += b.input_bytes * self.ckpt_block[bi]
                 h2d[reload] += b.input_bytes * self.ckpt_block[bi]
-            nvme_write[offload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
-            nvme_read[reload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
+            nvme_write[offload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
+            nvme_read[reload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
-        q = d.ranks_per_node
-        if q > 1:
-            # per node: its SSDs and its CPU optimizer serve the q ranks' (symmetric) work
-            # (PatrickStar §9.1: one node's CPU cores step all 8 ranks' chunks; the simulator's NVMe and
-            # CPU servers are per node, planner.sim_state)
-            nvme_read = [x * q for x in nvme_read]
-            nvme_write = [x * q for x in nvme_write]
-            os_read = [x * q for x in os_read]
-            os_write = [x * q for x in os_write]
-            cpu_released = [x * q for x in cpu_released]
         return {"INTER_GPU": inter_gpu,"H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
                 "ON_DEMAND": on_demand,
                 "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
