@@ -132,9 +132,9 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes = search
-    # With several ranks the placement model plans whole chunks as one rank would (it neither shards
-    # the OS among the owners nor divides their copies): neither a bound nor the only planner there,
-    # so the reference decision sets run even where it finds no plan, and the bound is the physical one
+    # With several ranks the placement model is rank-aware (issue 18 item 1) but not yet a bound of
+    # the replays (it follows materialize's whole comm-group entries, keeps no local-only chunk):
+    # the reference decision sets run even where it finds no plan, and the bound is the physical one
     if not solved and problem.world_size == 1:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     by_size = {c.chunk_elements: c for c in candidates}
