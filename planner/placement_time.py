@@ -97,7 +97,7 @@ class TimeRows:
             nvme_write[offload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
             nvme_read[reload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
-        return {"INTER_GPU": inter_gpu,"H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
+        return {"INTER_GPU": inter_gpu, "H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
                 "ON_DEMAND": on_demand,
                 "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
 

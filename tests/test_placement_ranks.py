@@ -5,12 +5,12 @@ use per rank, HOST/NVME/CPU per node, and prices the all-gathers and reduce-scat
 from __future__ import annotations
 
 import pytest
+from test_baselines import RANKS, box, ranks_box, small_trace
 
 from planner.layout import build_layout
 from planner.placement import PlacementModel, placement_input
 from planner.problem import build_problem
 from planner.solve import solve_report
-from test_baselines import RANKS, box, ranks_box, small_trace
 
 DIGEST = "0" * 64
 
