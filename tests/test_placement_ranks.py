@@ -73,9 +73,9 @@ def test_two_nodes_the_mip_prices_the_nic_and_the_simulator_agrees(tmp_path) -> 
     test_executor_nodes, trained like one process with INTER_GPU bytes per rank == its prediction."""
     import dataclasses
 
+    from conftest import TRACES
     from test_executor_nodes import DEVICE_BYTES, WORLD, cluster
 
-    from conftest import TRACES
     from schemas import Trace
 
     hw = cluster(tmp_path)
