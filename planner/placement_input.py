@@ -35,7 +35,8 @@ class ChunkClass:
     comm_group_size: int = 1
     # chunks of each comm group holding trainable tensors (planner.layout pads a block's run of chunks
     # to whole comm groups with empty ones): materialize's GRAD entry is these chunks' (device_cache),
-    # and only their owners step; they are the first ones of the comm group, owned by ranks 0..t-1
+    # and only their owners step (at most min(t, q) of them on one node; the padding is appended, so
+    # in tide's layout they are the comm group's first chunks, owned by ranks 0..t-1)
     trainable_chunks: int = 1
 
     @property
