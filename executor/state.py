@@ -24,8 +24,11 @@ Formats (what a plain PyTorch loop reads and writes):
 `schemas.atomic_write_bytes` (temp file, fsync, rename, fsync of the folder; a temp file a killed
 save left behind is removed by the next save). A checkpoint carries `content_digest` (sha256 over
 every other entry, tensors by dtype, shape and bytes: `checkpoint_digest`) and, when the store runs
-a schedule, `schedule_digest` (that schedule's `content_digest`). `load` refuses a file whose
-content digest does not match (a checkpoint without one, built by hand, loads unchecked), `restore` one saved under another schedule: one line each.
+a schedule, `schedule_digest` (that schedule's `content_digest`) and `schedule_world_size`. `load`
+refuses a file whose content digest does not match (a checkpoint without one, built by hand, loads
+unchecked), `restore` one saved under another schedule of the same world size (another world size
+is a re-shard: executor/distributed.py), and values no optimizer can step from (`check_checkpoint`):
+one line each, before anything is written.
 """
 
 from __future__ import annotations
@@ -288,6 +291,9 @@ def save(path: str | Path, store: ChunkSource, *, model: nn.Module | None = None
     schedule = getattr(store, "schedule", None)
     if schedule is not None and hasattr(schedule, "content_digest"):
         ckpt["schedule_digest"] = schedule.content_digest()
+        world_size = _world_size(schedule)
+        if world_size is not None:
+            ckpt["schedule_world_size"] = world_size
     ckpt["content_digest"] = checkpoint_digest(ckpt)
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
@@ -473,6 +479,12 @@ def check_checkpoint(ckpt: Any) -> None:
         _check_loss_scaler(ckpt["loss_scaler"])
 
 
+def _world_size(schedule: Any) -> int | None:
+    """The ranks a schedule runs on (`header.world_size`); None for an object without a header."""
+    value = getattr(getattr(schedule, "header", None), "world_size", None)
+    return value if isinstance(value, int) else None
+
+
 def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | None = None,
             optimizer: ChunkAdamW | None = None, loss_scaler: Any = None, strict: bool = True) -> None:
     """Apply a checkpoint (from `load`) to the chunks, the optimizer, the model's buffers and the scaler.
@@ -485,7 +497,12 @@ def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | N
     schedule = getattr(store, "schedule", None)
     if saved_under is not None and schedule is not None and hasattr(schedule, "content_digest"):
         running = schedule.content_digest()
-        if saved_under != running:
+        saved_world, running_world = ckpt.get("schedule_world_size"), _world_size(schedule)
+        # another world size is a re-shard (executor/distributed.py: the file is plain, keyed by name,
+        # and loads into any world size), which needs another schedule; the same world size under
+        # another schedule is an edited or re-solved plan: refused
+        resharding = isinstance(saved_world, int) and running_world is not None and saved_world != running_world
+        if saved_under != running and not resharding:
             raise StateError(f"checkpoint was saved under schedule {str(saved_under)[:19]}..., this engine runs "
                              f"{running[:19]}...; attach the schedule it was saved with, or load its 'model' and "
                              "'optimizer' entries with model.load_state_dict / optimizer.load_state_dict")
