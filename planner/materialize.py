@@ -6,7 +6,7 @@ moment, the activation mode of every block, the eviction rule, whether to prefet
 the CPU optimizer overlaps backward. `materialize` turns that into *what happens when*: every
 fetch, prefetch, eviction, write-back, allocation, optimizer step, activation copy and collective,
 with its channel and bytes, the initial residency that the iteration returns to (steady state),
-and the cost model's prediction.
+and the prediction (the simulator's replay of it).
 
 The rooms: what a policy decides (`planner.decisions`); the DEVICE cache, steps 1-4
 (`planner.device_cache`); action emission, steps 5-7 (`planner.emit`); the residency replay that
