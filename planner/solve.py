@@ -1,7 +1,7 @@
 """`python -m planner solve TRACE`: the trace and a hardware profile in, a schedule out (DESIGN.md §4).
 
 1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
-   placement LP relaxation solved (GLOP).
+   placement LP relaxation solved (HiGHS's interior point with crossover, on the sparse rows).
 2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
    rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
@@ -101,6 +101,7 @@ POLISH_MAX_BLOCKS = 128
 # best model objective (32 blocks x 4096: LP 8.9% below, root 2.9%, bench/bench_depth.py; 175B on
 # a100-80g-12ssd: LP 4.0% below, the root 24.6 s wall for no gain, so not there)
 ROOT_BOUND_GAP = 0.05
+LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
 SAFETY_SECONDS = 300.0
@@ -401,7 +402,9 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
         try:
-            lp_model = PlacementModel(data, relax=True)
+            # the sparse DEVICE rows on HiGHS's interior point with crossover: Note [the placement
+            # LP on HiGHS's interior point] in planner/mathopt_solver.py
+            lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
             lp = lp_model.solve(time_limit_seconds=safety)
             value = lp.objective_seconds
             bounds[size] = lp.bound_seconds  # 0 unless GLOP reached the LP's optimum
@@ -560,7 +563,7 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
     values = lp_values
     if values is None:
         try:
-            lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes)
+            lp = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
             lp.solve(time_limit_seconds=budget)
         except PlacementInfeasible:
             return None
