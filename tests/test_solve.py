@@ -10,7 +10,7 @@ from planner.cli import main
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
 from planner.presets import resolve_hardware
-from planner.solve import default_output_path, solve, solve_report
+from planner.solve import TIE_TOLERANCE, default_output_path, solve, solve_report
 from schemas import Schedule, Trace
 from schemas._base import digest_bytes
 from schemas.schedule import Channel, Tier
@@ -286,7 +286,12 @@ def test_a_tie_never_goes_to_a_plan_slower_than_a_reference_decision_set():
     references = [seconds for what, seconds in report.evaluated if "decisions" in what]
     placements = [seconds for what, seconds in report.evaluated if what.startswith("placement MIP")]
     assert references and placements  # both kinds were replayed
-    assert report.simulated_seconds == min(seconds for _, seconds in report.evaluated) <= min(references)
+    # the tie rule itself: within TIE_TOLERANCE of the fastest replay (where it may prefer the layout
+    # that wastes less: chunk size 66220's placement replays 0.02% faster than the chosen 32768's)
+    # and never slower than the fastest reference decision set
+    fastest = min(seconds for _, seconds in report.evaluated)
+    assert report.simulated_seconds <= min(references)
+    assert report.simulated_seconds <= fastest * (1 + TIE_TOLERANCE)
 
 
 def test_every_chunk_size_that_fits_gets_its_lp_value():
