@@ -99,6 +99,7 @@ from schemas.schedule import (
     Op,
     SolverStatus,
     Tier,
+    action_channels,
 )
 from schemas.trace import DTYPE_BYTES, Phase
 
@@ -279,7 +280,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         for i in by_moment[m]:
             a = actions[i]
             end = _apply(sim, a, i, event, blocks, act_bytes, last_grad_write)
-            if a.op is Op.FETCH:
+            if a.op is Op.FETCH or (sim.pageable and _blocks_host(a)):
                 deps = max(deps, end)
             for t in TIER_INDEX.values():
                 used = _used(sim, t, act_bytes)
@@ -538,6 +539,24 @@ def _transfer(sim: _Sim, channels: tuple[Channel, ...], nbytes: int, issue: floa
             sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
     sim.last_end = max(sim.last_end, end)
     return end
+
+
+_COPY_OPS = frozenset({Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.ACT_OFFLOAD, Op.ACT_RELOAD})
+
+
+def _blocks_host(a: Action) -> bool:
+    """A DEVICE <-> HOST copy through pageable memory holds the thread that issues the moment's work
+    until it is done: cudaMemcpyAsync to pageable host memory returns only once the copy has
+    completed, and from pageable memory only once the buffer is staged for DMA (CUDA Runtime API,
+    "API synchronization behavior"), the staging being the pageable rate's bottleneck; DeepSpeed's
+    one-rank fetch then synchronizes its stream (`partition_parameters.py` `NoGatherCoalescedHandle.wait`,
+    called from `fetch_sub_module` before the sub-module's kernels and before its prefetches are issued).
+    So the moment's work cannot start before it: Fuyou §3 (Fig. 2a) measured ZeRO-Infinity's
+    CPU->GPU, compute and GPU->CPU "serialized" (docs/baselines.md ZI.7)."""
+    if a.op not in _COPY_OPS:
+        return False
+    channels = action_channels(a)
+    return bool(channels) and set(channels) <= {Channel.H2D, Channel.D2H}
 
 
 def _draw_dram(sim: _Sim, nbytes: float, start: float) -> float:
