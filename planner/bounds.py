@@ -18,15 +18,13 @@ same model with that tier's capacity as the objective (the other tiers as given,
 from __future__ import annotations
 
 import math
-from schemas._base import format_bytes
 
+from planner.decisions import non_model_curve
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
-from planner.decisions import non_model_curve
 from planner.problem import Problem
-from schemas._base import frozen
+from schemas._base import format_bytes, frozen
 from schemas.schedule import ActivationMode, ChunkList, Tier
-
 
 
 def physical_lower_bound_seconds(data: PlacementInput) -> float:

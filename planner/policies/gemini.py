@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from planner.errors import PlannerError
 from planner.materialize import Decisions, EvictionRule
-from planner.policies._common import GB, budget, chunk_plans, everything, has_nvme, moment_need_bytes, policy_layout
+from planner.policies._common import (
+    GB,
+    budget,
+    chunk_plans,
+    everything,
+    has_nvme,
+    moment_need_bytes,
+    policy_layout,
+)
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, Tier
 
