@@ -2,9 +2,11 @@
 (ZeRO-3 Offload) and ZeRO-3 offloaded to "nvme" (ZeRO-Infinity); docs/baselines.md §1-3.
 
 Config defaults quoted from DeepSpeed `38327e07`: `deepspeed/runtime/zero/config.py`,
-`offload_config.py`. Not modelled (each listed in docs/baselines.md): pageable (unpinned) copy rates
-(Z3.12: the hardware presets have one H2D/D2H rate), DeepSpeed's serial fetch/compute dataflow that
-Fuyou measured (ZI.7), per-sub-module gathers (a chunk of the layout is the unit that moves).
+`offload_config.py`. Pageable copies (Z3.12, pin_memory false) and the serial fetch/compute dataflow
+Fuyou measured (ZI.7) are the simulator's: a copy through pageable memory runs at the preset's pageable
+rate and holds its moment's work (`planner.costmodel.PAGEABLE_POLICIES`, `planner.simulate._blocks_host`).
+Not modelled (each listed in docs/baselines.md): per-sub-module gathers (a chunk of the layout is the
+unit that moves), the reuse distance (Z3.4), the fp32 grads swapped to the SSDs in backward (ZI.4).
 """
 
 from __future__ import annotations
