@@ -37,7 +37,10 @@ Model (the action semantics of `schemas/schedule.py`, one moment = DESIGN.md §2
   `count * read rate`, writes at `count * write rate`, each at most the host-side cap
   (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
   when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
-  policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
+  policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates;
+  such a copy also holds the work of the moment that issued it until it is done (pageable
+  cudaMemcpyAsync blocks the issuing thread: `_blocks_host`), so those systems' copies and compute
+  run in series, as Fuyou §3 measured DeepSpeed's.
   Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
   reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
   reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
