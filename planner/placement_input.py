@@ -17,7 +17,7 @@ from schemas.trace import DTYPE_BYTES
 
 
 @frozen
-class GroupData:
+class ChunkClass:
     """Interchangeable chunks: same stages touch them, same size, same trainability."""
 
     id: int
@@ -61,7 +61,7 @@ class StageData:
 class PlacementInput:
     """Everything the placement model needs, in bytes and seconds (built from a Problem + layout)."""
 
-    groups: tuple[GroupData, ...]
+    chunk_classes: tuple[ChunkClass, ...]
     blocks: tuple[BlockData, ...]
     stages: tuple[StageData, ...]
     device_bytes: int
@@ -94,7 +94,7 @@ class PlacementInput:
 def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap: bool = True) -> PlacementInput:
     """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
 
-    Chunks are grouped by the stages that touch them (plus size and trainability); a block's
+    Chunks are sorted into chunk classes by the stages that touch them (plus size and trainability); a block's
     activation plan acts between the stage of its forward and the stage of its backward.
     """
     hw = problem.hardware
@@ -137,10 +137,10 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         use = tuple(sorted(uses.get(c.id, ())))
         key = (use, c.elements, trainable_chunk[c.id])
         keyed.setdefault(key, []).append(c.id)
-    groups = []
+    classes = []
     for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
         backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
-        groups.append(GroupData(
+        classes.append(ChunkClass(
             id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
             elements=elements, trainable=trainable, use_stages=use,
             first_backward_stage=min(backward) if backward else -1,
@@ -152,7 +152,7 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
                                 recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
     return PlacementInput(
-        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
+        chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
         # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
@@ -170,8 +170,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     )
 
 
-def group_summary(data: PlacementInput) -> str:
-    return f"{len(data.groups)} chunk groups, {sum(g.count for g in data.groups)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
+def chunk_class_summary(data: PlacementInput) -> str:
+    return f"{len(data.chunk_classes)} chunk classes, {sum(g.count for g in data.chunk_classes)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
 
 
-__all__ = ["BlockData", "GroupData", "PlacementInput", "StageData", "group_summary", "placement_input"]
+__all__ = ["BlockData", "ChunkClass", "PlacementInput", "StageData", "chunk_class_summary", "placement_input"]

@@ -4,7 +4,7 @@
 Config defaults quoted from DeepSpeed `38327e07`: `deepspeed/runtime/zero/config.py`,
 `offload_config.py`. Pageable copies (Z3.12, pin_memory false) and the serial fetch/compute dataflow
 Fuyou measured (ZI.7) are the simulator's: a copy through pageable memory runs at the preset's pageable
-rate and holds its moment's work (`planner.costmodel.PAGEABLE_POLICIES`, `planner.simulate._blocks_host`).
+rate and holds its moment's work (`planner.costmodel.PAGEABLE_POLICIES`, `planner.sim_actions.blocks_host`).
 Not modelled (each listed in docs/baselines.md): per-sub-module gathers (a chunk of the layout is the
 unit that moves), the reuse distance (Z3.4), the fp32 grads swapped to the SSDs in backward (ZI.4).
 """
