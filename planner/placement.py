@@ -259,7 +259,7 @@ class SparsePlacementModel(PlacementModel):
                 pos = {s: j for j, s in enumerate(gap.stages)}
                 for k, s_in in enumerate(gap.lookahead):
                     for first, last in stage_runs(gap.stages[pos[s_in]:]):
-                        items.append((first, last, self.incoming[gi][i][k] * g.param_bytes))
+                        items.append((first, last, self.incoming[gi][i][k] * (g.param_bytes * self.data.ranks)))
         running = self._interval_sums("arrived_params", items)
         self.arrived = [[running[s]] if not is_zero(running[s]) else [] for s in range(n)]
 

@@ -69,7 +69,9 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
         nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
-        duplex_bytes_per_s=d.duplex_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
+        duplex_bytes_per_s=d.duplex_bytes_per_s * t / b,
+        collective_intra_bytes_per_s=d.collective_intra_bytes_per_s * t / b,
+        collective_inter_bytes_per_s=d.collective_inter_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.schedule import ActivationMode, Tier
+from planner.placement_memory import node_factors, scaled
 from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT, act_windows, is_zero
 
 
@@ -59,17 +60,35 @@ class TimeRows:
         cpu_released: list[Any] = [0] * n  # CPU Adam time whose grads become final in stage s
         os_read: list[Any] = [0] * n  # NVMe OS bytes to read / write for those steps
         os_write: list[Any] = [0] * n
+        # INTER_GPU bytes per rank (p > 1): (p-1) chunks per all-gather of an arriving comm group and
+        # per reduce-scatter of its grads (materialize's collectives, planner.emit: (ws-1) x chunk bytes)
+        inter_gpu: list[Any] = [0] * n
+        peers = d.ranks - 1
+        coll_rate = min((r for r in (d.collective_intra_bytes_per_s, d.collective_inter_bytes_per_s) if r > 0), default=0.0)
         for gi, g in enumerate(d.chunk_classes):
+            # the node's SSDs and CPU optimizer serve its ranks: per-node multipliers (1, 1 with one rank)
+            fp, fo = node_factors(d, g)
             for i, gap in enumerate(self.gaps[gi]):
                 for k, s in enumerate(gap.lookahead):
                     h2d[s] += self.incoming[gi][i][k] * g.param_bytes
                     if self.nvme_incoming[gi][i]:
-                        nvme_read[s] += self.nvme_incoming[gi][i][k] * g.param_bytes
+                        nvme_read[s] += scaled(self.nvme_incoming[gi][i][k] * g.param_bytes, fp)
                 use = (gap.stages[-1] + 1) % n
                 h2d[use] += self.on_demand[gi][i] * g.param_bytes
                 on_demand[use] += self.on_demand[gi][i] * (g.param_bytes / d.h2d_bytes_per_s)
+                if peers:
+                    # every arriving comm group is all-gathered after its local chunk's fetch; the use of
+                    # an on-demand one waits for its gather too; the kept ones of the wrap gap are
+                    # gathered again after their owners' steps (emit: ALL_GATHER after the step)
+                    for k, s in enumerate(gap.lookahead):
+                        inter_gpu[s] += self.incoming[gi][i][k] * (g.param_bytes * peers)
+                    inter_gpu[use] += self.on_demand[gi][i] * (g.param_bytes * peers)
+                    if coll_rate > 0:
+                        on_demand[use] += self.on_demand[gi][i] * (g.param_bytes * peers / coll_rate)
+                    if gap.wraps and g.trainable:
+                        inter_gpu[d.optimizer_stage] += self.keep[gi][i] * (g.param_bytes * peers)
                 if not is_zero(self.nvme_on_demand[gi][i]):
-                    nvme_read[use] += self.nvme_on_demand[gi][i] * g.param_bytes
+                    nvme_read[use] += scaled(self.nvme_on_demand[gi][i] * g.param_bytes, fp)
                     on_demand[use] += self.nvme_on_demand[gi][i] * (g.param_bytes / rd)
                     if gap.wraps and self.refresh[gi]:
                         h2d[s] += self.refresh[gi][k] * g.param_bytes
@@ -80,18 +99,22 @@ class TimeRows:
             streamed = self.os_stream[gi] + self.os_nvme_stream[gi]
             cpu_chunks = g.count - self.os_device[gi] - streamed
             d2h[grads_at] += (cpu_chunks + streamed) * g.param_bytes
-            cpu_released[release] += cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element)
+            if peers:  # the comm group's grads reduce-scattered after its last backward use (PatrickStar §7)
+                inter_gpu[grads_at] += g.count * g.param_bytes * peers
+            # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
+            # CPU servers are per node, planner.sim_state)
+            cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
             h2d[o] += streamed * (g.os_bytes + 2 * g.param_bytes)
             d2h[o] += streamed * (g.os_bytes + g.param_bytes)
             compute[o] += streamed * (g.elements * d.gpu_adam_seconds_per_element)
             # NVMe-streamed OS: read from and written back to the SSDs in the optimizer stage
-            nvme_read[o] += self.os_nvme_stream[gi] * g.os_bytes
-            nvme_write[o] += self.os_nvme_stream[gi] * g.os_bytes
+            nvme_read[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)
+            nvme_write[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)
             # NVMe-homed PARAM: read for the CPU step, written back after it
-            os_read[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
-            os_write[release] += self.os_nvme[gi] * g.os_bytes + self.param_nvme[gi] * g.param_bytes
+            os_read[release] += scaled(self.os_nvme[gi] * g.os_bytes, fo) + scaled(self.param_nvme[gi] * g.param_bytes, fp)
+            os_write[release] += scaled(self.os_nvme[gi] * g.os_bytes, fo) + scaled(self.param_nvme[gi] * g.param_bytes, fp)
             compute[d.optimizer_stage] += self.os_device[gi] * (g.elements * d.gpu_adam_seconds_per_element)
         for bi, (b, choice) in enumerate(zip(d.blocks, self.act)):
             if b.forward_stage < 0 or b.backward_stage < 0:
@@ -103,10 +126,10 @@ class TimeRows:
             if not is_zero(self.ckpt_block[bi]):  # an offloaded checkpoint goes down and comes back
                 d2h[offload] += b.input_bytes * self.ckpt_block[bi]
                 h2d[reload] += b.input_bytes * self.ckpt_block[bi]
-            nvme_write[offload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
-            nvme_read[reload] += b.activation_bytes * choice[ActivationMode.SWAP_NVME]
+            nvme_write[offload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
+            nvme_read[reload] += scaled(b.activation_bytes * choice[ActivationMode.SWAP_NVME], d.ranks_per_node)
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
-        return {"H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
+        return {"INTER_GPU": inter_gpu, "H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
                 "ON_DEMAND": on_demand,
                 "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
 
@@ -126,6 +149,13 @@ class TimeRows:
             if d.duplex_bytes_per_s > 0:  # both ways at once move at most the duplex rates together (links.duplex_*)
                 self.solver.Add(t >= (ch["H2D"][s] + ch["D2H"][s]) * (1.0 / d.duplex_bytes_per_s), f"time_pcie_both_ways[{s}]")
             self.solver.Add(t >= ch["NVME_READ"][s] * (1.0 / rd) + ch["NVME_WRITE"][s] * (1.0 / wr), f"time_nvme[{s}]")
+            if not is_zero(ch["INTER_GPU"][s]):
+                # the collectives' own channel (the simulator's INTER_GPU server), its intra-node ring and
+                # the node's NIC priced apart (Hardware.collective_seconds: the slower stage sets the time)
+                if d.collective_intra_bytes_per_s > 0:
+                    self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_intra_bytes_per_s), f"time_inter_gpu_intra[{s}]")
+                if d.collective_inter_bytes_per_s > 0:
+                    self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_inter_bytes_per_s), f"time_inter_gpu_inter[{s}]")
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
         # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
@@ -162,6 +192,8 @@ class TimeRows:
                 moved += ch["OS_READ"][s] + ch["OS_WRITE"][s]
                 moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
             if not is_zero(moved):
+                if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
+                    moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
                 self.solver.Add(self.suffix[0] >= moved * (1.0 / d.dram_bytes_per_s), "time_host_dram")
         o = d.optimizer_stage
         trainable = [g for g in d.chunk_classes if g.trainable and g.elements > 0]

@@ -141,9 +141,9 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes = search
-    # With several ranks the placement model plans whole chunks as one rank would (it neither shards
-    # the OS among the owners nor divides their copies): neither a bound nor the only planner there,
-    # so the reference decision sets run even where it finds no plan, and the bound is the physical one
+    # With several ranks the placement model is rank-aware (issue 18 item 1) but not yet a bound of
+    # the replays (it follows materialize's whole comm-group entries, keeps no local-only chunk):
+    # the reference decision sets run even where it finds no plan, and the bound is the physical one
     if not solved and problem.world_size == 1:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     by_size = {c.chunk_elements: c for c in candidates}
@@ -304,9 +304,15 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     lp_values: dict[int, dict[str, float]] = {}
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
-    for size in sizes:
+    # with several ranks the systems' packing (tensors across block boundaries, only the last comm
+    # group padded: planner.policies.policy_layout) is a candidate too: tide's layout pads every
+    # block to whole comm groups (issue 18 item 1, measured in bench/RESULTS.md "Rank-aware placement")
+    packed = policy_layout(problem) if problem.world_size > 1 else None
+    if packed is not None and packed.chunk_elements in sizes:
+        packed = None
+    for size in sizes + ([packed.chunk_elements] if packed is not None else []):
         say(f"chunk size {size}: LP relaxation")
-        layout = build_layout(problem, chunk_elements=size)
+        layout = packed if packed is not None and size == packed.chunk_elements else build_layout(problem, chunk_elements=size)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
