@@ -221,15 +221,16 @@ FIGURES: tuple[Figure, ...] = (
           ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, "
                                                             "checkpoints on CPU memory (§5.1)"),
           ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, "202/3.42 (§5.3)"),
-          ("gemini[os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini` auto with "
-                                                                 "its OS on the SSDs, as Fuyou §5.1 ran it"))),
+          ("gemini[cpu_offload,os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini` "
+                                                                 "with params and grads offloaded to the CPU and its OS "
+                                                                 "on the SSDs, as Fuyou §5.1 ran it"))),
     *(F(key=f"fy-5c-{p}", paper="Fuyou Fig. 5c (§5.3)", label=f"{name} 13B on RTX 4090, TFLOPS", kind="throughput",
         published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
         assumption=f"best of batch 8-64 (§5.3), seq 1024; {note}")
       for p, name, pub, cb, note in (
           ("fuyou", "Fuyou", 156.0, 32, "§5.3 text: 156"),
-          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 8, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
-          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 32, "156/3.47 (§5.3: 45)"))),
+          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 64, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
+          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 64, "156/3.47 (§5.3: 45)"))),
     F(key="fy-trend-a100", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on A100", kind="trend",
       published=0.86, of=("fy-5a-a100", "fy-5b-fuyou"), assumption="§5.3: 'on the smaller 13B model, it maintains 86%'"),
     F(key="fy-trend-4090", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on RTX 4090", kind="trend",
@@ -283,20 +284,20 @@ MISSES: dict[str, str] = {
                   "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
     "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
                    "at batch 64 (x0.73); the preset's 200 TFLOPS peak with recompute caps model FLOPs near 150",
-    "fy-5b-zero3-offload": "too fast (x1.45): compute-bound (COMPUTE 79%, stall 2%); DeepSpeed's pageable copies (Z3.12) "
-                           "and the serial fetch/compute dataflow Fuyou measured (ZI.7) are not modelled",
-    "fy-5b-zero-infinity": "too fast (x1.74): NVMe/PCIe transfers overlap compute on independent channels, while Fuyou "
-                           "§3 (Fig. 2a) measured them serialised, and pageable staging (ZI.7, Z3.12 not modelled)",
-    "fy-5b-gemini": "too fast (x3.9) even with its OS on the SSDs as Fuyou ran it (§5.1): compute-bound (COMPUTE "
-                    "78%, stall 3%); pageable memory (GM.8) and the GPU-side chunk moves waiting on each other are "
-                    "not modelled",
+    "fy-5b-zero-infinity": ("too fast (x1.35): with pageable copies holding the work (ZI.7) and params re-fetched in backward (Z3.1) "
+                            "the iteration is serial (stall 46%: H2D 8 s, D2H 5 s, CPU Adam 9 s, NVMe 9 s beside 36 s of compute); "
+                            "what is left is not modelled: the fp32 grads swapped to the SSDs during backward (ZI.4, "
+                            "`swap_out_gradients`) and DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5: the preset's SSD "
+                            "rates are the devices')"),
+    "fy-5b-gemini": ("too fast (x3.3) at batch 64, the best the simulator fits; its batch 8 gives 30.9 (x1.03): Colossal-AI "
+                     "with params and grads offloaded (Fuyou §5.1) is compute-bound at 64 (COMPUTE 68%). Fuyou §5.3 says "
+                     "Colossal-AI fails on the 24 GB 4090 (checkpoints on the GPU) where the simulator fits it at batch 8, "
+                     "so the real system's activation memory is larger than the trace's and its batch on the A100 "
+                     "likely smaller; the figure's batch is not in the text"),
     "fy-5c-fuyou": "Eq. 1-12 swaps 15/40 blocks to HOST: stall 20%, 104.6 TFLOPS; checkpoints only give 118.9 (x0.76)",
-    "fy-5c-zero3-offload": "x1.25, just outside: compute-bound (COMPUTE 67%, stall 6%); pageable copies (Z3.12) and "
-                           "the serial dataflow (ZI.7) are not modelled",
-    "fy-5c-zero-infinity": "too fast, as fy-5b-zero-infinity: serial dataflow (Fuyou §3) and pageable staging not "
-                           "modelled (COMPUTE 55%, stall 5%)",
+    "fy-5c-zero-infinity": ("too fast (x1.58), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
+                            "and the aio rate (ZI.5) not modelled"),
     "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
-    "fy-trend-zo": "x1.15: the A100 row is compute-bound and 45% too fast, the 4090 row 25% (see both)",
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
                 "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
                 "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",

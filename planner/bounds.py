@@ -18,15 +18,14 @@ same model with that tier's capacity as the objective (the other tiers as given,
 from __future__ import annotations
 
 import math
-from schemas._base import format_bytes
 
 from planner.costmodel import cpu_adam_threads, nvme_seconds, optimizer_step_price
+from planner.decisions import non_model_curve
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
-from planner.problem import Problem, device_non_model_bytes
-from schemas._base import frozen
+from planner.problem import Problem
+from schemas._base import format_bytes, frozen
 from schemas.schedule import ActivationMode, ChunkList, Tier
-
 
 
 def physical_lower_bound_seconds(data: PlacementInput) -> float:
@@ -131,9 +130,10 @@ def lower_bound(problem: Problem) -> LowerBound:
     os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
     param_bytes = p * item
     n = len(problem.blocks)
-    # the least non-model data any plan can have: every block recomputed with its input off the GPU
-    windows = {b.id: (b.forward_moments[1], b.backward_moments[0]) for b in problem.blocks}
-    nm = device_non_model_bytes(problem, (ActivationMode.RECOMPUTE,) * n, windows)
+    # the least non-model data a plan can have: every block recomputed with its input off the GPU until
+    # its reload (tide's one non-model curve, `planner.decisions.non_model_curve`, the one the
+    # materializer budgets with; the reload moment is the one every emitted schedule uses)
+    nm = [int(x) for x in non_model_curve(problem, (ActivationMode.RECOMPUTE,) * n, Tier.HOST)]
     first_backward = next((m.id for m in problem.moments if m.phase.value == "BACKWARD"), 0)
     # the ranks' GPUs together: each rank keeps its shard, what does not fit comes over its own link
     cap_start = ranks * (problem.device_bytes - nm[0])

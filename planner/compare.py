@@ -106,7 +106,7 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
             else:
                 schedule = baseline(name, problem)
         except InfeasibleError as exc:
-            why = str(exc)
+            why = str(exc).removeprefix(f"{name}: ")  # the row names the policy (printed "policy: reason")
             if name == TIDE and problem.world_size > 1:
                 # tide tried its rank-aware placement model and the baselines' decision sets
                 why = (f"with {problem.world_size} ranks neither tide's placement model nor the baselines' "

@@ -27,8 +27,12 @@ from schemas.trace import DType, Moment, Phase, Trace
 # DeepSpeed allocates its CPU copies in pageable memory unless `pin_memory` is set, and it is off by
 # default for offload_param and offload_optimizer (docs/baselines.md Z3.12: `offload_config.py:45,72`;
 # Fuyou §5.5: ZeRO-Infinity "uses pageable memories"). Its NVMe path goes through a pinned buffer pool
-# (ZI.1, `partitioned_param_swapper.py`), so only DEVICE <-> HOST copies are pageable.
-PAGEABLE_POLICIES = frozenset({"zero2-offload", "zero3-offload", "zero-infinity"})
+# (ZI.1, `partitioned_param_swapper.py`), so only DEVICE <-> HOST copies are pageable. Colossal-AI
+# Gemini's CPU chunks are pageable too: GeminiPlugin `pin_memory` defaults to False
+# (`colossalai/booster/plugin/gemini_plugin.py`; docs/baselines.md GM.8). PatrickStar pins its CPU
+# chunks (`patrickstar/core/chunk_data.py:153`, `pin_memory=(device.type == "cpu")`) and Fuyou its
+# buffers (Fuyou §5.5), so neither is here.
+PAGEABLE_POLICIES = frozenset({"zero2-offload", "zero3-offload", "zero-infinity", "gemini"})
 
 # tensor-core FP16 and BF16 run at the same rate on Volta-Hopper (NVIDIA A100/H100/Ada datasheets list
 # equal dense FP16 and BF16 TFLOPS), so a table measured in one 16-bit type prices the other

@@ -353,7 +353,7 @@ def solve_exact_report(problem: Problem, *, optimizer_overlap: bool, time_limit_
     best = min(results, key=lambda s: (results[s][2].objective_seconds, s))
     layout, split, sol = results[best]
     bound = min(r[2].bound_seconds for r in results.values())
-    physical = lower_bound(problem).seconds  # valid for any schedule the simulator replays
+    physical = lower_bound(problem).seconds  # valid for any schedule tide's materializer emits
     notes = (f"exact: CP-SAT over every chunk for chunk sizes {', '.join(str(s) for s in sizes)}; "
              f"chunk size {best} is optimal at {sol.objective_seconds:.6g} s",)
     schedule = build_schedule(problem, layout, split, sol, notes=notes)

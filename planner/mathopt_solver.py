@@ -1,6 +1,6 @@
 """The linear solver the placement model is built on: the few pywraplp-style calls it makes, on an
-OR-Tools MathOpt model (HiGHS for the MIP, GLOP for its relaxation), with HiGHS's banner kept
-off the CLI's stdout.
+OR-Tools MathOpt model (HiGHS for the MIP; GLOP, or HiGHS's interior point method with crossover,
+"HIGHS_IPM", for its relaxation), with HiGHS's banner kept off the CLI's stdout.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class MathOptSolver:
     MathOpt rather than pywraplp: through pywraplp a HiGHS MIP stopped by its time limit reports
     no solution at all, while MathOpt returns the incumbent and the proven bound."""
 
-    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
+    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "HIGHS_IPM": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP,
+              "PDLP": mathopt.SolverType.PDLP}
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -71,6 +72,18 @@ class MathOptSolver:
             params.relative_gap_tolerance = relative_gap
             if node_limit is not None:
                 params.node_limit = node_limit
+        if self.name == "HIGHS_IPM":
+            # Note [the placement LP on HiGHS's interior point]: the chunk-size search's LP, on the
+            # sparse DEVICE rows (placement.SparsePlacementModel), by HiGHS's IPX with crossover (a
+            # vertex, as LP-integral fixing needs). Measured on the 512-block LP (hidden 4096,
+            # a100-80g-12ssd, chunk 67257720; 22.6k columns, 27.3k rows; CPU seconds on the 2-core
+            # CI box at load ~12, 2026-11-23): IPX 7.8 s, HiGHS dual simplex 17.8 s (31.7k pivots),
+            # GLOP primal on the dense rows 37 s average over the 3 chunk sizes; at 128 blocks
+            # 0.6-0.8 s for every one. GLOP also stops IMPRECISE on gpt-small's 66220-element LP
+            # (cpu-emulated, 0.05 GB), which HiGHS solves.
+            params.lp_algorithm = mathopt.LPAlgorithm.BARRIER
+            # (MathOpt refuses `threads` for HiGHS; IPX and its crossover run serially: the same
+            # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
         with quiet_stdout():
             result = mathopt.solve(self.model, self.kind, params=params)
             if self.kind is mathopt.SolverType.GLOP and result.termination.reason is mathopt.TerminationReason.IMPRECISE:

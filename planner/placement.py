@@ -1,8 +1,9 @@
 """Global placement (DESIGN.md §4.2): where PARAM chunks, optimizer state and activations live per stage.
 
 One mixed-integer model over the stages of an iteration (forward / backward of each block, the
-optimizer), solved through OR-Tools' linear solver wrapper: HiGHS for the integer model, GLOP for
-its relaxation (the DESIGN.md hint: the LP of this shape is tight and fast; CP-SAT is not).
+optimizer), solved through OR-Tools' linear solver wrapper: HiGHS for the integer model, GLOP or
+(planner.solve's chunk-size search) HiGHS's interior point for its relaxation (the DESIGN.md hint:
+the LP of this shape is tight and fast; CP-SAT is not).
 `PlacementModel` owns the variables; its memory rows, time rows and solution extraction live in
 `planner.placement_memory`, `planner.placement_time` and `planner.placement_solution`. The model's
 input (chunk classes, blocks, stages) is built in `planner.placement_input`; the solver calls go
@@ -236,8 +237,8 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
 
 
 class SparsePlacementModel(PlacementModel):
-    """PlacementModel with the DEVICE rows kept sparse: the same model, reformulated (the MIP of
-    planner.solve is built on it; its LP is not, see below).
+    """PlacementModel with the DEVICE rows kept sparse: the same model, reformulated (planner.solve
+    builds its MIP and, on HiGHS's interior point, its LP on it, see below).
 
     Measured (bench/bench_depth.py, hidden 4096, chunk 67257720 elements): the DEVICE rows held
     20,916 nonzeros over 520 rows at 128 blocks and 74,548 over 1,032 at 256 (40 -> 72 per row:
@@ -247,7 +248,9 @@ class SparsePlacementModel(PlacementModel):
     so the forward stage s row carries one term per block after s. Here those intervals go
     through running sums (`_interval_sums`, as the kept chunks already do): O(1) terms per row
     (75,315 instead of 138,781 nonzeros at 256 blocks, build 1.07 instead of 1.74 s). GLOP needs
-    twice the pivots on it (18,836 vs 9,234), so only the MIP uses it.
+    twice the pivots on it (18,836 vs 9,234); HiGHS's interior point is faster on it (512 blocks:
+    7.8 s against 12.6 s CPU on the dense rows, Note [the placement LP on HiGHS's interior point]
+    in planner/mathopt_solver.py), which is how planner.solve solves its LP.
     """
 
     def _build_memory_terms(self) -> None:

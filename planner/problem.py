@@ -11,7 +11,7 @@ from planner.costmodel import device_capacity_bytes, moment_seconds
 from planner.errors import PlannerError
 from schemas._base import frozen
 from schemas.hardware import Hardware
-from schemas.schedule import ActivationMode, ChunkList, MomentRef, Stage
+from schemas.schedule import ChunkList, MomentRef, Stage
 from schemas.trace import DTYPE_BYTES, DType, Moment, Phase, TimeSource, Trace
 
 NO_MOMENTS = (-1, -1)  # (first, last) of a block that has no moment in a phase
@@ -259,27 +259,4 @@ def _stages(moments: tuple[MomentRef, ...], blocks: tuple[BlockInfo, ...]) -> tu
     return tuple(stages)
 
 
-def device_non_model_bytes(problem: Problem, modes: tuple[ActivationMode, ...],
-                     offloaded: dict[int, tuple[int, int]] | None) -> list[int]:
-    """DEVICE bytes of non-model data and activations per moment, as planner.simulate counts them.
-
-    `offloaded[b] = (from, to)`: block b's activations (or RECOMPUTE input) are off DEVICE for moments
-    from <= m < to; None: every block's stay on DEVICE.
-    """
-    T = len(problem.moments)
-    held = [0] * (T + 1)  # recorded activation bytes of blocks inside their window
-    act = [0] * (T + 1)
-    for b, blk in enumerate(problem.blocks):
-        fl, bf = blk.forward_moments[1], blk.backward_moments[0]
-        if fl < 0 or bf <= fl:
-            continue
-        keep = blk.input_bytes if modes[b] is ActivationMode.RECOMPUTE else blk.activation_bytes
-        for m in range(fl, bf):
-            held[m] += blk.activation_bytes
-            off = offloaded is not None and b in offloaded and offloaded[b][0] <= m < offloaded[b][1]
-            if not off:
-                act[m] += keep
-    return [max(0, problem.moments[m].non_model_bytes - held[m]) + act[m] for m in range(T)]
-
-
-__all__ = ["BlockInfo", "NO_MOMENTS", "Problem", "build_problem", "chunk_lists", "device_non_model_bytes"]
+__all__ = ["BlockInfo", "NO_MOMENTS", "Problem", "build_problem", "chunk_lists"]

@@ -19,6 +19,7 @@ from schemas.schedule import (
     ChunkList,
     Op,
     Tier,
+    action_channels,
 )
 
 from schemas.residency import Refusal, ResidencyRefused
@@ -38,7 +39,10 @@ from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Si
 # (`costmodel.channel_bytes_per_s(mixed=True)`; `costmodel.nvme_time_rows` is the least time any
 # interleaving needs, the rows the placement model charges). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
 # when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
-# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
+# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates;
+# such a copy also holds the work of the moment that issued it until it is done (pageable
+# cudaMemcpyAsync blocks the issuing thread: `blocks_host`), so those systems' copies and compute
+# run in series, as Fuyou §3 measured DeepSpeed's.
 # Host DRAM is shared bandwidth: every copy leg through host memory and every CPU Adam step
 # reserves its DRAM bytes / `host.dram_gb_per_s` in the DRAM's free time from when it starts
 # (`Calendar`, not a queue in placement order) and cannot end before its reservation does, so the
@@ -95,6 +99,24 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
             sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
     sim.last_end = max(sim.last_end, end)
     return end
+
+
+_COPY_OPS = frozenset({Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.ACT_OFFLOAD, Op.ACT_RELOAD})
+
+
+def blocks_host(a: Action) -> bool:
+    """A DEVICE <-> HOST copy through pageable memory holds the thread that issues the moment's work
+    until it is done: cudaMemcpyAsync to pageable host memory returns only once the copy has
+    completed, and from pageable memory only once the buffer is staged for DMA (CUDA Runtime API,
+    "API synchronization behavior"), the staging being the pageable rate's bottleneck; DeepSpeed's
+    one-rank fetch then synchronizes its stream (`partition_parameters.py` `NoGatherCoalescedHandle.wait`,
+    called from `fetch_sub_module` before the sub-module's kernels and before its prefetches are issued).
+    So the moment's work cannot start before it: Fuyou §3 (Fig. 2a) measured ZeRO-Infinity's
+    CPU->GPU, compute and GPU->CPU "serialized" (docs/baselines.md ZI.7)."""
+    if a.op not in _COPY_OPS:
+        return False
+    channels = action_channels(a)
+    return bool(channels) and set(channels) <= {Channel.H2D, Channel.D2H}
 
 
 def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:

@@ -30,7 +30,7 @@ from planner.sim_state import (
     setup,
     used_bytes,
 )
-from planner.sim_actions import apply_action, check_end
+from planner.sim_actions import apply_action, blocks_host, check_end
 
 # ----------------------------------------------------------------------------- simulate
 
@@ -39,7 +39,8 @@ from planner.sim_actions import apply_action, check_end
 # Moment m's event happens when moment m-1's work ends (moment 0 at t=0). Its actions are
 # issued then, in list order. Each channel is a FIFO server: an action starts when it is issued,
 # the channel is free, and its inputs are ready, and lasts bytes / bandwidth. Moment m's work
-# (on COMPUTE) starts after the previous work, after every FETCH of moment m, after every chunk
+# (on COMPUTE) starts after the previous work, after every FETCH of moment m (and, for a policy
+# staging through pageable memory, every DEVICE <-> HOST copy of moment m: `blocks_host`), after every chunk
 # its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
 # activations of a block whose backward starts at m are back on DEVICE; it lasts the moment's
 # compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
@@ -130,7 +131,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         for i in by_moment[m]:
             a = actions[i]
             end = apply_action(sim, a, i, event, blocks, act_bytes, last_grad_write)
-            if a.op is Op.FETCH:
+            if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
             for t in TIER_INDEX.values():
                 used = used_bytes(sim, t, act_bytes)

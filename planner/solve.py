@@ -71,6 +71,7 @@ POLISH_MAX_BLOCKS = 128
 # best model objective (32 blocks x 4096: LP 8.9% below, root 2.9%, bench/bench_depth.py; 175B on
 # a100-80g-12ssd: LP 4.0% below, the root 24.6 s wall for no gain, so not there)
 ROOT_BOUND_GAP = 0.05
+LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
 SAFETY_SECONDS = 300.0
@@ -90,7 +91,7 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 
 # Note [solve steps]:
 # 1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
-#    placement LP relaxation solved (GLOP).
+#    placement LP relaxation solved (HiGHS's interior point with crossover, on the sparse rows).
 # 2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
 #    rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
 #    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
@@ -316,10 +317,12 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
         try:
-            lp_model = PlacementModel(data, relax=True)
+            # the sparse DEVICE rows on HiGHS's interior point with crossover: Note [the placement
+            # LP on HiGHS's interior point] in planner/mathopt_solver.py
+            lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
             lp = lp_model.solve(time_limit_seconds=safety)
             value = lp.objective_seconds
-            bounds[size] = lp.bound_seconds  # 0 unless GLOP reached the LP's optimum
+            bounds[size] = lp.bound_seconds  # 0 unless the LP solver reached the LP's optimum
             flags[size] = lp_model.flag_values()
             lp_modes[size] = lp.activation_modes
             lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
@@ -475,7 +478,7 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
     values = lp_values
     if values is None:
         try:
-            lp = PlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes)
+            lp = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
             lp.solve(time_limit_seconds=budget)
         except PlacementInfeasible:
             return None

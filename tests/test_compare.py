@@ -23,6 +23,8 @@ def test_compare_has_a_row_per_policy_and_a_valid_lower_bound() -> None:
     assert [r.policy for r in c.rows] == BASELINES
     pytorch = c.row("pytorch")
     assert not pytorch.feasible and "DEVICE" in pytorch.reason and pytorch.result is None
+    for r in c.rows:  # printed "policy: reason": the reason does not name the policy again
+        assert not r.reason.startswith(f"{r.policy}:") and repr(r.policy) not in r.reason, r.reason
     feasible = [r for r in c.rows if r.feasible]
     assert len(feasible) >= 4
     best = c.best_baseline_seconds()

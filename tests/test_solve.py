@@ -10,7 +10,7 @@ from planner.cli import main
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
 from planner.presets import resolve_hardware
-from planner.solve import solve, solve_report
+from planner.solve import TIE_TOLERANCE, solve, solve_report
 from planner.solve_cli import default_output_path
 from schemas import Schedule, Trace
 from schemas._base import digest_bytes
@@ -295,4 +295,21 @@ def test_a_tie_never_goes_to_a_plan_slower_than_a_reference_decision_set():
     references = [seconds for what, seconds in report.evaluated if "decisions" in what]
     placements = [seconds for what, seconds in report.evaluated if what.startswith("placement MIP")]
     assert references and placements  # both kinds were replayed
-    assert report.simulated_seconds == min(seconds for _, seconds in report.evaluated) <= min(references)
+    # the tie rule itself: within TIE_TOLERANCE of the fastest replay (where it may prefer the layout
+    # that wastes less: chunk size 66220's placement replays 0.02% faster than the chosen 32768's)
+    # and never slower than the fastest reference decision set
+    fastest = min(seconds for _, seconds in report.evaluated)
+    assert report.simulated_seconds <= min(references)
+    assert report.simulated_seconds <= fastest * (1 + TIE_TOLERANCE)
+
+
+def test_every_chunk_size_that_fits_gets_its_lp_value():
+    """The chunk-size LP (HiGHS's interior point with crossover, planner.solve.LP_SOLVER) reaches its
+    optimum on every candidate of gpt-small on a 0.05 GB emulated DEVICE: GLOP's primal simplex
+    stopped IMPRECISE on the 66220-element LP, which the search then counted as "does not fit"."""
+    raw = (TRACES / "gpt-small.msgpack").read_bytes()
+    trace = Trace.from_msgpack(raw)
+    report = solve_report(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(raw), device_bytes=50_000_000)
+    assert len(report.candidates) >= 3
+    assert all(0 < c.relaxation_seconds < float("inf") for c in report.candidates), report.candidates
+    assert report.relaxation_bound_seconds <= report.simulated_seconds

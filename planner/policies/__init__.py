@@ -49,7 +49,7 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
     try:
         tried = decisions(name, problem, **options)
     except InfeasibleError as exc:
-        raise InfeasibleError(str(exc) if str(exc).startswith(name) else f"{name}: {exc}") from None
+        raise InfeasibleError(_named(name, str(exc))) from None
     last: InfeasibleError | None = None
     for d in tried:
         try:
@@ -63,7 +63,14 @@ def baseline(name: str, problem: Problem, **options: object) -> Schedule:
             last = InfeasibleError(str(exc))
             continue
         return with_simulated_prediction(schedule, result)  # peaks too: the simulator's
-    raise InfeasibleError(f"{name}: {last}")
+    raise InfeasibleError(_named(name, str(last)))
+
+
+def _named(name: str, message: str) -> str:
+    """The message naming the policy once, as its prefix (the materializer's own messages say
+    "under policy 'x'", which the prefix makes redundant)."""
+    message = message.replace(f" under policy {name!r}", "")
+    return message if message.startswith(f"{name}: ") else f"{name}: {message}"
 
 
 __all__ = ["POLICIES", "baseline", "decisions", "policy_layout", "with_simulated_prediction"]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
 from planner.materialize import Reservation, param_budget_bytes
 from planner.problem import Problem
-from schemas.schedule import ActivationMode, Chunk, ChunkLayout, ChunkPlan, TensorSlot, Tier
+from schemas.schedule import ActivationMode, Chunk, ChunkLayout, ChunkList, ChunkPlan, TensorSlot, Tier
+from schemas.trace import Phase
 
 GB = 1e9
 DEFAULT_CHUNK_ELEMENTS = 64 * 1024 * 1024  # PatrickStar's default chunk size (elements), client.py default_chunk_size
@@ -98,6 +99,28 @@ def budget(problem: Problem, layout: ChunkLayout, plans: Sequence[ChunkPlan], mo
     limited = dataclasses.replace(problem, device_bytes=max(0, usable)) if usable != problem.device_bytes else problem
     out = param_budget_bytes(limited, layout, plans, modes, checkpoint_tier)
     return out if cap_bytes is None else tuple(min(b, cap_bytes) for b in out)
+
+
+def moment_need_bytes(problem: Problem, layout: ChunkLayout) -> tuple[int, ...]:
+    """Per moment: the PARAM bytes of the comm groups its work uses, plus their GRAD bytes in backward
+    (what a system that keeps nothing else on the GPU holds then; the PARAM+GRAD budget unit)."""
+    ws = problem.world_size
+    item = problem.list_itemsize(ChunkList.PARAM)
+    chunk_of = {t.tensor: t.chunk for t in layout.tensors}
+    trainable = {t.tensor for t in layout.tensors if t.trainable}
+    group_bytes: dict[int, int] = {}
+    for c in layout.chunks:
+        group_bytes[c.id // ws] = group_bytes.get(c.id // ws, 0) + c.elements * item
+    out = []
+    for m in problem.moments:
+        if m.phase is Phase.OPTIMIZER:
+            out.append(0)
+            continue
+        params = {chunk_of[t] // ws for t in m.tensors if t in chunk_of}
+        grads = {chunk_of[t] // ws for t in m.tensors if t in chunk_of and t in trainable} \
+            if m.phase is Phase.BACKWARD else set()
+        out.append(sum(group_bytes[g] for g in params) + sum(group_bytes[g] for g in grads))
+    return tuple(out)
 
 
 def has_nvme(problem: Problem) -> bool:

@@ -2,9 +2,11 @@
 (ZeRO-3 Offload) and ZeRO-3 offloaded to "nvme" (ZeRO-Infinity); docs/baselines.md §1-3.
 
 Config defaults quoted from DeepSpeed `38327e07`: `deepspeed/runtime/zero/config.py`,
-`offload_config.py`. Not modelled (each listed in docs/baselines.md): pageable (unpinned) copy rates
-(Z3.12: the hardware presets have one H2D/D2H rate), DeepSpeed's serial fetch/compute dataflow that
-Fuyou measured (ZI.7), per-sub-module gathers (a chunk of the layout is the unit that moves).
+`offload_config.py`. Pageable copies (Z3.12, pin_memory false) and the serial fetch/compute dataflow
+Fuyou measured (ZI.7) are the simulator's: a copy through pageable memory runs at the preset's pageable
+rate and holds its moment's work (`planner.costmodel.PAGEABLE_POLICIES`, `planner.sim_actions.blocks_host`).
+Not modelled (each listed in docs/baselines.md): per-sub-module gathers (a chunk of the layout is the
+unit that moves), the reuse distance (Z3.4), the fp32 grads swapped to the SSDs in backward (ZI.4).
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ def _zero3(problem: Problem, name: str, home: Tier, *, offload_ratio: float, cpu
         persistent_chunks=_persistent_small(layout), optimizer_overlap=False, prefetch=True,
         prefetch_bucket_bytes=PREFETCH_BUCKET_ELEMENTS * item, eviction=EvictionRule.FARTHEST_NEXT_USE,
         checkpoint_tier=ckpt, param_home_tiers=homes, reserved_bytes=reserved,
-        release_between_phases=problem.world_size > 1,  # re-shard after forward and backward (PatrickStar Alg. 4, ZeRO-3 release_sub_module, Gemini)
+        # a gathered param is freed after its sub-module's post-hook (Z3.1: `release_sub_module`), also with
+        # one rank: with offload_param the partition's home is the CPU (or the SSDs) and the GPU copy goes;
+        # only a reuse within stage3_max_reuse_distance would keep it (Z3.4, not modelled)
+        release_between_phases=True,
         notes=(f"{name} (the system's): {what}, fetched per use with the default prefetch bucket (5e7 elements) "
                f"under stage3_max_live_parameters, released after use; CPU Adam after backward{ratio}; "
                f"checkpoints per block on {'HOST' if ckpt else 'DEVICE'}; "
