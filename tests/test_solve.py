@@ -148,11 +148,6 @@ def test_less_device_memory_moves_more_and_is_not_faster(hw):
     assert h2d(tight) > h2d(roomy)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 17 (branch k17): with the simulator's DRAM calendar and mixed-SSD/both-ways prices the serial solve's "
-    "MIP plan replays in 0.597 ms, 0.9% under the overlapped solve's best (0.602 ms, chunk size 131072 both): the "
-    "overlap MIP models that plan at 0.4725 ms (27% optimistic) and never solves the serial MIP; the same overlap "
-    "placement with its CPU steps moved after backward replays 0.644 ms. Main passes (overlap 0.602, serial 0.659)."))
 def test_no_optimizer_overlap_is_not_faster(hw):
     trace = _trace(3)
     device = int(_param_bytes(trace) * 5)
