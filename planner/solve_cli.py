@@ -18,7 +18,7 @@ from planner.presets import DEFAULT_HARDWARE, resolve_hardware
 from planner.simulate import simulate
 from planner.solution import SolveReport
 from planner.solve import DEFAULT_TIME_LIMIT_SECONDS, SAFETY_SECONDS, solve_report
-from schemas._base import digest_bytes, read_bytes
+from schemas._base import digest_bytes, format_bytes, read_bytes
 from schemas.hardware import Hardware
 from schemas.schedule import ActivationMode, Schedule, Tier
 from schemas.trace import Trace
@@ -114,8 +114,8 @@ def _simulate_check(schedule: Schedule, hardware: Hardware) -> dict:
     for tier, peak in sorted(result.peak_bytes_per_tier.items()):
         want = predicted.peak_bytes_per_tier.get(tier, 0)
         if want > 0 and abs(peak - want) / want > 0.05:
-            out["warnings"].append(f"simulated {tier.value} peak {peak / 1e9:.3f} GB differs from the prediction "
-                                   f"{want / 1e9:.3f} GB by {100 * abs(peak - want) / want:.1f}%")
+            out["warnings"].append(f"simulated {tier.value} peak {format_bytes(peak)} differs from the prediction "
+                                   f"{format_bytes(want)} by {100 * abs(peak - want) / want:.1f}%")
     return out
 
 
@@ -152,7 +152,6 @@ def summary_dict(report: SolveReport, out: Path, check: dict | None) -> dict:
 
 def print_summary(report: SolveReport, out: Path, check: dict | None) -> None:
     d = summary_dict(report, out, check)
-    gb = 1e9
     lines = [
         f"schedule   {d['schedule']}",
         f"policy     {d['policy']}  model {d['model']}  hardware {d['hardware']}",
@@ -165,9 +164,9 @@ def print_summary(report: SolveReport, out: Path, check: dict | None) -> None:
         f"residency  {d['persistent_chunks']} PARAM chunks on DEVICE at the start of the iteration; OS/optimizer: "
         + ", ".join(f"{k} {v}" for k, v in d["os_tier/optimizer_tier"].items()),
         "activations " + ", ".join(f"{k} {v}" for k, v in d["activation_modes"].items()),
-        "bytes      " + (", ".join(f"{k} {v / gb:.3f} GB" for k, v in d["bytes_per_channel"].items() if v)
+        "bytes      " + (", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_per_channel"].items() if v)
                          or "none moved: everything stays on DEVICE"),
-        "peaks      " + ", ".join(f"{k} {v / gb:.3f} GB" for k, v in d["peak_bytes_per_tier"].items()),
+        "peaks      " + ", ".join(f"{k} {format_bytes(v)}" for k, v in d["peak_bytes_per_tier"].items()),
         *([f"plan       {d['chosen_plan']} (the fastest of {len(report.evaluated)} plans replayed by the simulator)"]
           if report.chosen else []),
         f"solved in  {d['solve_seconds']:.2f} s (wall clock; not written into the schedule)",

@@ -495,5 +495,5 @@ __all__ = [
     "ChunkList", "ChunkPlan", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
     "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
     "COPY_CHANNEL", "COPY_PATH", "TIERS", "TIER_INDEX", "action_channels", "copy_channel", "validate_schedule",
-    "validate_schedule", "DIGEST_FIELD", "check_content_digest", "content_digest", "seal",
+    "DIGEST_FIELD", "check_content_digest", "content_digest", "seal",
 ]
