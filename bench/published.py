@@ -277,9 +277,6 @@ MISSES: dict[str, str] = {
                       "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
                       "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "
                       "with only 128 GB': a feasibility claim the harness reads as the maximum",
-    "fy-5a-a100": "Eq. 1-12 picks 74/96 blocks to swap to NVMe; the simulator's simplex SSDs then serve the reloads "
-                  "next to 2.1 TB of OS reads and writes in backward (stall 45%, 1.8 s per backward moment): "
-                  "measured 100.8 TFLOPS, while the same decisions with checkpoints only (D_start) give 126.2",
     "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 50% busy, stall 67% at "
                   "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
     "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
@@ -294,9 +291,11 @@ MISSES: dict[str, str] = {
                      "Colossal-AI fails on the 24 GB 4090 (checkpoints on the GPU) where the simulator fits it at batch 8, "
                      "so the real system's activation memory is larger than the trace's and its batch on the A100 "
                      "likely smaller; the figure's batch is not in the text"),
-    "fy-5c-fuyou": "Eq. 1-12 swaps 15/40 blocks to HOST: stall 20%, 104.6 TFLOPS; checkpoints only give 118.9 (x0.76)",
     "fy-5c-zero-infinity": ("too fast (x1.58), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
                             "and the aio rate (ZI.5) not modelled"),
+    "fy-trend-a100": ("175B / 13B is x1.23 because its 13B row (fy-5b-fuyou) is x0.71 while the 175B row is "
+                      "inside (x0.87) since the SSDs price their measured mixed rate and DRAM is shared in its free "
+                      "time (issue 17): the miss is fy-5b-fuyou's"),
     "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
                 "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
