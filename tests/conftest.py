@@ -41,11 +41,12 @@ def one_torch_thread():
 
 # Under `pytest -n 2 --dist loadgroup` (the README's command) each of these modules runs on one xdist
 # worker: its tests share an expensive setup (a module-scoped fixture or a functools.cache: a torchrun
-# launch, an HF Trainer run, solves searched over budgets, recorded models) that would otherwise run
+# launch, an HF Trainer run, solves several tests read, recorded models) that would otherwise run
 # once on each worker that gets one of its tests.
 SHARED_SETUP_MODULES = frozenset({
     "test_activations_engine", "test_diff_solved", "test_distributed", "test_executor_distributed",
-    "test_executor_overlap", "test_executor_planner", "test_integrations_hf", "test_record",
+    "test_executor_overlap", "test_executor_planner", "test_golden", "test_integrations_hf", "test_record",
+    "test_solve",
 })
 
 # The longest single tests (tens of seconds each; `pytest --durations`, bench/RESULTS.md "The test
