@@ -82,7 +82,7 @@ def _instrument() -> None:
             if not self.relax and result is not None:
                 stats = result.solve_stats
                 pinned = "modes pinned" if self.fixed_modes is not None else "modes free"
-                MIPS.append(f"chunk {max(g.elements for g in self.original.groups)} el, {len(self.original.groups)} groups {len(self.original.stages)} stages {pinned}: "
+                MIPS.append(f"chunk {max(g.elements for g in self.original.chunk_classes)} el, {len(self.original.chunk_classes)} chunk classes {len(self.original.stages)} stages {pinned}: "
                             f"{result.termination.reason.name} nodes={stats.node_count} "
                             f"obj={result.objective_value():.1f} bound={result.termination.objective_bounds.dual_bound:.1f} "
                             f"{time.process_time() - start:.2f} s")

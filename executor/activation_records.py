@@ -1,25 +1,21 @@
 """What the activation manager (executor/activations.py) keeps: the state of each block, one record
-per saved storage (where its bytes are, the copies in flight), the per-block NVMe file, and the
-plan helpers (which checkpoints a schedule offloads, a block's call as f(*tensors))."""
+per saved storage (where its bytes are, the copies in flight), and the plan helpers (which
+checkpoints a schedule offloads, a block's call as f(*tensors))."""
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import errno
-import os
-import shutil
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from executor.copies import Ready
 from executor.errors import ExecutorError
 from schemas.schedule import ActivationMode, Channel, Op, Schedule, Tier
 
@@ -83,8 +79,8 @@ class Record:
 
     `device` is a 1-D uint8 tensor over the DEVICE bytes (the original storage, or its reload), None
     while the bytes are only on HOST/NVME. `tier` is where it is swapped to (None: it stays on
-    DEVICE). `offload` / `reload` are the futures of the copies (their result: None on the CPU, the
-    CUDA event of the copy on a GPU)."""
+    DEVICE). `offload` / `reload` are the `Ready`s of the copies (executor/copies.py: a future on the
+    CPU, a CUDA event on a GPU; an NVME swap's offload is its file write, which follows the copy)."""
 
     __slots__ = ("manager", "block", "mode", "tier", "nbytes", "home", "device", "host", "nvme_offset",
                  "offload", "reload", "live", "__weakref__")
@@ -97,8 +93,8 @@ class Record:
         self.device = torch.empty(0, dtype=torch.uint8, device=device).set_(storage)
         self.host: torch.Tensor | None = None
         self.nvme_offset = -1
-        self.offload: Future | None = None
-        self.reload: Future | None = None
+        self.offload: Ready | None = None
+        self.reload: Ready | None = None
         # DEVICE copies counted in the manager's live bytes: the original until its offload is done,
         # the reload from its start; both can overlap when the worker is behind
         self.live = 0
@@ -121,7 +117,7 @@ class Saved:
 
 class Block:
     __slots__ = ("index", "name", "module", "mode", "swap_tier", "state", "records", "generator", "hooks_ctx",
-                 "own", "nvme_cursor", "nvme_fd", "nvme_path")
+                 "own", "nvme_cursor")
 
     def __init__(self, index: int, name: str, module: nn.Module, mode: ActivationMode,
                  checkpoint_tier: Tier | None) -> None:
@@ -134,9 +130,7 @@ class Block:
         self.hooks_ctx: torch.autograd.graph.saved_tensors_hooks | None = None
         # an offloaded checkpoint while it is saved: storage key -> the block's own record
         self.own: dict[int, weakref.ref[Record]] | None = None
-        self.nvme_cursor = 0  # next free byte in this block's NVMe file
-        self.nvme_fd = -1
-        self.nvme_path: Path | None = None
+        self.nvme_cursor = 0  # next free byte in this block's NVMe file (executor/nvme.py, Note [activation files])
 
     def move(self, to: BlockState) -> None:
         if (self.state, to) not in _TRANSITIONS:
@@ -148,42 +142,6 @@ class Block:
         out = [r for ref in self.records if (r := ref()) is not None]
         self.records = [weakref.ref(r) for r in out]
         return out
-
-    def nvme_file(self, directory: Path) -> int:
-        if self.nvme_fd < 0:
-            self.nvme_path = directory / f"block{self.index}.act"
-            try:
-                self.nvme_fd = os.open(self.nvme_path, os.O_RDWR | os.O_CREAT, 0o600)
-            except OSError as exc:
-                raise ExecutorError(f"activation file {self.nvme_path}: cannot open ({exc.strerror}); pass a "
-                                    "writable nvme_dir with free space") from exc
-        return self.nvme_fd
-
-    def nvme_write(self, directory: Path, offset: int, host: torch.Tensor) -> None:
-        """Write `host` at `offset` of this block's activation file (buffered, page-aligned offsets)."""
-        fd, view, done = self.nvme_file(directory), memoryview(host.numpy()), 0
-        try:
-            while done < len(view):
-                done += os.pwrite(fd, view[done:], offset + done)
-        except OSError as exc:
-            fix = ("make nvme_dir writable or pass another one" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-                   else "free space on the SSD or pass another nvme_dir")
-            raise ExecutorError(f"activation file {self.nvme_path}: write of {len(view)} bytes at {offset} failed "
-                                f"({exc.strerror}); {fix}") from exc
-
-    def nvme_read(self, directory: Path, offset: int, host: torch.Tensor) -> None:
-        """Fill `host` from `offset` of this block's activation file."""
-        fd, view, done = self.nvme_file(directory), memoryview(host.numpy()), 0
-        try:
-            while done < len(view):
-                n = os.preadv(fd, [view[done:]], offset + done)
-                if n == 0:
-                    raise ExecutorError(f"activation file {self.nvme_path}: short read ({done} of {len(view)} bytes at "
-                                        f"{offset}); the file was changed by someone else")
-                done += n
-        except OSError as exc:
-            raise ExecutorError(f"activation file {self.nvme_path}: read of {len(view)} bytes at {offset} failed "
-                                f"({exc.strerror})") from exc
 
 
 def checkpoint_tiers(schedule: Schedule) -> dict[int, Tier]:
@@ -237,13 +195,3 @@ def in_backward() -> bool:
 
 def recompute_contexts() -> tuple[Any, Any]:
     return contextlib.nullcontext(), contextlib.nullcontext()
-
-
-def cleanup(worker: ThreadPoolExecutor, nvme_dir: Path | None, nvme_blocks: list[Block]) -> None:
-    worker.shutdown(wait=True)
-    for b in nvme_blocks:
-        if b.nvme_fd >= 0:
-            os.close(b.nvme_fd)
-            b.nvme_fd = -1
-    if nvme_dir is not None:
-        shutil.rmtree(nvme_dir, ignore_errors=True)

@@ -4,19 +4,19 @@
 `ActivationManager(model, modes)` puts thin forward pre/post hooks on the blocks (`find_blocks`)
 and saved-tensor hooks around their forward; what each mode does, how saved storages are counted,
 the byte counters and the copy worker's failures are the notes [activation modes], [saved-tensor
-dedup], [activation counters] and [copy worker failures] below.
+dedup], [activation counters] and [copy worker failures] below. Copies go through the engine's copy
+engine (executor/copies.py) and NVMe files through its `NvmeStore` (executor/nvme.py, Note [activation
+files]); a manager built alone makes its own of each.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,16 @@ from executor.activation_records import (
     Record,
     Saved,
     checkpoint_tiers,
-    cleanup,
     in_backward,
     positional_call,
     recompute_contexts,
     resolve_checkpoint_tiers,
 )
+from executor.activation_io import SwapIO, release
+from executor.copies import CpuCopyEngine, CudaCopyEngine, Ready
 from executor.errors import ExecutorError
 from executor.hooks import find_blocks, tensors_in
-from executor.nvme import ALIGN_BYTES
+from executor.nvme import NvmeStore
 from executor.store import out_of_memory
 from schemas.schedule import COPY_PATH, ActivationMode, ActivationPlan, Channel, Schedule, Tier
 
@@ -72,10 +73,12 @@ def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
 #   also inside tuples, lists and dicts (`torch.utils._pytree`), is saved that way: a keyword tensor
 #   would otherwise be held by the checkpoint's closure, out of the hooks' reach.
 # - SWAP_HOST / SWAP_NVME: each tensor the block saves is copied, whole storage at a time, to HOST
-#   (pinned memory when DEVICE is CUDA) by ONE copy worker thread (plus a side CUDA stream on a GPU,
-#   created once; a future -- and on CUDA an event -- travels with every in-flight buffer), and the
-#   manager drops its DEVICE reference once the copy is done. SWAP_NVME continues from HOST into a
-#   file per block under `nvme_dir` (4096-aligned offsets, buffered I/O) and frees the HOST copy.
+#   (pinned memory when DEVICE is CUDA) by the engine's copy engine (executor/copies.py: on the CPU its
+#   ONE worker thread, on a GPU its D2H / H2D streams, created once; a `Ready` -- a future, or a CUDA
+#   event -- travels with every in-flight buffer), and the manager drops its DEVICE reference once the
+#   copy is done (Note [offload landing]). SWAP_NVME continues from HOST into the block's file in the
+#   engine's `NvmeStore` (4096-aligned offsets and buffers, Note [activation files] in
+#   executor/nvme.py), then frees the HOST copy.
 #   Reloads are prefetched: `prefetch(block)` starts bringing a block back, and (with
 #   `auto_prefetch`) it is called for the next swapped block in backward order as soon as a block's
 #   backward begins (the grad of its output arrives) and for the first one when the backward of the
@@ -100,8 +103,10 @@ class ActivationManager:
     checkpoint_tiers: RECOMPUTE blocks whose checkpoint (input) is offloaded, to HOST or NVME, by
         block index or fqn (the schedule's ACT_OFFLOAD on a RECOMPUTE block; `from_schedule`).
     alias_pack / alias_unpack: the engine's param aliasing (both or neither).
-    nvme_dir: where SWAP_NVME files (and checkpoints offloaded to NVME) go (required then); a private
-        directory is made inside it and removed by close().
+    nvme_dir: where SWAP_NVME files (and checkpoints offloaded to NVME) go (required then, unless
+        `nvme` is given): the manager's own `NvmeStore` there (locked, its folder removed by close()).
+    copies / nvme: the engine's copy engine and NVMe store, shared with its chunks (default: the
+        manager makes its own on first use, and close() closes them).
     auto_prefetch: start reloads by the backward of the previous block (False: only `prefetch()`,
         e.g. at the schedule's ACT_RELOAD moments); prefetch_ahead: how many swapped blocks ahead
         (the depth of Fuyou §4.4's prefetch FIFO: each reloaded block is DEVICE memory held early).
@@ -118,7 +123,8 @@ class ActivationManager:
                  alias_unpack: Callable[[object], torch.Tensor] | None = None,
                  nvme_dir: str | os.PathLike[str] | None = None, auto_prefetch: bool = True,
                  prefetch_ahead: int = 1, record_events: bool = False, install: bool = True,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None,
+                 copies: CpuCopyEngine | CudaCopyEngine | None = None, nvme: NvmeStore | None = None) -> None:
         names = list(find_blocks(model) if blocks is None else blocks)
         modules = dict(model.named_modules())
         unknown = [n for n in names if n not in modules or n == ""]
@@ -149,19 +155,10 @@ class ActivationManager:
         self._on_failure = on_failure
         self.events: list[tuple[str, int]] | None = [] if record_events else None
 
-        self._nvme_dir: Path | None = None
-        if any(b.swap_tier is Tier.NVME for b in self.blocks):
-            if nvme_dir is None:
-                raise ExecutorError("activation plan: a block swaps to NVME but no nvme_dir was given; pass "
-                                    "nvme_dir=<a directory on the SSD>")
-            try:
-                self._nvme_dir = Path(tempfile.mkdtemp(prefix="tide-act-", dir=nvme_dir))
-            except OSError as exc:
-                raise ExecutorError(f"activation plan: cannot make a directory in nvme_dir={str(nvme_dir)!r} "
-                                    f"({exc.strerror}); pass a writable directory") from exc
-        self._cuda_stream: torch.cuda.Stream | None = None  # made on the first CUDA swap, once
+        self._io = SwapIO(copies=copies, nvme=nvme, nvme_dir=nvme_dir,
+                          needs_nvme=any(b.swap_tier is Tier.NVME for b in self.blocks))
         self._offloading = 0  # live bytes whose offload copy is in flight
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-activations")
+        self._landing: list[tuple[Ready, weakref.ref[Record], int]] = []  # CUDA offloads not seen landed yet
         self._lock = threading.Lock()
         self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[Record]]] = {}
         self._param_storages: set[int] = set()
@@ -170,8 +167,7 @@ class ActivationManager:
         self.paused = False
         self._handles: list[Any] = []
         self._closed = False
-        self._finalizer = weakref.finalize(self, cleanup, self._worker, self._nvme_dir,
-                                           [b for b in self.blocks if b.swap_tier is Tier.NVME])
+        self._finalizer = weakref.finalize(self, release, self._io.owned, self._io.nvme)
         self.reset_stats()
         if install:
             self.install()
@@ -217,12 +213,14 @@ class ActivationManager:
         self._handles = []
 
     def close(self) -> None:
-        """Wait for copies in flight, remove the hooks, the NVMe files and their directory."""
+        """Wait for copies in flight, remove the hooks and the NVMe files (with the folder and the store
+        when the manager made its own)."""
         if self._closed:
             return
         self._closed = True
         self.remove()
         self._finalizer()
+        self._landing = []
 
     def __enter__(self) -> ActivationManager:
         return self
@@ -236,6 +234,7 @@ class ActivationManager:
             return  # a recomputation inside backward: its saved tensors are transient
         b.move(BlockState.CAPTURING)
         self._log("capture", b.index)
+        self._harvest()
         if not b.live_records():
             b.nvme_cursor = 0  # nothing of the previous forward is still held: reuse the file
         self._param_storages = self._model_storages()
@@ -364,45 +363,51 @@ class ActivationManager:
             self._offload(b, record)
         return record
 
+    # Note [offload landing]
+    # An offload has landed when its DEVICE -> HOST copy is done: its bytes stop counting as live and
+    # in flight then (the NVME write that follows reads HOST only). On the CPU the copy worker books it
+    # in the copy job itself, before the copy's future completes, so a wait for the offload sees it; a
+    # CUDA event calls nothing back, so the manager books the landed ones whenever it is asked
+    # (`_harvest`: counters, `wait_offloaded`, a block's next forward). Dropping the DEVICE reference early is
+    # safe on a GPU: the copy engine records the source on its stream, so the allocator does not hand
+    # the memory out before the copy ends.
     def _offload(self, b: Block, record: Record) -> None:
         tier = record.tier
-        cuda = record.device.device.type == "cuda"
-        record.host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=cuda)
-        if tier is Tier.NVME:
-            record.nvme_offset = b.nvme_cursor
-            b.nvme_cursor += -(-record.nbytes // ALIGN_BYTES) * ALIGN_BYTES
-        produced = None
-        if cuda:
-            produced = torch.cuda.Event()
-            produced.record()  # the copy starts once the kernels producing the tensor are done
         src, record.device = record.device, None
         with self._lock:
             self._offloading += record.nbytes
-        record.offload = self._worker.submit(self._offload_work, b, record, src, produced)
+        landing = self._io.offload(b, record, src, cpu_copy=functools.partial(self._copy_and_land, record))
+        del src
+        if landing is not None:
+            with self._lock:
+                self._landing.append((landing, weakref.ref(record), record.nbytes))
         with self._lock:
             self._offloaded[tier] += record.nbytes
             self._offloaded_per_block[b.index] += record.nbytes
             for channel in COPY_PATH[(Tier.DEVICE, tier)]:  # an NVME swap crosses HOST
                 self._channels[channel] += record.nbytes
 
-    def _offload_work(self, b: Block, record: Record, src: torch.Tensor, produced: Any) -> None:
-        """Worker thread: DEVICE -> HOST (-> NVME); the DEVICE bytes are released when copied."""
-        host = record.host
-        if produced is not None:
-            stream = self._stream(src.device)
-            with torch.cuda.stream(stream):
-                stream.wait_event(produced)
-                host.copy_(src, non_blocking=True)
-            stream.synchronize()  # src may be freed by the compute stream's allocator once we drop it
-        else:
-            _copy_bytes(host, src)
-        del src
+    def _copy_and_land(self, record: Record, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy worker (CPU): the offload copy, then its landing (Note [offload landing])."""
+        _copy_bytes(dst, src)
+        self._landed(record, record.nbytes)
+
+    def _landed(self, record: Record | None, nbytes: int) -> None:
         with self._lock:
-            self._offloading -= record.nbytes
-        self.hold(record, -1)
-        if record.tier is Tier.NVME:
-            b.nvme_write(self._nvme_dir, record.nvme_offset, host)
-            record.host = None  # the file holds it now
+            self._offloading -= nbytes
+        if record is not None:
+            self.hold(record, -1)
+
+    def _harvest(self) -> None:
+        """Book the CUDA offloads that have landed (Note [offload landing])."""
+        if not self._landing:
+            return
+        with self._lock:
+            done = [x[0].done() for x in self._landing]
+            landed = [x for x, d in zip(self._landing, done, strict=True) if d]
+            self._landing = [x for x, d in zip(self._landing, done, strict=True) if not d]
+        for _, ref, nbytes in landed:
+            self._landed(ref(), nbytes)  # a record autograd already freed gave its live bytes back then
 
     def prefetch(self, block: int) -> None:
         """Start bringing `block`'s swapped activations back to DEVICE (a no-op when they are not
@@ -421,6 +426,7 @@ class ActivationManager:
         for record in self.blocks[block].live_records():
             if record.offload is not None:
                 self._result(record.offload, record, "offload")
+        self._harvest()
 
     def _reload(self, record: Record) -> None:
         if record.reload is not None or record.device is not None:
@@ -435,40 +441,13 @@ class ActivationManager:
             if self._on_failure is not None:
                 self._on_failure(str(error))
             raise error from exc
-        allocated = None
-        if dst.device.type == "cuda":
-            allocated = torch.cuda.Event()
-            allocated.record()  # dst may reuse memory the compute stream still reads: copy after it
         self.hold(record, 1)
-        record.reload = self._worker.submit(self._reload_work, self.blocks[record.block], record, dst, allocated)
+        self._io.reload(record, dst, cpu_copy=_copy_bytes)
         with self._lock:
             self._reloaded[tier] += record.nbytes
             self._reloaded_per_block[record.block] += record.nbytes
             for channel in COPY_PATH[(tier, Tier.DEVICE)]:
                 self._channels[channel] += record.nbytes
-
-    def _reload_work(self, b: Block, record: Record, dst: torch.Tensor, allocated: Any) -> Any:
-        """Worker thread: (NVME ->) HOST -> DEVICE; the result is the copy's CUDA event (None on the CPU)."""
-        offload = record.offload
-        if offload is not None and offload.exception() is not None:  # FIFO: it is done; re-raise its failure
-            raise offload.exception()
-        host = record.host
-        if record.tier is Tier.NVME:
-            host = torch.empty(record.nbytes, dtype=torch.uint8, pin_memory=dst.device.type == "cuda")
-            b.nvme_read(self._nvme_dir, record.nvme_offset, host)
-        record.device = dst
-        if allocated is not None:
-            stream = self._stream(dst.device)
-            with torch.cuda.stream(stream):
-                stream.wait_event(allocated)
-                dst.copy_(host, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(stream)
-            record.host = host  # kept until the copy is done: the unpack waits on `done` first
-            return done
-        _copy_bytes(dst, host)
-        record.host = None
-        return None
 
     def _device_bytes(self, record: Record) -> torch.Tensor:
         """The record's bytes on DEVICE, waiting for (or starting) the reload."""
@@ -479,22 +458,24 @@ class ActivationManager:
                 start = time.perf_counter()
                 if not record.reload.done():
                     self._log("wait", record.block)
-                event = self._result(record.reload, record, "reload")
-                if event is not None:
-                    torch.cuda.current_stream().wait_event(event)
-                    record.host = None
+                self._result(record.reload, record, "reload", on_device=True)
+                record.host = None
                 with self._lock:
                     self._stall += time.perf_counter() - start
         return record.device
 
     # Note [copy worker failures]
-    # A failure in the copy worker (a copy, a file write or read) is stored with the buffer's future and
-    # raised as `ExecutorError` at the block's post_forward (for offloads already finished by then), at
+    # A failure in the copy engine or the NVMe store (a copy, a file write or read) is stored with the
+    # buffer's `Ready` (a reload waits for its offload, so it fails with it) and raised as
+    # `ExecutorError` at the block's post_forward (for offloads already finished by then), at
     # `wait_offloaded`, or at the unpack that needs the data -- never a hang. `close()` waits for the
-    # worker, removes the NVMe files and their directory, and removes the hooks.
-    def _result(self, future: Future, record: Record, what: str) -> Any:
+    # copies in flight, removes the NVMe files, and removes the hooks.
+    def _result(self, ready: Ready, record: Record, what: str, *, on_device: bool = False) -> None:
         try:
-            return future.result()
+            if on_device:
+                ready.wait_on_device()  # a GPU's compute stream waits for the copy's event
+            else:
+                ready.wait()
         except ExecutorError as exc:
             if self._on_failure is not None:
                 self._on_failure(str(exc))
@@ -511,9 +492,8 @@ class ActivationManager:
 
     def _raise_failed(self, b: Block) -> None:
         for record in b.live_records():
-            f = record.offload
-            if f is not None and f.done() and f.exception() is not None:
-                self._result(f, record, "offload")
+            if record.offload is not None and record.offload.done():
+                self._result(record.offload, record, "offload")  # raises only when it failed
 
 
     # Note [activation counters]
@@ -538,6 +518,7 @@ class ActivationManager:
             self._stall = 0.0
 
     def stats(self) -> ActivationStats:
+        self._harvest()
         with self._lock:
             return ActivationStats(
                 offloaded_bytes=dict(self._offloaded), reloaded_bytes=dict(self._reloaded),
@@ -553,11 +534,13 @@ class ActivationManager:
     @property
     def live_bytes(self) -> int:
         """Bytes the manager holds on DEVICE now."""
+        self._harvest()
         return self._live
 
     @property
     def offloading_bytes(self) -> int:
         """The part of `live_bytes` whose offload copy is in flight (released when it lands)."""
+        self._harvest()
         return self._offloading
 
     def hold(self, record: Record, copies: int) -> None:
@@ -587,22 +570,16 @@ class ActivationManager:
                 continue
         return out
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        """The copy stream, on the DEVICE's GPU (made on the worker thread, whose current device is GPU 0)."""
-        if self._cuda_stream is None:
-            self._cuda_stream = torch.cuda.Stream(device=device)
-        return self._cuda_stream
-
     def _log(self, what: str, block: int) -> None:
         if self.events is not None:
             self.events.append((what, block))
 
     def nvme_files(self) -> list[Path]:
         """The NVMe files made so far (for tests and reports)."""
-        return [b.nvme_path for b in self.blocks if b.nvme_path is not None]
+        return self._io.files()
 
     @property
     def nvme_dir(self) -> Path | None:
-        return self._nvme_dir
-
+        """The folder of the NVMe files (the store's run folder)."""
+        return self._io.nvme.directory if self._io.nvme is not None else None
 

@@ -216,6 +216,12 @@ def uses_nvme(schedule: Schedule) -> bool:
         Tier.NVME in (a.src, a.dst) for a in schedule.actions if a.op not in (Op.ACT_OFFLOAD, Op.ACT_RELOAD))
 
 
+def activations_use_nvme(schedule: Schedule) -> bool:
+    """A block swaps to NVME, or a recompute checkpoint is offloaded there."""
+    return (any(p.mode is ActivationMode.SWAP_NVME for p in schedule.activation_plans)
+            or Tier.NVME in checkpoint_tiers(schedule).values())
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

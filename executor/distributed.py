@@ -9,10 +9,13 @@ keyed by param names), so it does not depend on the layout or the world size:
   (`torch.distributed.gather`, one chunk list and comm group at a time), the step counts are
   merged (each from its owner), and rank 0 writes the file with `executor.state.save` (atomic).
   Rank 0 holds the full model + optimizer state in host memory for the write (the file is one
-  `torch.save` of it anyway).
+  `torch.save` of it anyway). Like `executor.state.save` the file carries the digest of its
+  content and of the schedule the ranks run (`schedule_digest`, `schedule_world_size`).
 - `load_sharded`: every rank reads the file and keeps what it owns: `executor.state.restore`
   through a view of the full layout whose non-owned chunks read as zeros and drop writes; the
-  optimizer `step` of params in non-owned chunks is removed again (their owner steps them).
+  optimizer `step` of params in non-owned chunks is removed again (their owner steps them). A file
+  whose content was changed, or saved under another schedule of the same world size, is refused
+  by every rank before anything is written; one of another world size loads (a re-shard).
 
 Both take the rank-local store as an `executor.state.ChunkSource` over the FULL layout that is
 only ever asked for owned chunks (`OwnedChunks` is a plain one: the tests' store and a reference
@@ -37,7 +40,7 @@ from executor.collectives import CollectiveWork, CommGroupCollectives, GroupStat
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.optim import ChunkAdamW
-from schemas.schedule import Action, ChunkLayout, ChunkList, Op, Tier
+from schemas.schedule import Action, ChunkLayout, ChunkList, Op, Schedule, Tier
 
 __all__ = ["OwnedChunks", "StoreCollectives", "all_gather_params", "gather_full_chunks", "load_sharded", "owned_view",
            "runs_on_rank", "save_sharded"]
@@ -72,12 +75,15 @@ class OwnedChunks:
 
 
 class _OwnedView:
-    """The full layout seen from one rank: non-owned chunks read as zeros and ignore writes."""
+    """The full layout seen from one rank: non-owned chunks read as zeros and ignore writes. Its
+    `schedule` (the local store's, or the one given) is what `executor.state.restore` checks a
+    checkpoint's `schedule_digest` against."""
 
-    def __init__(self, local: state.ChunkSource, rank: int) -> None:
+    def __init__(self, local: state.ChunkSource, rank: int, schedule: Schedule | None = None) -> None:
         self.layout = local.layout
         self.local = local
         self.rank = rank
+        self.schedule = schedule if schedule is not None else getattr(local, "schedule", None)
 
     def read_chunk(self, lst: ChunkList, chunk: int) -> Tensor:
         c = self.layout.chunks[chunk]
@@ -90,17 +96,20 @@ class _OwnedView:
             self.local.write_chunk(lst, chunk, tensor)
 
 
-def owned_view(local: state.ChunkSource, rank: int) -> state.ChunkSource:
+def owned_view(local: state.ChunkSource, rank: int, schedule: Schedule | None = None) -> state.ChunkSource:
     """A ChunkSource over the full layout that keeps only what `rank` owns (see `_OwnedView`)."""
-    return _OwnedView(local, rank)
+    return _OwnedView(local, rank, schedule)
 
 
 class _FullChunks:
-    """Every chunk of every state list, gathered on rank 0 (a ChunkSource for executor.state)."""
+    """Every chunk of every state list, gathered on rank 0 (a ChunkSource for executor.state); its
+    `schedule` is the one the checkpoint records the digest of."""
 
-    def __init__(self, layout: ChunkLayout, chunks: dict[tuple[ChunkList, int], Tensor]) -> None:
+    def __init__(self, layout: ChunkLayout, chunks: dict[tuple[ChunkList, int], Tensor],
+                 schedule: Schedule | None = None) -> None:
         self.layout = layout
         self.chunks = chunks
+        self.schedule = schedule
 
     def read_chunk(self, lst: ChunkList, chunk: int) -> Tensor:
         return self.chunks[(lst, chunk)]
@@ -185,15 +194,28 @@ def _merged_steps(optimizer: ChunkAdamW, collectives: CommGroupCollectives) -> d
     return {p: torch.tensor(float(v), dtype=torch.float32) for p, v in zip(params, values.tolist()) if v >= 0}
 
 
+def _running_schedule(local: state.ChunkSource, schedule: Schedule | None, collectives: CommGroupCollectives
+                      ) -> Schedule | None:
+    """The schedule the ranks run: `schedule` if given, else the local store's (the engine's)."""
+    running = schedule if schedule is not None else getattr(local, "schedule", None)
+    if running is not None and running.layout != collectives.layout:
+        raise ExecutorError("the schedule given to save_sharded/load_sharded is not the one whose layout the "
+                            "collectives run; pass the schedule the ranks were attached with")
+    return running
+
+
 def save_sharded(path: str | Path, local: state.ChunkSource, collectives: CommGroupCollectives, *,
                  model: nn.Module | None = None, optimizer: ChunkAdamW | None = None, loss_scaler: Any = None,
-                 extra: Mapping[str, Any] | None = None) -> None:
-    """Every rank calls this; rank 0 writes one plain checkpoint (`executor.state.save` format)."""
+                 extra: Mapping[str, Any] | None = None, schedule: Schedule | None = None) -> None:
+    """Every rank calls this; rank 0 writes one plain checkpoint (`executor.state.save` format),
+    carrying the digest of its content and of the schedule the ranks run (`schedule`, or the local
+    store's `schedule`, as the engine has)."""
+    running = _running_schedule(local, schedule, collectives)
     chunks = gather_full_chunks(local, collectives)
     steps = _merged_steps(optimizer, collectives) if optimizer is not None else None
     if collectives.rank == 0:
         assert chunks is not None
-        full = _FullChunks(collectives.layout, chunks)
+        full = _FullChunks(collectives.layout, chunks, running)
         opt = _StepsOnly(optimizer, steps) if optimizer is not None else None
         state.save(path, full, model=model, optimizer=opt, loss_scaler=loss_scaler, extra=extra)  # type: ignore[arg-type]
     if collectives.world_size > 1:
@@ -202,11 +224,17 @@ def save_sharded(path: str | Path, local: state.ChunkSource, collectives: CommGr
 
 def load_sharded(checkpoint: str | Path | Mapping[str, Any], local: state.ChunkSource,
                  collectives: CommGroupCollectives, *, model: nn.Module | None = None,
-                 optimizer: ChunkAdamW | None = None, loss_scaler: Any = None, strict: bool = True) -> None:
+                 optimizer: ChunkAdamW | None = None, loss_scaler: Any = None, strict: bool = True,
+                 schedule: Schedule | None = None) -> None:
     """Every rank calls this with a plain checkpoint (path or `executor.state.load` result) from any
-    world size; each rank keeps its owned chunks (and the step counts of their params)."""
+    world size; each rank keeps its owned chunks (and the step counts of their params).
+
+    As `executor.state.restore`: a file whose content digest does not match, or one saved under
+    another schedule of the same world size than the one running (`schedule`, or the local store's),
+    is refused in one line before anything is written; one of another world size is re-sharded."""
+    running = _running_schedule(local, schedule, collectives)
     ckpt = state.load(checkpoint) if isinstance(checkpoint, (str, Path)) else checkpoint
-    state.restore(ckpt, owned_view(local, collectives.rank), model=model, optimizer=optimizer,
+    state.restore(ckpt, owned_view(local, collectives.rank, running), model=model, optimizer=optimizer,
                   loss_scaler=loss_scaler, strict=strict)
     if optimizer is not None:
         slot_of = {s.tensor: s for s in collectives.layout.tensors}

@@ -176,7 +176,7 @@ class Evaluation:
             self.activations.paused = False
             self._leave_evaluating()
 
-    # the engine's state machine (executor/runtime.py)
+    # the engine's state machine (executor/lifecycle.py)
     def _enter_evaluating(self) -> None:
         raise NotImplementedError
 

@@ -10,7 +10,8 @@ note in `notes`. A CPU buffer that is itself 4096-aligned (`aligned_empty`; CUDA
 is page-aligned) moves without a copy; anything else (a GPU tensor, a misaligned buffer under
 O_DIRECT) goes through an aligned staging buffer (pinned when CUDA is present), one per worker,
 made on first use and sized for the largest chunk. The caller writes only dirty chunks (the
-schedule's WRITE_BACK actions); the store never decides.
+schedule's WRITE_BACK actions); the store never decides. The activation manager's swapped bytes go
+to growable per-block files in the same run folder (Note [activation files]).
 
 Failures (disk full, file too large, permission denied, read-only filesystem, a short read) raise
 `ExecutorError` naming the file, chunk list, chunk and the fix. The caller's tensors are never
@@ -20,19 +21,13 @@ complete). A chunk whose write failed is marked lost; reading it raises instead 
 stale bytes. Files are removed on `close()` / context exit (and by a finalizer if the store is
 dropped without closing).
 
-One run per directory: the store holds an exclusive `fcntl.flock` on `<directory>/tide-nvme.lock`
-from construction to `close()` (the kernel drops it when the process dies, SIGKILL included). A
-second store on the same directory -- another process, a rank given the same path -- is refused
-with one line naming the holder's pid; the first is untouched. Holding the lock proves that no
-live run owns a `tide-nvme-*` subfolder there, so those are a crashed run's: they are never read
-(each store reads only its own fresh subfolder) and are removed, with a note, so a crash does not
-keep the SSD full.
+One run per directory: the store holds the directory's lock (executor/nvme_lock.py) from
+construction to `close()`; holding it, the store removes a crashed run's folders, with a note.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import shutil
 import threading
@@ -50,6 +45,7 @@ from torch import Tensor
 
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
+from executor.nvme_lock import LOCK_NAME, RUN_PREFIX, DirectoryLock
 from schemas.schedule import Action, ChunkLayout, ChunkList, Residency, Tier
 
 __all__ = ["ALIGN_BYTES", "DirectoryLock", "LOCK_NAME", "NvmeStore", "StoreState", "aligned_empty", "nvme_lists"]
@@ -133,56 +129,6 @@ def _remove_files(fds: list[int], paths: list[Path], directory: Path | None) -> 
             pass
 
 
-# ----------------------------------------------------------------------------- one run per directory
-
-LOCK_NAME = "tide-nvme.lock"
-_RUN_PREFIX = "tide-nvme-"  # each store's private subfolder: tide-nvme-<pid>-<random>
-
-
-class DirectoryLock:
-    """An exclusive, non-blocking flock on `<directory>/tide-nvme.lock`; released by `release()` or exit."""
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_NAME
-        try:
-            if not directory.is_dir():
-                directory.mkdir(parents=True, exist_ok=True)
-            self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise ExecutorError(f"NVME directory {directory}: cannot create the lock file {LOCK_NAME} "
-                                f"({exc.strerror or exc}); pass an nvme_dir tide can write to") from None
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_holder(self.fd)
-            os.close(self.fd)
-            self.fd = None
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise ExecutorError(f"NVME directory {directory} is in use by another tide run ({holder}); give each run "
-                                    "and each rank its own nvme_dir, or wait for that run to end") from None
-            raise ExecutorError(f"NVME directory {directory}: cannot lock {LOCK_NAME} ({exc.strerror or exc}); "
-                                "use a local filesystem that supports flock") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"pid {os.getpid()}\n".encode(), 0)
-
-    def stale_runs(self, keep: Path | None = None) -> list[Path]:
-        """Subfolders of runs that no longer hold the lock (we do): a crashed run's files."""
-        return sorted(p for p in self.path.parent.glob(f"{_RUN_PREFIX}*") if p.is_dir() and p != keep)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the descriptor drops the flock
-            self.fd = None
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-    except OSError:
-        text = ""
-    return text if text.startswith("pid ") else "pid unknown"
-
-
 def _release_lock(lock: DirectoryLock) -> None:
     lock.release()
 
@@ -194,10 +140,11 @@ class NvmeStore:
     lists: for each chunk list, (dtype, element count of every chunk).
     workers: I/O threads (and staging buffers).
     direct_io: True requires O_DIRECT, False never uses it, None probes and falls back.
+    remove_lock_file: leave the directory as found at close() (DirectoryLock's remove_on_release).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, lists: Mapping[ChunkList, tuple[torch.dtype, Sequence[int]]],
-                 workers: int = 4, direct_io: bool | None = None) -> None:
+                 workers: int = 4, direct_io: bool | None = None, remove_lock_file: bool = False) -> None:
         if workers < 1:
             raise ValueError(f"NvmeStore: workers must be >= 1, found {workers}")
         self.state = StoreState.OPEN
@@ -205,18 +152,21 @@ class NvmeStore:
         self.bytes_read = 0
         self.bytes_written = 0
         self._lock = threading.Lock()
-        self._inflight: dict[tuple[ChunkList, int], Future[None]] = {}
+        self._inflight: dict[tuple, Future[None]] = {}  # (list, chunk) or ("act", block, offset) -> last transfer
         self._lost: set[tuple[ChunkList, int]] = set()
         self._files: dict[ChunkList, _ListFile] = {}
+        self._act_fds: dict[int, int] = {}  # block -> fd of its activation file (Note [activation files])
         base = Path(directory)
-        self._dir_lock = DirectoryLock(base)  # before anything is made: a refused store changes nothing
+        # before anything is made: a refused store changes nothing
+        self._dir_lock = DirectoryLock(base, remove_on_release=remove_lock_file)
         weakref.finalize(self, _release_lock, self._dir_lock)
         for stale in self._dir_lock.stale_runs():
             shutil.rmtree(stale, ignore_errors=True)
             self.notes.append(f"removed {stale.name}: the files of a run that ended without closing its store")
-        self.directory = base / f"{_RUN_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.directory = base / f"{RUN_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         fds: list[int] = []
         paths: list[Path] = []
+        self._fds, self._paths = fds, paths  # the finalizer's lists: activation files join them when made
         # Registered first so that a failure half-way through construction removes what was made.
         self._finalizer = weakref.finalize(self, _remove_files, fds, paths, self.directory)
         try:
@@ -327,7 +277,7 @@ class NvmeStore:
           objects with `wait()` (the chunk store's `Ready`); waited for on the I/O thread.
         """
         file = self._check(lst, chunk, src, "src")
-        return self._submit(lst, chunk, lambda: self._write(file, lst, chunk, src), after)
+        return self._submit((lst, chunk), lambda: self._write(file, lst, chunk, src), after)
 
     def read_async(self, lst: ChunkList, chunk: int, dst: Tensor, *, keep_on_error: bool = False,
                    after: Sequence[Any] = ()) -> Future[None]:
@@ -340,7 +290,7 @@ class NvmeStore:
         (e.g. copies still reading the old content of `dst`).
         """
         file = self._check(lst, chunk, dst, "dst")
-        return self._submit(lst, chunk, lambda: self._read(file, lst, chunk, dst, keep_on_error), after)
+        return self._submit((lst, chunk), lambda: self._read(file, lst, chunk, dst, keep_on_error), after)
 
     def write(self, lst: ChunkList, chunk: int, src: Tensor) -> None:
         self.write_async(lst, chunk, src).result()
@@ -363,8 +313,7 @@ class NvmeStore:
                              f"{file.elements[chunk]} elements, found {t.dtype} with {t.numel()} elements")
         return file
 
-    def _submit(self, lst: ChunkList, chunk: int, work, after: Sequence[Any]) -> Future[None]:
-        key = (lst, chunk)
+    def _submit(self, key: tuple, work, after: Sequence[Any]) -> Future[None]:
         with self._lock:
             previous = self._inflight.get(key)
 
@@ -383,7 +332,7 @@ class NvmeStore:
         future.add_done_callback(lambda f, key=key: self._retire(key, f))
         return future
 
-    def _retire(self, key: tuple[ChunkList, int], future: Future[None]) -> None:
+    def _retire(self, key: tuple, future: Future[None]) -> None:
         with self._lock:
             if self._inflight.get(key) is future:
                 del self._inflight[key]
@@ -484,6 +433,100 @@ class NvmeStore:
                                         "do not touch files in the NVME directory while training")
                 raise OSError(errno.EIO, f"wrote {done} of {total} bytes")
             done += n
+
+    # Note [activation files]
+    # The activation manager (executor/activations.py) swaps a block's saved tensors to NVME in one
+    # growable file per block, `block<i>.act`, in this store's run folder: the activations use the same
+    # directory lock (a second run on the directory is refused even when only activations go to NVME),
+    # the same I/O threads and direct-I/O decision, the same error lines, and the same cleanup (the
+    # files go with the run folder at close(), and a crashed run's with its stale `tide-nvme-*` folder).
+    # The caller hands 4096-aligned CPU uint8 buffers whose length is a multiple of 4096, at
+    # 4096-aligned offsets (O_DIRECT's rules), and orders a read after the write of the same bytes with
+    # `after`. One activation manager per store: the files are named by block index.
+    def act_write_async(self, block: int, offset: int, src: Tensor, *, after: Sequence[Any] = ()) -> Future[None]:
+        """Write `src` at byte `offset` of block `block`'s activation file (Note [activation files])."""
+        self._check_act(offset, src, "src")
+        return self._submit(("act", block, offset), lambda: self._act_io(os.pwrite, block, offset, src), after)
+
+    def act_read_async(self, block: int, offset: int, dst: Tensor, *, after: Sequence[Any] = ()) -> Future[None]:
+        """Fill `dst` from byte `offset` of block `block`'s activation file (Note [activation files])."""
+        self._check_act(offset, dst, "dst")
+        return self._submit(("act", block, offset), lambda: self._act_io(os.preadv, block, offset, dst), after)
+
+    def act_path(self, block: int) -> Path:
+        return self.directory / f"block{block}.act"
+
+    def act_files(self) -> list[Path]:
+        """The activation files made so far, in block order."""
+        with self._lock:
+            return [self.act_path(b) for b in sorted(self._act_fds)]
+
+    def remove_act_files(self) -> None:
+        """Close and remove every activation file (the activation manager closes; chunk files stay)."""
+        self.wait()
+        with self._lock:
+            fds, self._act_fds = self._act_fds, {}
+        for block, fd in fds.items():
+            path = self.act_path(block)
+            if fd in self._fds:
+                self._fds.remove(fd)
+            if path in self._paths:
+                self._paths.remove(path)
+            _remove_files([fd], [path], None)
+
+    def _check_act(self, offset: int, t: Tensor, label: str) -> None:
+        if self.state is not StoreState.OPEN:
+            raise ExecutorError(f"NVME tier: the store in {self.directory} is closed; no I/O after close()")
+        if t.device.type != "cpu" or t.dtype != torch.uint8 or not t.is_contiguous():
+            raise ValueError(f"NvmeStore: an activation {label} must be a contiguous CPU uint8 tensor, found {t.dtype} "
+                             f"on {t.device}")
+        if self.direct_io and (offset % ALIGN_BYTES or t.numel() % ALIGN_BYTES or t.data_ptr() % ALIGN_BYTES):
+            raise ValueError(f"NvmeStore: an activation {label} must be {ALIGN_BYTES}-aligned in offset ({offset}), length "
+                             f"({t.numel()}) and address under O_DIRECT (allocate it with aligned_empty)")
+
+    def _act_fd(self, block: int) -> int:
+        with self._lock:
+            fd = self._act_fds.get(block)
+            if fd is not None:
+                return fd
+            path = self.act_path(block)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | (os.O_DIRECT if self.direct_io else 0), 0o600)
+            except OSError as exc:
+                raise ExecutorError(f"activation file {path}: cannot open ({exc.strerror}); pass a writable nvme_dir "
+                                    "with free space") from None
+            self._act_fds[block] = fd
+            self._fds.append(fd)
+            self._paths.append(path)
+            return fd
+
+    def _act_io(self, call, block: int, offset: int, t: Tensor) -> None:
+        """pwrite/preadv all of `t` at `offset` of the block's file, looping over partial transfers."""
+        fd, path, view, done = self._act_fd(block), self.act_path(block), _bytes_view(t), 0
+        writing = call is os.pwrite
+        try:
+            while done < len(view):
+                piece = view[done:done + min(len(view) - done, _MAX_IO_BYTES)]
+                n = call(fd, piece, offset + done) if writing else call(fd, [piece], offset + done)
+                if n <= 0:
+                    if writing:
+                        raise OSError(errno.EIO, f"wrote {done} of {len(view)} bytes")
+                    raise ExecutorError(f"activation file {path}: short read ({done} of {len(view)} bytes at {offset}); "
+                                        "the file was changed by someone else")
+                done += n
+        except OSError as exc:
+            if not writing:
+                raise ExecutorError(f"activation file {path}: read of {len(view)} bytes at {offset} failed "
+                                    f"({exc.strerror})") from None
+            fix = ("make nvme_dir writable or pass another one" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+                   else "free space on the SSD or pass another nvme_dir")
+            raise ExecutorError(f"activation file {path}: write of {len(view)} bytes at {offset} failed "
+                                f"({exc.strerror}); {fix}") from None
+        with self._lock:
+            if writing:
+                self.bytes_written += len(view)
+            else:
+                self.bytes_read += len(view)
 
     # -- lifetime --------------------------------------------------------------------------------
     def path(self, lst: ChunkList) -> Path:

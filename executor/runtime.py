@@ -19,23 +19,22 @@ schemas/schedule.py) and waits for the PARAM chunks moment m's work touches. The
 
 Between iterations a forward under `torch.no_grad()` or with `model.eval()` is an evaluation, not a
 replay (EVALUATING, executor/evaluation.py); `model.state_dict()` reads the chunks (Note [state_dict
-while attached] in executor/binding.py); a larger batch than recorded is refused (Note [batch drift]).
+while attached] in executor/binding.py); a larger batch than recorded is refused (Note [batch drift]
+in executor/drift.py).
 
 The engine dispatches; its parts live beside it: the param/grad/saved-tensor binding to the chunks
 in executor/binding.py, optimizer steps, clipping and loss scaling in executor/stepping.py, the
-chunk store in executor/store.py, activations in executor/activations.py. The notes below (Note
-[activations], [NVME tier], [several ranks], [failures], [gradient accumulation]) sit next to the
-code they explain.
+state machine and failures in executor/lifecycle.py, the moment and batch drift checks in
+executor/drift.py, the chunk store in executor/store.py, activations in executor/activations.py.
+The notes below (Note [activations], [NVME tier], [several ranks], [gradient accumulation]) sit
+next to the code they explain.
 """
 
 from __future__ import annotations
 
-import contextlib
-import enum
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,69 +43,25 @@ from torch import nn
 
 from executor import state as state_io
 from executor.activations import ActivationManager
-from executor.attach import RERECORD, check_attach, check_model, resolve_device, uses_nvme
+from executor.attach import RERECORD, activations_use_nvme, check_attach, check_model, resolve_device, uses_nvme
 from executor.binding import ChunkRef, ParamBinding
 from executor.distributed import StoreCollectives, all_gather_params, load_sharded, save_sharded
+from executor.drift import DriftChecks
 from executor.dtypes import TORCH_DTYPES
 from executor.errors import ExecutorError
 from executor.evaluation import Evaluation
 from executor.hooks import MomentEvent, MomentHooks, find_blocks, find_units
+from executor.lifecycle import EngineFailure, EngineState, Lifecycle
 from executor.nvme import NvmeStore, nvme_lists
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler
 from executor.stats import EngineStats, IterationCounters
 from executor.stepping import OptimizerSteps, default_param_groups
 from executor.store import ChunkStore, out_of_memory
-from schemas.schedule import COPY_CHANNEL, OS_LISTS, ActivationMode, Channel, ChunkList, MomentRef, Op, Schedule, Tier
+from schemas.schedule import COPY_CHANNEL, OS_LISTS, Channel, ChunkList, Op, Schedule, Tier
 from schemas.trace import DTYPE_BYTES, DType, MomentKind, Phase
 
 
-
-# Note [batch drift]: a block may save a little more than recorded for a batch of the recorded shape
-# (measured: 1.10x for the tiny GPT-2 of tests/test_integrations_hf.py fed by the HF Trainer, whose
-# collator adds an attention mask the recording did not have); a doubled batch saves 2x (1.99x-2.0x
-# measured on the tests' GPT). 1.5 sits between the two; a real overflow is also caught by the
-# DEVICE budget check of every moment (Note [activations]).
-BATCH_DRIFT_RATIO = 1.5
-
-
-class EngineState(enum.Enum):
-    """Where the engine is in the replay; changed only by `Engine._enter`."""
-
-    IDLE = "idle"  # attached, between iterations: the next event must be moment 0 (root pre_forward)
-    REPLAYING = "replaying"  # inside an iteration: moments 0..cursor-1 were applied
-    EVALUATING = "evaluating"  # between iterations, inside an evaluation forward (executor/evaluation.py)
-    FAILED = "failed"  # a replay check failed mid-iteration; every later event raises
-    DETACHED = "detached"  # `detach()` ran: hooks removed, params hold plain tensors again
-
-
-_ENGINE_TRANSITIONS = {
-    (EngineState.IDLE, EngineState.REPLAYING), (EngineState.REPLAYING, EngineState.IDLE),
-    (EngineState.IDLE, EngineState.FAILED), (EngineState.REPLAYING, EngineState.FAILED),
-    (EngineState.IDLE, EngineState.DETACHED), (EngineState.REPLAYING, EngineState.DETACHED),
-    (EngineState.FAILED, EngineState.DETACHED),
-    (EngineState.IDLE, EngineState.EVALUATING), (EngineState.EVALUATING, EngineState.IDLE),
-    (EngineState.EVALUATING, EngineState.DETACHED),
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineFailure:
-    """Where the replay failed and what state it left (see Note [failures] in executor/runtime.py)."""
-
-    message: str  # the ExecutorError line
-    iteration: int  # micro-steps completed before it
-    moment: int  # the moment being applied
-    steps: int  # optimizer steps every chunk in `updated_chunks` has taken
-    updated_chunks: frozenset[int]  # chunks stepped in the failed iteration
-    pending_chunks: frozenset[int]  # chunks that were still to be stepped in it
-
-    @property
-    def torn(self) -> bool:
-        """Some chunks took the failed iteration's step and others did not."""
-        return bool(self.updated_chunks) and bool(self.pending_chunks)
-
-
-class Engine(ParamBinding, OptimizerSteps, Evaluation):
+class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
     """Replays one schedule on one model; see the module docstring and its notes. Build it with `executor.run`."""
 
     def __init__(self, model: nn.Module, schedule: Schedule, *, params: Iterable[Any] | None = None,
@@ -159,8 +114,9 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
                                   for a in schedule.actions)
 
         # ---- the chunk store, filled per initial_residency; params move into it
+        # one NVMe store (and its directory lock) for chunks and activations alike (Note [NVME tier])
         nvme = None
-        if uses_nvme(schedule):
+        if uses_nvme(schedule) or activations_use_nvme(schedule):
             nvme = NvmeStore(nvme_dir, lists=nvme_lists(layout, schedule.initial_residency, schedule.actions))
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
@@ -220,16 +176,11 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         self.activations = ActivationManager.from_schedule(
             model, schedule,
             alias_pack=lambda t: (r if isinstance(r := self._pack(t), ChunkRef) else None),
-            alias_unpack=self._unpack, nvme_dir=nvme_dir, auto_prefetch=False, on_failure=self._failed_elsewhere)
+            alias_unpack=self._unpack, copies=self.store.copies, nvme=self.store.nvme, auto_prefetch=False,
+            on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
         self._setup_evaluation(model)
-        # Note [batch drift]: per block, the activation bytes the recording saw it save for backward (what
-        # it keeps: RECOMPUTE keeps its input). The hand-built schedules of tests carry 0: unknown, unchecked.
-        index = {b.name: b.index for b in self.activations.blocks}
-        self._act_expected = {
-            p.module: (index[p.module], p.input_bytes if p.mode is ActivationMode.RECOMPUTE else p.bytes)
-            for p in schedule.activation_plans if (p.bytes or p.input_bytes)}
-        self._act_before: dict[int, int] = {}
+        self._setup_batch_check(schedule)
 
     # Note [activations]
     # Activations, per the schedule's plan, are one mechanism: `executor.activations.ActivationManager`
@@ -252,8 +203,12 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
     # Note [NVME tier]
     # NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
     # O_DIRECT where the filesystem allows); HOST<->NVME copies are the schedule's FETCH / WRITE_BACK
-    # actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. The files are
-    # removed by `detach()` (or when the engine is collected).
+    # actions on the NVME_READ / NVME_WRITE channels, so only dirty chunks are written. Swapped
+    # activations go to per-block files of the same store (Note [activation files] in executor/nvme.py),
+    # and their copies through the store's copy engine: one copy engine, one NVMe file layer, one
+    # directory lock -- a second engine on the directory is refused even when only activations go to
+    # NVME, and a crashed run's files are removed at attach, never read. The files are removed by
+    # `detach()` (or when the engine is collected).
     #
     # Note [several ranks]
     # Several ranks (`schedule.header.world_size > 1`, launched by torchrun, the default process group
@@ -435,44 +390,6 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
         self.cursor = m + 1
         self._last_event_seconds = now  # the actions' time belongs to moment m's work
 
-    def _check_event(self, m: int, event: MomentEvent) -> MomentRef:
-        """The schedule's moment m if the event is it; else the engine FAILS and raises, changing nothing else."""
-        moments = self.schedule.moments
-        if m >= len(moments):
-            self._fail(f"moment {m}: the model reported {_describe(event)} after the schedule's last moment. {RERECORD}")
-        ref = moments[m]
-        if (ref.phase, ref.kind, ref.module) != (event.phase, event.kind, event.module):
-            hint = ""
-            if m == self._first_optimizer_moment and event.phase is not Phase.OPTIMIZER:
-                hint = " (call engine.step() after every loss.backward())"
-            elif m == 0 or event.kind is MomentKind.PRE_FORWARD and event.module == "":
-                hint = " (one forward and one backward per iteration, then engine.step())"
-            self._fail(f"moment {m}: the schedule expects {ref.phase.value} {ref.kind.value} of "
-                       f"{ref.module or '<root>'!r}, the model did {_describe(event)}{hint}. {RERECORD}")
-        return ref
-
-    # Note [batch drift]
-    # A batch larger than the recorded one (batch size, sequence length) makes every block save more
-    # activation bytes than the schedule planned for, so its DEVICE memory no longer holds (or holds by
-    # chance). At each block's post_forward the engine compares what the block saved in this forward
-    # (the activation manager counts as the recorder does, so an unchanged batch gives exactly the
-    # plan's bytes) with the plan, and refuses one over BATCH_DRIFT_RATIO x the plan naming the batch: at
-    # the first block, before any param, grad or optimizer state changed. Smaller batches (a short last
-    # batch) are allowed; a slightly larger count of the same batch shape too (below).
-    def _check_batch(self, m: int, event: MomentEvent) -> None:
-        index, want = self._act_expected[event.module]
-        saved = self.activations.saved_bytes(index)
-        if event.kind is MomentKind.PRE_FORWARD:
-            self._act_before[index] = saved
-            return
-        got = saved - self._act_before.pop(index, saved)
-        if got > BATCH_DRIFT_RATIO * want:
-            self._fail(f"moment {m}: block {event.module!r} saved {got} bytes of activations for backward, the "
-                       f"recorded batch {want} ({got / want:.3g}x): this batch is larger than the recorded one "
-                       "(batch size or sequence length), so the schedule's memory plan no longer holds; train with "
-                       "batches of the recorded shape (or smaller), or re-record with this batch (`python -m "
-                       "executor record ...`) and re-solve (`python -m planner solve ...`)")
-
     # Note [gradient accumulation]
     # Gradient accumulation (`grad_accumulation_steps=N`): call `engine.step()` after every micro-step;
     # every micro-step replays ALL moments of the schedule, including the OPTIMIZER moment, and only the
@@ -622,120 +539,6 @@ class Engine(ParamBinding, OptimizerSteps, Evaluation):
                        f"bytes > {pool.capacity_bytes}; the schedule does not fit its own budget (re-solve it with "
                        "`python -m planner solve`, and check it with `python -m planner simulate`)")
 
-    # Note [failures]
-    # Failures (a disk full or read-only NVME directory, a failed copy, a schedule violation): the engine
-    # raises one `ExecutorError` line, enters FAILED and refuses every later moment ("the replay stopped
-    # earlier ..."); `engine.failure` says where. Nothing in memory is lost: a chunk is never evicted from
-    # HOST before its NVME write landed, and a copy that failed is dropped, not used. `state_dict()` /
-    # `save()` still work after a failure when the state is CONSISTENT: every trainable chunk has taken
-    # the same number of optimizer steps (`engine.failure.steps` of them), i.e. the failure came before
-    # the first OPTIMIZER_STEP of its iteration or after the last one. A failure between them leaves the
-    # step TORN (some chunks updated, the others not; each chunk itself is intact, old or new): then
-    # `state_dict()` / `save()` refuse, naming the chunks, and the last checkpoint is the state to go back
-    # to. Making every step transactional would need a second copy of the model's OS, which is what
-    # offloading exists to avoid.
-
-    # ------------------------------------------------------------------------------ states
-    def _enter(self, to: EngineState) -> None:
-        if self.state is to:
-            return
-        if (self.state, to) not in _ENGINE_TRANSITIONS:
-            raise ExecutorError(f"internal error: engine cannot go from {self.state.value} to {to.value}")
-        self.state = to
-
-    def _fail(self, message: str) -> None:
-        self._mark_failed(message)
-        raise ExecutorError(message)
-
-    def _mark_failed(self, message: str) -> None:
-        if self.state is EngineState.FAILED:
-            return
-        self._settle_steps()  # the CPU steps in flight end; a failed one's chunk took no step
-        final = self.micro_step == self.accumulation_steps - 1
-        updated = frozenset(self._stepped)
-        pending = (self._step_chunks - updated) if updated or final else frozenset()
-        if updated and not pending:  # every chunk took this iteration's step
-            self.steps_applied += 1
-            self._stepped.clear()
-        self._failure = message
-        self.failure = EngineFailure(message=message, iteration=self.iterations, moment=self.cursor,
-                                     steps=self.steps_applied, updated_chunks=updated,
-                                     pending_chunks=pending if updated else frozenset())
-        self._pop_saved_hooks()
-        self._enter(EngineState.FAILED)
-        # every copy in flight lands or fails now; a failed one's payload is dropped, never read
-        self._lost = self.store.recover()
-
-    def _refuse_if_failed(self, module: nn.Module, args: Any) -> None:
-        if self.state is EngineState.FAILED:
-            raise ExecutorError(f"the replay stopped earlier ({self._failure}); build a new engine after fixing it")
-        self._forward_depth += 1
-
-    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._forward_depth = max(0, self._forward_depth - 1)
-        if (self._forward_depth == 0 and self.state in (EngineState.IDLE, EngineState.EVALUATING)
-                and self.hooks.root_open):
-            # an evaluation forward raised before the root's post_forward: give everything back, and
-            # the hooks forget that forward, so the next one starts a new moment 0
-            self._end_evaluation()
-            self.hooks.reset()
-
-    def _failed_elsewhere(self, message: str) -> None:
-        """The activation manager's copy worker failed (raised to the user by the manager's hook)."""
-        if self.state is EngineState.REPLAYING or self.state is EngineState.IDLE:
-            self._mark_failed(message)
-
-    def _require_consistent(self, what: str) -> None:
-        """Between iterations, or after a failure that left a consistent state (Note [failures])."""
-        self._end_evaluation()
-        if self.state is not EngineState.FAILED:
-            self._require_idle(what)
-            return
-        failure = self.failure
-        if failure.torn:
-            raise ExecutorError(
-                f"engine.{what}: the failure at moment {failure.moment} of iteration {failure.iteration} tore the "
-                f"optimizer step: chunks {sorted(failure.updated_chunks)} took step {failure.steps + 1}, chunks "
-                f"{sorted(failure.pending_chunks)} did not; no consistent state is in memory, go back to the last "
-                f"checkpoint ({failure.message})")
-        if self._lost:
-            raise ExecutorError(f"engine.{what}: after the failure ({failure.message}) no valid copy is left of "
-                                + ", ".join(f"{lst.value} chunk {c}" for lst, c in self._lost))
-
-    @contextlib.contextmanager
-    def _own_state_dict(self) -> Iterator[None]:
-        """executor.state reads the chunks itself: the model's state-dict hooks stand aside."""
-        self._sd_off = True
-        try:
-            yield
-        finally:
-            self._sd_off = False
-
-    def _state_dict_allowed(self) -> None:
-        """model.state_dict() while attached (Note [state_dict while attached] in executor/binding.py)."""
-        if self.state is EngineState.REPLAYING:
-            raise ExecutorError(f"model.state_dict() between iterations only (after engine.step()): the engine is "
-                                f"{self.state.value} at moment {self.cursor} and the chunks are moving")
-        self._require_consistent("state_dict() (via model.state_dict())")
-        if self.comm is not None:
-            raise ExecutorError("model.state_dict() with world_size > 1: a rank holds only its own chunks; call "
-                                "engine.save(path) on every rank (rank 0 writes one plain checkpoint)")
-
-    def _enter_evaluating(self) -> None:
-        self._enter(EngineState.EVALUATING)
-
-    def _leave_evaluating(self) -> None:
-        self._enter(EngineState.IDLE)
-
-    def _evaluating_state(self) -> EngineState:
-        return EngineState.EVALUATING
-
-    def _require_idle(self, what: str) -> None:
-        self._end_evaluation()  # an evaluation forward that raised before its end
-        if self.state is not EngineState.IDLE:
-            raise ExecutorError(f"engine.{what} between iterations only (after engine.step()), the engine is "
-                                f"{self.state.value} at moment {self.cursor}")
-
 
 def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Engine:
     """Attach `model` to `schedule` (a Schedule or a schedule file) and return the engine; see `Engine`.
@@ -753,14 +556,6 @@ def run(model: nn.Module, schedule: Schedule | str | Path, **kwargs: Any) -> Eng
     if not isinstance(schedule, Schedule):
         schedule = Schedule.read(schedule)
     return Engine(model, schedule, **kwargs)
-
-
-
-
-
-
-def _describe(event: MomentEvent) -> str:
-    return f"{event.phase.value} {event.kind.value} of {event.module or '<root>'!r}"
 
 
 __all__ = ["Engine", "EngineFailure", "EngineState", "check_model", "default_param_groups", "run"]

@@ -24,14 +24,18 @@ Formats (what a plain PyTorch loop reads and writes):
 `schemas.atomic_write_bytes` (temp file, fsync, rename, fsync of the folder; a temp file a killed
 save left behind is removed by the next save). A checkpoint carries `content_digest` (sha256 over
 every other entry, tensors by dtype, shape and bytes: `checkpoint_digest`) and, when the store runs
-a schedule, `schedule_digest` (that schedule's `content_digest`). `load` refuses a file whose
-content digest does not match (a checkpoint without one, built by hand, loads unchecked), `restore` one saved under another schedule: one line each.
+a schedule, `schedule_digest` (that schedule's `content_digest`) and `schedule_world_size`. `load`
+refuses a file whose content digest does not match (a checkpoint without one, built by hand, loads
+unchecked), `restore` one saved under another schedule of the same world size (another world size
+is a re-shard: executor/distributed.py), and values no optimizer can step from (`check_checkpoint`):
+one line each, before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +49,7 @@ from schemas import atomic_write_bytes
 from schemas.schedule import ChunkLayout, ChunkList, TensorSlot
 
 __all__ = [
-    "CHECKPOINT_FORMAT", "ChunkSource", "StateError", "checkpoint_digest", "load", "load_master_state_dict", "load_model_state_dict",
+    "CHECKPOINT_FORMAT", "ChunkSource", "StateError", "check_checkpoint", "check_optimizer_state_dict", "checkpoint_digest", "load", "load_master_state_dict", "load_model_state_dict",
     "load_optimizer_state_dict", "master_state_dict", "model_state_dict", "optimizer_state_dict", "restore", "save",
 ]
 
@@ -128,6 +132,9 @@ def load_model_state_dict(store: ChunkSource, state_dict: Mapping[str, Tensor], 
     A tied param may appear under any of its names. Buffers go into `model` when it is given.
     strict: every param present, no unknown keys (buffers of `model` are known).
     """
+    _check_tensor_map(state_dict, "model state dict")
+    if master is not None:
+        _check_tensor_map(master, "master state dict")
     layout = store.layout
     known: set[str] = {n for s in layout.tensors for n in s.names}
     buffers = dict(model.named_buffers()) if model is not None else {}
@@ -206,14 +213,19 @@ def optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW) -> dict[str,
     return {"state": state, "param_groups": groups}
 
 
-def load_optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW, state_dict: Mapping[str, Any]) -> None:
-    """Inverse of `optimizer_state_dict`; also loads a plain `torch.optim.AdamW` / `Adam` state dict
-    over the same params in the same group structure. M/V of params without state become zero."""
-    saved_groups = state_dict.get("param_groups")
-    saved_state = state_dict.get("state")
-    if not isinstance(saved_groups, list) or not isinstance(saved_state, Mapping):
+def check_optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW, state_dict: Any) -> None:
+    """What `load_optimizer_state_dict` checks before it writes anything (one StateError line): the
+    torch.optim structure, the group sizes, each setting and each param's step and moments."""
+    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, Mapping) else None
+    saved_state = state_dict.get("state") if isinstance(state_dict, Mapping) else None
+    if not isinstance(state_dict, Mapping) or not isinstance(saved_groups, list) or not isinstance(saved_state, Mapping):
         raise StateError("optimizer state dict: expected keys 'state' and 'param_groups' (torch.optim format); "
                          "pass optimizer.state_dict() of an Adam/AdamW")
+    for g, saved in enumerate(saved_groups):
+        params = saved.get("params") if isinstance(saved, Mapping) else None
+        if not isinstance(params, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in params):
+            raise StateError(f"optimizer state dict: param_groups[{g}] has no 'params' list of indices, found "
+                             f"{_short(params if isinstance(saved, Mapping) else saved)}; pass optimizer.state_dict() of an Adam/AdamW")
     if len(saved_groups) != len(optimizer.param_groups) or any(
         len(s["params"]) != len(g["params"]) for s, g in zip(saved_groups, optimizer.param_groups)
     ):
@@ -221,11 +233,25 @@ def load_optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW, state_d
                          f"this optimizer's {[len(g['params']) for g in optimizer.param_groups]}; build the optimizer "
                          "with the same param groups as the one that saved it")
     slot_of = {s.tensor: s for s in store.layout.tensors}
+    for g, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):  # all checks before the first write
+        _check_hyperparameters(saved, group, g)
+        for saved_index, p in zip(saved["params"], group["params"]):
+            st = saved_state.get(saved_index)
+            if st is not None:
+                _check_param_state(st, saved_index, slot_of[optimizer.entry_of(p).tensor])
+
+
+def load_optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW, state_dict: Mapping[str, Any]) -> None:
+    """Inverse of `optimizer_state_dict`; also loads a plain `torch.optim.AdamW` / `Adam` state dict
+    over the same params in the same group structure. M/V of params without state become zero."""
+    check_optimizer_state_dict(store, optimizer, state_dict)
+    saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    slot_of = {s.tensor: s for s in store.layout.tensors}
     cache = _ChunkCache(store)
     for saved, group in zip(saved_groups, optimizer.param_groups):
         for key, value in saved.items():
             if key not in ("params", "param_names") and key in group:
-                group[key] = value
+                group[key] = tuple(value) if isinstance(group[key], tuple) else value
         for saved_index, p in zip(saved["params"], group["params"]):
             entry = optimizer.entry_of(p)
             slot = slot_of[entry.tensor]
@@ -235,13 +261,6 @@ def load_optimizer_state_dict(store: ChunkSource, optimizer: ChunkAdamW, state_d
                 cache.set_slot(ChunkList.M, slot, torch.zeros(slot.shape))
                 cache.set_slot(ChunkList.V, slot, torch.zeros(slot.shape))
                 continue
-            for key in ("step", "exp_avg", "exp_avg_sq"):
-                if key not in st:
-                    raise StateError(f"optimizer state dict: state[{saved_index}] has no {key!r}; pass an Adam/AdamW state dict")
-            for key in ("exp_avg", "exp_avg_sq"):
-                if tuple(st[key].shape) != tuple(slot.shape):
-                    raise StateError(f"optimizer state dict: state[{saved_index}][{key!r}] has shape {tuple(st[key].shape)}, "
-                                     f"param {slot.names[0]!r} has {tuple(slot.shape)}; the param groups are in another order")
             step = st["step"]
             step = step.detach().to("cpu", torch.float32, copy=True).reshape(()) if isinstance(step, Tensor) else torch.tensor(float(step))
             optimizer.state[p] = {"step": step}
@@ -272,6 +291,9 @@ def save(path: str | Path, store: ChunkSource, *, model: nn.Module | None = None
     schedule = getattr(store, "schedule", None)
     if schedule is not None and hasattr(schedule, "content_digest"):
         ckpt["schedule_digest"] = schedule.content_digest()
+        world_size = _world_size(schedule)
+        if world_size is not None:
+            ckpt["schedule_world_size"] = world_size
     ckpt["content_digest"] = checkpoint_digest(ckpt)
     buffer = io.BytesIO()
     torch.save(ckpt, buffer)
@@ -340,6 +362,129 @@ def _hash_value(h: Any, value: Any) -> None:
         raise TypeError(f"cannot digest a {type(value).__name__}")
 
 
+# ------------------------------------------------------------------------------- checks of what a checkpoint holds
+# A checkpoint's digest proves the file is what `save` wrote, not that what was written (or built by
+# hand, or resealed) is something to train from: a NaN `step` or `lr`, an `int` where a tensor
+# belongs, a scaler with scale 0. Each is refused here with one line before anything is written
+# (the checkpoint fuzz of issue 21 reached AttributeError/TypeError inside restore and the fused kernel).
+
+_STATE_FIX = "resume from a checkpoint written by executor.state.save (or optimizer.state_dict() of an Adam/AdamW)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, Tensor) else f"a tensor of shape {tuple(value.shape)}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_tensor_map(values: Any, what: str) -> None:
+    if not isinstance(values, Mapping):
+        raise StateError(f"{what}: expected a map of names to tensors, found {_short(values)}; {_STATE_FIX}")
+    for key, value in values.items():
+        if not isinstance(key, str) or not isinstance(value, Tensor):
+            raise StateError(f"{what}: {key!r}: expected a tensor under a name, found {_short(value)}; {_STATE_FIX}")
+
+
+def _real(value: Any) -> float | None:
+    """A real number (int, float, or a one-element tensor) as a float; None for anything else."""
+    if isinstance(value, Tensor):
+        return float(value.reshape(-1)[0]) if value.numel() == 1 and not value.is_complex() else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+# The ranges torch.optim.Adam/AdamW refuse at construction (torch/optim/adam.py __init__: "Invalid
+# learning rate", "Invalid epsilon value", "Invalid beta parameter at index i", "Invalid weight_decay
+# value"), plus finiteness, which torch does not check and the fused kernel silently propagates.
+_GROUP_RANGES: dict[str, tuple[float, float, str]] = {
+    "lr": (0.0, math.inf, "a finite number >= 0"),
+    "eps": (0.0, math.inf, "a finite number >= 0"),
+    "weight_decay": (0.0, math.inf, "a finite number >= 0"),
+}
+
+
+def _check_hyperparameters(saved: Mapping[str, Any], group: Mapping[str, Any], g: int) -> None:
+    """Each saved setting has the kind of value this optimizer's group holds (a finite number for a
+    number, True/False for a flag, a pair of betas in [0, 1))."""
+    for key, value in saved.items():
+        if key in ("params", "param_names") or key not in group:
+            continue
+        where = f"optimizer state dict: param_groups[{g}].{key}"
+        current = group[key]
+        if key == "betas":
+            betas = [_real(b) for b in value] if isinstance(value, (list, tuple)) and len(value) == 2 else [None]
+            if any(b is None or not 0.0 <= b < 1.0 for b in betas):
+                raise StateError(f"{where}: expected two numbers in [0, 1), found {_short(value)}; {_STATE_FIX}")
+        elif key == "amsgrad":
+            if value is not False:
+                raise StateError(f"{where}: expected False (ChunkAdamW has no max_exp_avg_sq chunk list), found "
+                                 f"{_short(value)}; load the state of an optimizer without amsgrad")
+        elif key in ("maximize", "decoupled_weight_decay"):  # the flags the kernel reads; foreach/fused/... may be None
+            if not isinstance(value, bool):
+                raise StateError(f"{where}: expected True or False, found {_short(value)}; {_STATE_FIX}")
+        elif _real(current) is not None or key in _GROUP_RANGES:
+            low, high, words = _GROUP_RANGES.get(key, (-math.inf, math.inf, "a finite number"))
+            number = _real(value)
+            if number is None or not math.isfinite(number) or not low <= number <= high:
+                raise StateError(f"{where}: expected {words}, found {_short(value)}; {_STATE_FIX}")
+
+
+def _check_param_state(st: Any, index: Any, slot: TensorSlot) -> None:
+    where = f"optimizer state dict: state[{index}]"
+    if not isinstance(st, Mapping):
+        raise StateError(f"{where}: expected a map with 'step', 'exp_avg', 'exp_avg_sq', found {_short(st)}; {_STATE_FIX}")
+    for key in ("step", "exp_avg", "exp_avg_sq"):
+        if key not in st:
+            raise StateError(f"{where} has no {key!r}; pass an Adam/AdamW state dict")
+    step = _real(st["step"])
+    if step is None or not math.isfinite(step) or step < 0 or step != int(step):
+        raise StateError(f"{where}.step: expected a whole number >= 0 (steps taken), found {_short(st['step'])}; {_STATE_FIX}")
+    for key in ("exp_avg", "exp_avg_sq"):
+        value = st[key]
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            raise StateError(f"{where}.{key}: expected a floating-point tensor, found {_short(value)}; {_STATE_FIX}")
+        if tuple(value.shape) != tuple(slot.shape):
+            raise StateError(f"optimizer state dict: state[{index}][{key!r}] has shape {tuple(value.shape)}, "
+                             f"param {slot.names[0]!r} has {tuple(slot.shape)}; the param groups are in another order")
+
+
+def _check_loss_scaler(saved: Any) -> None:
+    """A DynamicLossScaler / torch.amp.GradScaler state: the bounds DynamicLossScaler.__init__ enforces."""
+    rules = {"scale": (lambda x: 0 < x < math.inf, "a finite number > 0"),
+             "growth_factor": (lambda x: 1 < x < math.inf, "a finite number > 1"),
+             "backoff_factor": (lambda x: 0 < x < 1, "a number in (0, 1)"),
+             "growth_interval": (lambda x: x >= 1 and x == int(x) and x < 2**63, "a whole number >= 1"),
+             "_growth_tracker": (lambda x: x >= 0 and x == int(x) and x < 2**63, "a whole number >= 0")}
+    if not isinstance(saved, Mapping):
+        raise StateError(f"checkpoint: loss_scaler: expected the scaler's state_dict(), found {_short(saved)}; {_STATE_FIX}")
+    for key, (ok, words) in rules.items():
+        number = _real(saved.get(key))
+        if number is None or math.isnan(number) or not ok(number):
+            raise StateError(f"checkpoint: loss_scaler.{key}: expected {words}, found {_short(saved.get(key))}; {_STATE_FIX}")
+
+
+def check_checkpoint(ckpt: Any) -> None:
+    """The entries `restore` reads have the shape `save` gives them (one line on the first that does not).
+
+    The per-param optimizer state is checked against the layout by `load_optimizer_state_dict`, also
+    before it writes anything."""
+    if not isinstance(ckpt, Mapping) or "model" not in ckpt:
+        raise StateError(f"checkpoint: expected a map with a 'model' entry, found {_short(ckpt)}; {_STATE_FIX}")
+    _check_tensor_map(ckpt["model"], "checkpoint: model")
+    if ckpt.get("master") is not None:
+        _check_tensor_map(ckpt["master"], "checkpoint: master")
+    if "optimizer" in ckpt and not isinstance(ckpt["optimizer"], Mapping):
+        raise StateError(f"checkpoint: optimizer: expected optimizer.state_dict(), found {_short(ckpt['optimizer'])}; {_STATE_FIX}")
+    if "loss_scaler" in ckpt:
+        _check_loss_scaler(ckpt["loss_scaler"])
+
+
+def _world_size(schedule: Any) -> int | None:
+    """The ranks a schedule runs on (`header.world_size`); None for an object without a header."""
+    value = getattr(getattr(schedule, "header", None), "world_size", None)
+    return value if isinstance(value, int) else None
+
+
 def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | None = None,
             optimizer: ChunkAdamW | None = None, loss_scaler: Any = None, strict: bool = True) -> None:
     """Apply a checkpoint (from `load`) to the chunks, the optimizer, the model's buffers and the scaler.
@@ -347,14 +492,22 @@ def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | N
     A checkpoint saved under a schedule is refused by a store that runs another one (before anything
     is written): the layout may place the same names elsewhere, and resuming silently would hide it.
     """
+    check_checkpoint(ckpt)
     saved_under = ckpt.get("schedule_digest")
     schedule = getattr(store, "schedule", None)
     if saved_under is not None and schedule is not None and hasattr(schedule, "content_digest"):
         running = schedule.content_digest()
-        if saved_under != running:
+        saved_world, running_world = ckpt.get("schedule_world_size"), _world_size(schedule)
+        # another world size is a re-shard (executor/distributed.py: the file is plain, keyed by name,
+        # and loads into any world size), which needs another schedule; the same world size under
+        # another schedule is an edited or re-solved plan: refused
+        resharding = isinstance(saved_world, int) and running_world is not None and saved_world != running_world
+        if saved_under != running and not resharding:
             raise StateError(f"checkpoint was saved under schedule {str(saved_under)[:19]}..., this engine runs "
                              f"{running[:19]}...; attach the schedule it was saved with, or load its 'model' and "
                              "'optimizer' entries with model.load_state_dict / optimizer.load_state_dict")
+    if optimizer is not None and "optimizer" in ckpt:  # before the model is written: all or nothing
+        check_optimizer_state_dict(store, optimizer, ckpt["optimizer"])
     load_model_state_dict(store, ckpt["model"], model, strict=strict, master=ckpt.get("master"))
     if optimizer is not None and "optimizer" in ckpt:
         load_optimizer_state_dict(store, optimizer, ckpt["optimizer"])

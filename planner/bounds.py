@@ -31,8 +31,8 @@ from schemas.schedule import ActivationMode, ChunkList, Tier
 def physical_lower_bound_seconds(data: PlacementInput) -> float:
     """max over channels of unavoidable work / rate, and the device's own compute."""
     compute = sum(st.compute_seconds for st in data.stages)
-    trainable = [g for g in data.groups if g.trainable]
-    param_bytes = sum(g.count * g.param_bytes for g in data.groups)
+    trainable = [g for g in data.chunk_classes if g.trainable]
+    param_bytes = sum(g.count * g.param_bytes for g in data.chunk_classes)
     os_bytes = sum(g.count * g.os_bytes for g in trainable)
     elements = sum(g.count * g.elements for g in trainable)
     if not elements:

@@ -21,8 +21,8 @@ from planner.errors import PlannerError
 COMMANDS = {
     "validate": "planner.show",
     "show": "planner.show",
-    "solve": "planner.solve",
-    "simulate": "planner.simulate",
+    "solve": "planner.solve_cli",
+    "simulate": "planner.simulate_cli",
     "compare": "planner.compare",
     "maxsize": "planner.maxsize",
     "diff": "planner.diff",

@@ -108,9 +108,9 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
         except InfeasibleError as exc:
             why = str(exc)
             if name == TIDE and problem.world_size > 1:
-                # the placement model is not rank-aware; tide also tried the baselines' decision sets
-                why = (f"with {problem.world_size} ranks neither tide's placement model (not rank-aware: it does not "
-                       f"shard optimizer state over the ranks) nor the baselines' decision sets fit: {why}")
+                # tide tried its rank-aware placement model and the baselines' decision sets
+                why = (f"with {problem.world_size} ranks neither tide's placement model nor the baselines' "
+                       f"decision sets fit: {why}")
             raw.append((name, None, None, why))
             continue
         except _Unavailable as exc:

@@ -154,7 +154,7 @@ def _device_step_os_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Se
     per_element = sum(problem.list_itemsize(x) for x in problem.os_lists)
     ws = problem.world_size
     best = 0
-    for g in range(0, len(layout.chunks), ws):  # each owner fetches its own chunk of the group
+    for g in range(0, len(layout.chunks), ws):  # each owner fetches its own chunk of the comm group
         fetched = [layout.chunks[p.chunk].elements * per_element for p in chunk_plans[g:g + ws]
                    if p.optimizer_tier is Tier.DEVICE and p.os_tier is not Tier.DEVICE]
         best = max(best, *fetched, 0)

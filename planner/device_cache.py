@@ -44,30 +44,30 @@ class CachePlan:
     problem: Problem
     decisions: Decisions
     ws: int
-    n_groups: int
-    group_chunks: list[range]
-    trainable_chunks: list[list[int]]  # per group: chunks holding trainable params
-    entry_bytes: np.ndarray  # per entry (2 g + kind): DEVICE bytes of the whole group
+    n_comm_groups: int
+    comm_group_chunks: list[range]
+    trainable_chunks: list[list[int]]  # per comm group: chunks holding trainable params
+    entry_bytes: np.ndarray  # per entry (2 g + kind): DEVICE bytes of the whole comm group
     chunk_bytes: dict[ChunkList, list[int]]
-    persistent: list[bool]  # per group
-    optimizer_tier: list[Tier]  # per group
+    persistent: list[bool]  # per comm group
+    optimizer_tier: list[Tier]  # per comm group
     os_tier: list[Tier]  # per chunk
     home: list[Tier]  # per chunk: HOST or NVME home of a non-persistent PARAM
     tick_moment: list[int] = field(default_factory=list)
     tick_budget: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     needs: list[list[int]] = field(default_factory=list)  # per tick: entries needed on DEVICE
     first_tick: dict[int, int] = field(default_factory=dict)  # moment -> its first tick
-    device_step_tick: dict[int, int] = field(default_factory=dict)  # group -> tick of its DEVICE step
-    host_step_tick: dict[int, int] = field(default_factory=dict)  # group -> tick of its HOST step
-    grad_first_tick: dict[int, int] = field(default_factory=dict)  # group -> first backward use
-    grad_final_tick: dict[int, int] = field(default_factory=dict)  # group -> tick after its last backward use
+    device_step_tick: dict[int, int] = field(default_factory=dict)  # comm group -> tick of its DEVICE step
+    host_step_tick: dict[int, int] = field(default_factory=dict)  # comm group -> tick of its HOST step
+    grad_first_tick: dict[int, int] = field(default_factory=dict)  # comm group -> first backward use
+    grad_final_tick: dict[int, int] = field(default_factory=dict)  # comm group -> tick after its last backward use
 
 
 def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
-    layout, ws = d.layout, 1 if d.replicated else problem.world_size  # replicated (DDP): a chunk is its own group
+    layout, ws = d.layout, 1 if d.replicated else problem.world_size  # replicated (DDP): a chunk is its own comm group
     n_chunks = len(layout.chunks)
-    n_groups = math.ceil(n_chunks / ws)
-    group_chunks = [range(g * ws, min((g + 1) * ws, n_chunks)) for g in range(n_groups)]
+    n_comm_groups = math.ceil(n_chunks / ws)
+    comm_group_chunks = [range(g * ws, min((g + 1) * ws, n_chunks)) for g in range(n_comm_groups)]
     trainable = [set() for _ in range(n_chunks)]
     chunk_of: dict[int, int] = {}
     for slot in layout.tensors:
@@ -76,17 +76,17 @@ def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
             trainable[slot.chunk].add(slot.tensor)
     chunk_bytes = {x: [c.elements * problem.list_itemsize(x) for c in layout.chunks] for x in problem.lists}
     pbytes = chunk_bytes[ChunkList.PARAM]
-    entry_bytes = np.zeros(2 * n_groups, dtype=np.int64)
-    for g, chunks in enumerate(group_chunks):
+    entry_bytes = np.zeros(2 * n_comm_groups, dtype=np.int64)
+    for g, chunks in enumerate(comm_group_chunks):
         entry_bytes[2 * g + PARAM_ENTRY] = sum(pbytes[c] for c in chunks)
         entry_bytes[2 * g + GRAD_ENTRY] = sum(pbytes[c] for c in chunks if trainable[c])
-    persistent = [any(c in d.persistent_chunks for c in chunks) for chunks in group_chunks]
+    persistent = [any(c in d.persistent_chunks for c in chunks) for chunks in comm_group_chunks]
     home = list(d.param_home_tiers) or [Tier.HOST] * n_chunks
     plan = CachePlan(
-        problem=problem, decisions=d, ws=ws, n_groups=n_groups, group_chunks=group_chunks,
-        trainable_chunks=[[c for c in chunks if trainable[c]] for chunks in group_chunks],
+        problem=problem, decisions=d, ws=ws, n_comm_groups=n_comm_groups, comm_group_chunks=comm_group_chunks,
+        trainable_chunks=[[c for c in chunks if trainable[c]] for chunks in comm_group_chunks],
         entry_bytes=entry_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
-        optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in group_chunks],
+        optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in comm_group_chunks],
         os_tier=[p.os_tier for p in d.chunk_plans], home=home,
     )
     _ticks(plan, chunk_of, trainable)
@@ -94,7 +94,7 @@ def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
 
 
 def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]]) -> None:
-    """One tick per forward/backward moment; the OPTIMIZER moment gets one more per DEVICE-stepped group."""
+    """One tick per forward/backward moment; the OPTIMIZER moment gets one more per DEVICE-stepped comm group."""
     problem, ws = plan.problem, plan.ws
     opt_moment = problem.optimizer_moment
     budgets = plan.decisions.param_device_budget_bytes
@@ -103,8 +103,8 @@ def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]])
         plan.first_tick[m.id] = len(plan.tick_moment)
         needs: list[int] = []
         if m.phase is not Phase.OPTIMIZER:
-            groups = sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of})
-            needs = [2 * g + PARAM_ENTRY for g in groups]
+            comm_groups = sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of})
+            needs = [2 * g + PARAM_ENTRY for g in comm_groups]
             if m.phase is Phase.BACKWARD:
                 for g in sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of and t in trainable[chunk_of[t]]}):
                     needs.append(2 * g + GRAD_ENTRY)
@@ -124,7 +124,7 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
     on DEVICE); HOST steps run at the OPTIMIZER moment's first tick unless they overlap backward."""
     opt_moment = plan.problem.optimizer_moment
     base = len(plan.tick_moment) - 1
-    stepped = [g for g in range(plan.n_groups) if plan.trainable_chunks[g]]
+    stepped = [g for g in range(plan.n_comm_groups) if plan.trainable_chunks[g]]
     device = [g for g in stepped if plan.optimizer_tier[g] is Tier.DEVICE]
     device.sort(key=lambda g: (-grad_ticks[g][-1] if g in grad_ticks else 1, g))
     for g in stepped:
@@ -139,7 +139,7 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
 
 def check_budget(plan: CachePlan) -> None:
     """The entries a tick needs (and the pinned ones) must fit in its budget."""
-    pinned = sum(int(plan.entry_bytes[2 * g]) for g in range(plan.n_groups) if plan.persistent[g])
+    pinned = sum(int(plan.entry_bytes[2 * g]) for g in range(plan.n_comm_groups) if plan.persistent[g])
     worst = None
     for tick, needs in enumerate(plan.needs):
         need = pinned + sum(int(plan.entry_bytes[e]) for e in needs
@@ -231,7 +231,7 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
     intervals: list[CacheInterval] = []
     allocated: set[int] = set()
     occupied = 0
-    for g in range(plan.n_groups):
+    for g in range(plan.n_comm_groups):
         if plan.persistent[g]:
             e = 2 * g + PARAM_ENTRY
             iv = CacheInterval(entry=e, start=0, first_use=-1, last_use=-1, pinned=True)
@@ -295,7 +295,7 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
 def _release_at_phase_end(plan: CachePlan, tick: int, needs: list[int], resident: dict[int, CacheInterval],
                           victims: _Victims, next_use) -> int:
     """End the stay of every needed PARAM entry whose next use is in another phase (or never):
-    a sharded system releases a gathered group after its last use in forward and in backward."""
+    a sharded system releases a gathered comm group after its last use in forward and in backward."""
     phase = plan.problem.moments[plan.tick_moment[tick]].phase
     freed = 0
     for e in needs:

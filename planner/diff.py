@@ -1,24 +1,8 @@
 """`python -m planner diff OLD NEW`: what changed between two schedules, and what it costs.
 
 A schedule under version control changes when the planner, the model or the hardware changes; CI
-shows the change as this diff. The sections, in order:
-
-1. inputs (only where they differ): trace and hardware digests, hardware name, policy, planner
-   version, budgets per tier -- stated first, because everything below follows from them;
-2. prediction: iteration time, time per phase (sum of its stages' predicted seconds) and the
-   stages that changed most, peak bytes per tier -- each with its delta and percentage;
-3. chunk layout: chunk size, chunk count, lists, tensors that moved to another chunk or offset
-   (matched by name, so schedules of different traces compare where they can);
-4. residency at the start of the iteration: chunks per chunk list and tier, the chunks whose tiers
-   changed (largest by bytes), OS tier and optimizer tier changes per chunk;
-5. activation plan: blocks whose mode changed, as ranges of blocks;
-6. actions: count and bytes per channel, count per op;
-7. the planner's notes (only where they differ): its reasoning, e.g. the simulated time of every
-   candidate plan -- excerpted around the first difference here, whole in `--json`.
-
-Everything is aggregated, with the top movers listed, so a 96-block model fits one screen.
-Identical schedules (same bytes, or equal objects) give exactly one line starting "identical:".
-`--fail-if-slower PCT` / `--fail-if-peak-grows PCT` turn a regression into exit code 1.
+shows the change as this diff. Its sections and exit codes: Note [diff sections] above
+`diff_schedules`.
 """
 
 from __future__ import annotations
@@ -268,6 +252,28 @@ def _prediction(old: Schedule, new: Schedule) -> PredictionDiff:
         lower_bound_seconds=Change(name="lower bound", old=old.header.lower_bound_seconds,
                                    new=new.header.lower_bound_seconds, unit="seconds"),
     )
+
+
+# Note [diff sections]:
+# A schedule under version control changes when the planner, the model or the hardware changes; CI
+# shows the change as this diff. The sections, in order:
+#
+# 1. inputs (only where they differ): trace and hardware digests, hardware name, policy, planner
+#    version, budgets per tier -- stated first, because everything below follows from them;
+# 2. prediction: iteration time, time per phase (sum of its stages' predicted seconds) and the
+#    stages that changed most, peak bytes per tier -- each with its delta and percentage;
+# 3. chunk layout: chunk size, chunk count, lists, tensors that moved to another chunk or offset
+#    (matched by name, so schedules of different traces compare where they can);
+# 4. residency at the start of the iteration: chunks per chunk list and tier, the chunks whose tiers
+#    changed (largest by bytes), OS tier and optimizer tier changes per chunk;
+# 5. activation plan: blocks whose mode changed, as ranges of blocks;
+# 6. actions: count and bytes per channel, count per op;
+# 7. the planner's notes (only where they differ): its reasoning, e.g. the simulated time of every
+#    candidate plan -- excerpted around the first difference here, whole in `--json`.
+#
+# Everything is aggregated, with the top movers listed, so a 96-block model fits one screen.
+# Identical schedules (same bytes, or equal objects) give exactly one line starting "identical:".
+# `--fail-if-slower PCT` / `--fail-if-peak-grows PCT` turn a regression into exit code 1.
 
 
 def diff_schedules(old: Schedule, new: Schedule, *, old_label: str = "OLD", new_label: str = "NEW",

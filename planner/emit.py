@@ -46,7 +46,7 @@ class _Emitter:
         self.add(tick, op=Op.EVICT, list=lst, chunk=chunk, src=tier)
 
     def collective(self, tick: int, op: Op, lst: ChunkList, group: int) -> None:
-        chunks = self.plan.group_chunks[group]
+        chunks = self.plan.comm_group_chunks[group]
         per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
         self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bytes=per_rank)
 
@@ -104,7 +104,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             if iv.allocate:
                 continue
             if iv.entry & 1 == PARAM_ENTRY:
-                for c in plan.group_chunks[iv.entry >> 1]:
+                for c in plan.comm_group_chunks[iv.entry >> 1]:
                     if plan.home[c] is Tier.NVME:
                         out.evict(tick, ChunkList.PARAM, c, Tier.HOST)  # the staging copy
             else:
@@ -249,7 +249,7 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
 def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> None:
     g, kind = iv.entry >> 1, iv.entry & 1
     if kind == PARAM_ENTRY:
-        for c in plan.group_chunks[g]:
+        for c in plan.comm_group_chunks[g]:
             if iv.write_back:  # updated on DEVICE by its optimizer step: home is stale
                 out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
                 if plan.home[c] is Tier.NVME:
@@ -274,7 +274,7 @@ def _emit_start(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) ->
             else:
                 out.copy(tick, op, ChunkList.GRAD, c, Tier.HOST, Tier.DEVICE, deadline=use)
         return
-    for c in plan.group_chunks[g]:
+    for c in plan.comm_group_chunks[g]:
         if plan.home[c] is Tier.NVME:
             out.copy(tick, op, ChunkList.PARAM, c, Tier.NVME, Tier.HOST, deadline=use)
         out.copy(tick, op, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=use)

@@ -6,8 +6,7 @@ aggregation of chunks into counts, a chunk may arrive in *any* stage before its 
 placement model looks LOOKAHEAD_STAGES back), and every candidate chunk size is solved to
 optimality rather than pruned by LP values.
 
-Integer scaling (CP-SAT has no continuous variables): bytes stay bytes; time is counted in units
-small enough that the cheapest nonzero item costs >= 100 units, each item's duration rounded up.
+Integers only: Note [exact integer scaling] in `ExactModel._choose_time_unit`.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from planner.placement import (
     PlacementInput,
     PlacementSolution,
     act_windows,
-    group_gaps,
+    chunk_class_gaps,
     placement_input,
 )
 from planner.problem import Problem
@@ -41,17 +40,17 @@ MAX_EXACT_CHUNKS = 400  # beyond this the per-chunk model is not "small": use th
 EXACT_LOOKAHEAD = 10**6  # any stage of a gap
 
 
-def split_groups(data: PlacementInput) -> PlacementInput:
-    """The same input with one group per chunk (per-chunk decisions)."""
-    groups = []
-    for g in data.groups:
+def split_chunk_classes(data: PlacementInput) -> PlacementInput:
+    """The same input with one chunk class per chunk (per-chunk decisions)."""
+    classes = []
+    for g in data.chunk_classes:
         for c in g.chunks:
-            groups.append(dataclasses.replace(g, id=len(groups), chunks=(c,)))
-    return dataclasses.replace(data, groups=tuple(groups))
+            classes.append(dataclasses.replace(g, id=len(classes), chunks=(c,)))
+    return dataclasses.replace(data, chunk_classes=tuple(classes))
 
 
 class ExactModel:
-    """CP-SAT over every chunk (count 1 per group): booleans resident / arriving / refreshed per
+    """CP-SAT over every chunk (count 1 per chunk class): booleans resident / arriving / refreshed per
     stage, OS tier and persistence per chunk, activation mode per block, integer stage times."""
 
     def __init__(self, data: PlacementInput) -> None:
@@ -65,10 +64,13 @@ class ExactModel:
         self._add_objective()
 
     # -- scaling -------------------------------------------------------------------------
+    # Note [exact integer scaling]:
+    # Integer scaling (CP-SAT has no continuous variables): bytes stay bytes; time is counted in units
+    # small enough that the cheapest nonzero item costs >= 100 units, each item's duration rounded up.
     def _choose_time_unit(self) -> None:
         d = self.data
         items = [st.compute_seconds for st in d.stages]
-        for g in d.groups:
+        for g in d.chunk_classes:
             items += [g.param_bytes / d.h2d_bytes_per_s, g.param_bytes / d.d2h_bytes_per_s,
                       g.elements * d.cpu_adam_seconds_per_element, g.elements * d.gpu_adam_seconds_per_element]
             if d.has_nvme:
@@ -88,15 +90,15 @@ class ExactModel:
         d, n, m = self.data, self.n, self.model
         horizon = self._t(sum(st.compute_seconds for st in d.stages)) * 10 + self._t(
             sum(g.param_bytes * 4 / d.h2d_bytes_per_s + g.os_bytes * 4 / max(d.nvme_write_bytes_per_s, 1.0)
-                + g.elements * d.cpu_adam_seconds_per_element for g in d.groups)
+                + g.elements * d.cpu_adam_seconds_per_element for g in d.chunk_classes)
             + sum(b.activation_bytes * 4 / d.h2d_bytes_per_s + b.recompute_seconds for b in d.blocks)) + 10
         self.horizon = horizon
         self.stage_time = [m.NewIntVar(0, horizon, f"stage_time[{s}]") for s in range(n)]
         self.res, self.arr, self.refresh = [], [], []
         self.pers, self.od, self.oh, self.on = [], [], [], []
         self.gaps = []
-        for g in d.groups:
-            gaps = group_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, EXACT_LOOKAHEAD)
+        for g in d.chunk_classes:
+            gaps = chunk_class_gaps(g, n, d.optimizer_stage, d.optimizer_overlap, EXACT_LOOKAHEAD)
             self.gaps.append(gaps)
             res = [m.NewBoolVar(f"resident[{g.id},{s}]") for s in range(n)]
             arr = [m.NewBoolVar(f"arrive[{g.id},{s}]") for s in range(n)]
@@ -154,7 +156,7 @@ class ExactModel:
     def _param_terms(self, s: int) -> list[Any]:
         d = self.data
         terms: list[Any] = []
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             terms.append((self.res[gi][s] + self.arr[gi][s]) * g.param_bytes)
             if g.trainable and g.first_backward_stage >= 0:
                 if g.first_backward_stage <= s <= g.last_backward_stage:
@@ -166,7 +168,7 @@ class ExactModel:
     def _device_terms(self, s: int) -> list[Any]:
         d = self.data
         terms = [int(d.stages[s].non_model_bytes)] + self._param_terms(s)
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             terms.append(self.od[gi] * g.os_bytes)
         for b, choice in zip(d.blocks, self.act):
             if b.forward_stage < 0 or b.backward_stage < 0:
@@ -181,8 +183,8 @@ class ExactModel:
     def _host_terms(self, s: int) -> list[Any]:
         d = self.data
         terms: list[Any] = []
-        trainable = [g for g in d.groups if g.trainable and g.first_backward_stage >= 0]
-        for gi, g in enumerate(d.groups):
+        trainable = [g for g in d.chunk_classes if g.trainable and g.first_backward_stage >= 0]
+        for gi, g in enumerate(d.chunk_classes):
             terms.append((1 - self.od[gi]) * g.param_bytes + self.oh[gi] * g.os_bytes)
             if g.trainable and g.first_backward_stage >= 0:
                 last = g.last_backward_stage if d.optimizer_overlap else self.n - 1
@@ -190,7 +192,7 @@ class ExactModel:
                     terms.append((1 - self.od[gi]) * g.param_bytes)
                 if d.optimizer_overlap and g.first_backward_stage <= s <= g.last_backward_stage:
                     terms.append(self.on[gi] * g.os_bytes)
-        stepped = [g for g in d.groups if g.trainable]
+        stepped = [g for g in d.chunk_classes if g.trainable]
         if d.has_nvme and stepped:  # as planner.placement: one more chunk of NVME OS staged on HOST
             staged = max(g.os_bytes for g in stepped) * self.any_nvme_os
             if d.optimizer_overlap and trainable:
@@ -211,7 +213,7 @@ class ExactModel:
         for s in range(self.n):
             m.Add(sum(self._device_terms(s)) <= int(d.device_bytes))
             m.Add(sum(self._host_terms(s)) <= int(d.host_bytes))
-        nvme = [self.on[gi] * g.os_bytes for gi, g in enumerate(d.groups)]
+        nvme = [self.on[gi] * g.os_bytes for gi, g in enumerate(d.chunk_classes)]
         nvme += [b.activation_bytes * c[ActivationMode.SWAP_NVME] for b, c in zip(d.blocks, self.act)]
         m.Add(sum(nvme) <= int(d.nvme_bytes))
 
@@ -225,7 +227,7 @@ class ExactModel:
         cpu_rel: list[list[Any]] = [[] for _ in range(n)]
         os_rel: list[list[Any]] = [[] for _ in range(n)]
         rd, wr = d.nvme_read_bytes_per_s or 1.0, d.nvme_write_bytes_per_s or 1.0
-        for gi, g in enumerate(d.groups):
+        for gi, g in enumerate(d.chunk_classes):
             up = self._t(g.param_bytes / d.h2d_bytes_per_s)
             for s in range(n):
                 h2d[s].append((self.arr[gi][s] + self.refresh[gi][s]) * up)
@@ -309,16 +311,16 @@ class ExactModel:
             activation_modes=modes,
             stage_seconds=tuple(v(t) * u for t in self.stage_time),
             device_bytes_per_stage=device, host_bytes_per_stage=host, param_bytes_per_stage=param_bytes,
-            nvme_bytes=float(sum(v(on) * g.os_bytes for on, g in zip(self.on, d.groups))),
+            nvme_bytes=float(sum(v(on) * g.os_bytes for on, g in zip(self.on, d.chunk_classes))),
             channel_bytes={}, solve_seconds=seconds, solver="CP-SAT exact",
         )
 
 
 def solve_exact(data: PlacementInput, *, time_limit_seconds: float = 60.0) -> PlacementSolution:
     """The per-chunk CP-SAT optimum of one layout's placement (raises PlacementInfeasible)."""
-    split = split_groups(data)
-    if len(split.groups) > MAX_EXACT_CHUNKS:
-        raise PlannerError(f"--exact is for small traces: this layout has {len(split.groups)} chunks "
+    split = split_chunk_classes(data)
+    if len(split.chunk_classes) > MAX_EXACT_CHUNKS:
+        raise PlannerError(f"--exact is for small traces: this layout has {len(split.chunk_classes)} chunks "
                            f"(at most {MAX_EXACT_CHUNKS}); drop --exact to use the default planner")
     return ExactModel(split).solve(time_limit_seconds=time_limit_seconds)
 
@@ -334,7 +336,7 @@ def solve_exact_report(problem: Problem, *, optimizer_overlap: bool, time_limit_
         progress(f"chunk size {size}: exact CP-SAT")
         layout = build_layout(problem, chunk_elements=size)
         data = placement_input(problem, layout, optimizer_overlap=optimizer_overlap)
-        split = split_groups(data)
+        split = split_chunk_classes(data)
         left = (deadline - time.perf_counter()) / max(1, len(sizes) - i)
         try:
             sol = solve_exact(data, time_limit_seconds=max(1.0, left))
@@ -368,5 +370,5 @@ def solve_exact_report(problem: Problem, *, optimizer_overlap: bool, time_limit_
                        mip_gap=sol.gap)
 
 
-__all__ = ["ExactModel", "MAX_EXACT_CHUNKS", "solve_exact", "solve_exact_report", "split_groups"]
+__all__ = ["ExactModel", "MAX_EXACT_CHUNKS", "solve_exact", "solve_exact_report", "split_chunk_classes"]
 

@@ -1,30 +1,8 @@
 """Analytic traces of model families, without torch (tests, `maxsize`, and sizes nobody recorded).
 
 `gpt_trace` builds the trace that `python -m executor record --meta` records for tide's own GPT
-(`executor.models.GPT`, nanoGPT-like: learned positions, pre-LayerNorm blocks of nn.Linear layers
-with biases, no dropout, LM head tied to `wte` and applied functionally in the root's forward).
-Attention is the fused SDPA kernel and the loss head the chunked linear + cross-entropy by default
-(`attention="sdpa"`, `loss="chunked"`, as the model records them); `attention="math"` /
-`loss="full"` give the written-out variants (the scores and the full logits kept). Units are the modules with moments of their own (`executor.hooks`): `wte`,
-`wpe`, the blocks `h.0 .. h.L-1`, `ln_f`; the moment sequence is
-
-    root pre_forward, (wte, wpe, h.0 .. h.L-1, ln_f) pre/post_forward   [head + loss after ln_f]
-    root post_forward, root pre_backward                                 [loss + head backward]
-    (ln_f, h.L-1 .. h.0, wpe, wte) pre/post_backward, root post_backward, optimizer_step
-
-What is exact (equal to a meta recording of the same config): tensors (names, shapes, order), the
-moment sequence and the tensors each moment touches, FLOPs (a unit's forward: 2 x weight-matrix
-params x tokens, plus 4 b s^2 h for a block's attention, QK^T and AV; the head 2 V h tokens;
-backward twice the forward, Narayanan et al. 2021), and the activations a block saves: 16 s b h
-elements (LayerNorm inputs 2; inputs of c_attn, attention c_proj, c_fc 3; q, k, v 3; GELU input
-and MLP c_proj input 4 + 4; cf. Korthikanti et al. 2022 Eq. 1, here without dropout masks) and the
-LayerNorm statistics; with SDPA the fp32 (a, s, b) logsumexp, written out the a s^2 b softmax and
-the s x s causal mask. SDPA's backward FLOPs are torch's flop-counter figure (5 matmuls: 10 b s^2 h,
-the scores recomputed); the chunked head's backward recomputes the logits (3 x its forward). What is a model: the transient
-part of the non-model bytes (buffers alive only during one unit's work), fitted to the recorder's
-meta traces of GPT-3 1.3B / 175B and PatrickStar 4B: a block's forward peaks in attention at
-2 a s^2 b - 9 s b h elements over what it saves; its backward holds the embedding's grad and the
-flowing hidden grads (5 s b h, or the softmax grad + 2 s b h, whichever is more).
+(`executor.models.GPT`); what it reproduces exactly and what it models is Note [gpt trace] above
+`gpt_trace`.
 """
 
 from __future__ import annotations
@@ -64,6 +42,34 @@ class _Sizes:
     logits: int  # b s V x itemsize
     wte: int  # the embedding (and its grad)
     tokens: int
+
+
+# Note [gpt trace]:
+# `gpt_trace` builds the trace that `python -m executor record --meta` records for tide's own GPT
+# (`executor.models.GPT`, nanoGPT-like: learned positions, pre-LayerNorm blocks of nn.Linear layers
+# with biases, no dropout, LM head tied to `wte` and applied functionally in the root's forward).
+# Attention is the fused SDPA kernel and the loss head the chunked linear + cross-entropy by default
+# (`attention="sdpa"`, `loss="chunked"`, as the model records them); `attention="math"` /
+# `loss="full"` give the written-out variants (the scores and the full logits kept). Units are the modules with moments of their own (`executor.hooks`): `wte`,
+# `wpe`, the blocks `h.0 .. h.L-1`, `ln_f`; the moment sequence is
+#
+#     root pre_forward, (wte, wpe, h.0 .. h.L-1, ln_f) pre/post_forward   [head + loss after ln_f]
+#     root post_forward, root pre_backward                                 [loss + head backward]
+#     (ln_f, h.L-1 .. h.0, wpe, wte) pre/post_backward, root post_backward, optimizer_step
+#
+# What is exact (equal to a meta recording of the same config): tensors (names, shapes, order), the
+# moment sequence and the tensors each moment touches, FLOPs (a unit's forward: 2 x weight-matrix
+# params x tokens, plus 4 b s^2 h for a block's attention, QK^T and AV; the head 2 V h tokens;
+# backward twice the forward, Narayanan et al. 2021), and the activations a block saves: 16 s b h
+# elements (LayerNorm inputs 2; inputs of c_attn, attention c_proj, c_fc 3; q, k, v 3; GELU input
+# and MLP c_proj input 4 + 4; cf. Korthikanti et al. 2022 Eq. 1, here without dropout masks) and the
+# LayerNorm statistics; with SDPA the fp32 (a, s, b) logsumexp, written out the a s^2 b softmax and
+# the s x s causal mask. SDPA's backward FLOPs are torch's flop-counter figure (5 matmuls: 10 b s^2 h,
+# the scores recomputed); the chunked head's backward recomputes the logits (3 x its forward). What is a model: the transient
+# part of the non-model bytes (buffers alive only during one unit's work), fitted to the recorder's
+# meta traces of GPT-3 1.3B / 175B and PatrickStar 4B: a block's forward peaks in attention at
+# 2 a s^2 b - 9 s b h elements over what it saves; its backward holds the embedding's grad and the
+# flowing hidden grads (5 s b h, or the softmax grad + 2 s b h, whichever is more).
 
 
 def gpt_trace(

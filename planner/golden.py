@@ -9,10 +9,7 @@ To accept a change on purpose, regenerate and commit them (the one-liner of trac
 
     python -m planner.golden --write
 
-Cases are chosen so that `--check` stays under 60 s on a 2-core CI machine (`--check` prints the
-seconds per case; about 20 s in all when measured): each shipped trace on the preset of the paper
-it comes from, and the small real trace with a DEVICE budget small enough to force offloading.
-Left out for time: pstar-gpt-4b and pstar-gpt-12b on v100-32g-240g (49 s and 33 s to solve).
+Which cases, and why: Note [golden cases] above `CASES`.
 """
 
 from __future__ import annotations
@@ -64,6 +61,11 @@ class GoldenCase:
                 f"-o traces/golden/{self.name}{SUFFIX}")
 
 
+# Note [golden cases]:
+# Cases are chosen so that `--check` stays under 60 s on a 2-core CI machine (`--check` prints the
+# seconds per case; about 20 s in all when measured): each shipped trace on the preset of the paper
+# it comes from, and the small real trace with a DEVICE budget small enough to force offloading.
+# Left out for time: pstar-gpt-4b and pstar-gpt-12b on v100-32g-240g (49 s and 33 s to solve).
 CASES: tuple[GoldenCase, ...] = (
     GoldenCase(name="gpt-small.cpu-emulated-0.05gb", trace="gpt-small", hardware="cpu-emulated", device_memory_gb=0.05,
                why="the real CPU trace with a DEVICE budget that forces chunk eviction and OS on HOST"),

@@ -1,26 +1,8 @@
-"""Chunk layout (DESIGN.md §4.1; PatrickStar §6.1, §7).
-
-Tensors are packed into fixed-size chunks in the order the iteration first touches them (runtime
-order, so a chunk's neighbours are used together), tied parameters once. Every chunk list (PARAM,
-GRAD, MASTER, M, V) uses the same layout: a tensor has the same chunk and offset in all of them.
-
-- A chunk never spans two blocks: a block boundary starts a new chunk, so the chunks of a block
-  are interchangeable for the placement model and a block's chunks can leave DEVICE together.
-  `chunk.block` is the block that first uses it (-1 outside blocks).
-- Inside a block, a tensor goes into the first of the block's chunks with room for it (first fit,
-  in first-access order), so the small tensors (biases, LayerNorms) fill the gaps the big ones
-  leave instead of opening half-empty chunks.
-- A chunk never mixes trainable and frozen tensors (`TensorInfo.trainable`, requires_grad): GRAD,
-  MASTER, M and V are kept for chunks holding trainable tensors only, so a frozen base with small
-  adapters (LoRA) gets optimizer state for the adapters alone. With every tensor trainable the
-  layout is what it was.
-- A tensor larger than the chunk gets a chunk of its own, exactly its size (never an error).
-- With world_size > 1 the chunks of a block are padded with empty chunks to whole comm groups of
-  world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a group of one
-  capacity (all-gather and reduce-scatter need equal shards).
-
-Which chunk size is best is a cost question (PLANNER-OPT evaluates `candidate_chunk_sizes` with
-the cost model); this module only builds a layout for a given size.
+"""Chunk layout (DESIGN.md §4.1; PatrickStar §6.1, §7): tensors packed into fixed-size chunks for a
+given chunk size, and the candidate chunk sizes the planner prices. How tensors are packed:
+Note [layout rules] above `build_layout`. Which chunk size is best is a cost question (the planner
+evaluates `candidate_chunk_sizes` with the cost model); this module only builds a layout for a
+given size.
 """
 
 from __future__ import annotations
@@ -43,6 +25,27 @@ class _OpenChunk:
     elements: int
     used_elements: int = 0
     slots: list[tuple[int, int]] = field(default_factory=list)  # (tensor id, offset)
+
+
+# Note [layout rules]:
+# Tensors are packed into fixed-size chunks in the order the iteration first touches them (runtime
+# order, so a chunk's neighbours are used together), tied parameters once. Every chunk list (PARAM,
+# GRAD, MASTER, M, V) uses the same layout: a tensor has the same chunk and offset in all of them.
+#
+# - A chunk never spans two blocks: a block boundary starts a new chunk, so the chunks of a block
+#   are interchangeable for the placement model and a block's chunks can leave DEVICE together.
+#   `chunk.block` is the block that first uses it (-1 outside blocks).
+# - Inside a block, a tensor goes into the first of the block's chunks with room for it (first fit,
+#   in first-access order), so the small tensors (biases, LayerNorms) fill the gaps the big ones
+#   leave instead of opening half-empty chunks.
+# - A chunk never mixes trainable and frozen tensors (`TensorInfo.trainable`, requires_grad): GRAD,
+#   MASTER, M and V are kept for chunks holding trainable tensors only, so a frozen base with small
+#   adapters (LoRA) gets optimizer state for the adapters alone. With every tensor trainable the
+#   layout is what it was.
+# - A tensor larger than the chunk gets a chunk of its own, exactly its size (never an error).
+# - With world_size > 1 the chunks of a block are padded with empty chunks to whole comm groups of
+#   world_size consecutive chunks, `owner_rank = index % world_size`, all chunks of a comm group of one
+#   capacity (all-gather and reduce-scatter need equal shards).
 
 
 def build_layout(problem: Problem, *, chunk_elements: int) -> ChunkLayout:
@@ -92,7 +95,7 @@ def build_layout(problem: Problem, *, chunk_elements: int) -> ChunkLayout:
 
 
 def _comm_groups(chunks: list[_OpenChunk], world_size: int, chunk_elements: int) -> list[_OpenChunk]:
-    """Pad each block's run of chunks to whole groups of world_size; one capacity per group."""
+    """Pad each block's run of chunks to whole comm groups of world_size; one capacity per comm group."""
     out: list[_OpenChunk] = []
     i = 0
     while i < len(chunks):
@@ -102,11 +105,11 @@ def _comm_groups(chunks: list[_OpenChunk], world_size: int, chunk_elements: int)
         run = chunks[i:j]
         run += [_OpenChunk(block=chunks[i].block, elements=chunk_elements) for _ in range(-len(run) % world_size)]
         for g in range(0, len(run), world_size):
-            group = run[g:g + world_size]
-            capacity = max(c.elements for c in group)
-            for c in group:
+            comm_group = run[g:g + world_size]
+            capacity = max(c.elements for c in comm_group)
+            for c in comm_group:
                 c.elements = capacity
-            out += group
+            out += comm_group
         i = j
     return out
 
@@ -149,8 +152,17 @@ def _undominated(problem: Problem, sizes: list[int]) -> list[int]:
     for size in sizes:
         layout = build_layout(problem, chunk_elements=size)
         shape[size] = (len(layout.chunks), wasted_elements(layout))
+        if problem.world_size > 1:
+            # with p ranks every block pads to whole comm groups, so counts tie and the least waste
+            # alone would win; but padding chunks carry no optimizer state, and the OS of the
+            # trainable chunks (their capacity) is what fills HOST: a third measure (measured,
+            # PatrickStar's 12B on v100-32g-240g-8gpu: 33554432 wastes least, 21.8e9 elements, yet
+            # its trainable chunks hold 1.7x the OS of a chunk per block and the placement LP does
+            # not fit, where a chunk per block does)
+            trainable = {x.chunk for x in layout.tensors if x.trainable}
+            shape[size] += (sum(c.elements for c in layout.chunks if c.id in trainable),)
     return [s for s in sizes
-            if not any(o != s and shape[o][0] <= shape[s][0] and shape[o][1] <= shape[s][1]
+            if not any(o != s and all(a <= b for a, b in zip(shape[o], shape[s]))
                        and shape[o] != shape[s] for o in sizes)]
 
 

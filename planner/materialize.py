@@ -8,48 +8,12 @@ fetch, prefetch, eviction, write-back, allocation, optimizer step, activation co
 with its channel and bytes, the initial residency that the iteration returns to (steady state),
 and the cost model's prediction.
 
-How (DESIGN.md §4.3):
-
-1. The DEVICE is a cache of *entries*: the PARAM and the GRAD copy of each comm group (one chunk
-   when world_size is 1). Time is a sequence of *ticks*: one per forward/backward moment, and in
-   the OPTIMIZER moment one per comm group stepped on DEVICE (so the steps stream through the
-   budget instead of needing every chunk at once).
-2. Demand pass: at each tick the entries its work needs must be on DEVICE within the tick's budget;
-   room is made by the eviction rule (BELADY_CLEAN_FIRST: farthest next use among clean entries,
-   dirty ones only when no clean one is left; FARTHEST_NEXT_USE: PatrickStar §8.3; LRU). A dirty
-   entry (a GRAD being accumulated, a PARAM just updated on DEVICE) is written back before it goes.
-3. Every residency interval is trimmed to end right after its last use (the data leaves as soon as
-   it is no longer needed; this frees room and costs nothing, since the entry would be fetched
-   again anyway). A GRAD leaving after its last backward use is the move of final grads to the
-   optimizer's tier.
-4. Prefetch at the first harmless opportunity (Cao, Felten, Karlin, Li 1995, "conservative"): in
-   order of need, each fetch moves to the earliest tick from which its bytes fit in the budget at
-   every tick until its use, given everything already placed; nothing is evicted for it, and
-   copies stay issued in the order they are needed (channels are FIFOs).
-5. Optimizer steps: on DEVICE in the OPTIMIZER moment (OS fetched from HOST/NVME and written back
-   when the OS lives there); on HOST in the OPTIMIZER moment, or — with `optimizer_overlap` — right
-   after the chunk's grads are final, during backward (Fuyou §4.3), with the OS read from NVME at
-   the chunk's first backward use and written back after the next chunk's step (Fuyou's delayed
-   write-back). Updated params go back where the iteration started: PARAM written back to
-   HOST/NVME, persistent PARAM re-fetched to DEVICE.
-6. Activations: SWAP_* offload after the block's forward and reload at the start of the stage
-   before its backward; RECOMPUTE adds the block's forward to its first backward stage.
-7. Copies between DEVICE and NVME go through HOST as two actions (chunks); an activation swap to
-   NVME is one action whose path crosses both channels (as the simulator models it).
-
-With world_size > 1 the entries are comm groups (PatrickStar §7): a PARAM group is fetched by the
-owner of each chunk and then all-gathered (ALL_GATHER before first use), GRAD groups are
-reduce-scattered when their backward is done (REDUCE_SCATTER), then each owner moves its chunk to
-its optimizer tier; copies to and from HOST/NVME and optimizer steps of a chunk are done by its
-owner rank, DEVICE copies and EVICTs from DEVICE by every rank. Bytes of local copies are per
-chunk (summed over ranks in the prediction), of collectives per rank.
-
-Budget accounting is in chunk capacity bytes (a copy moves the whole chunk buffer).
-
 The rooms: what a policy decides (`planner.decisions`); the DEVICE cache, steps 1-4
 (`planner.device_cache`); action emission, steps 5-7 (`planner.emit`); the residency replay that
 checks the actions and measures the peaks (`planner.replay`); the stage-time predictor
 (`planner.predict`). This module puts them together and checks the capacities.
+How, step by step: Note [materialize steps]; several ranks: Note [materialize ranks]; both above
+`materialize`.
 """
 
 from __future__ import annotations
@@ -77,6 +41,47 @@ from planner.predict import predict_stages
 from planner.problem import Problem
 from planner.replay import ReplayError, ResidencyReplay, replay_residency
 from schemas.schedule import ActivationMode, Budgets, Prediction, Schedule, ScheduleHeader, SolverStatus, Tier
+
+
+# Note [materialize steps]:
+# How (DESIGN.md §4.3):
+#
+# 1. The DEVICE is a cache of *entries*: the PARAM and the GRAD copy of each comm group (one chunk
+#    when world_size is 1). Time is a sequence of *ticks*: one per forward/backward moment, and in
+#    the OPTIMIZER moment one per comm group stepped on DEVICE (so the steps stream through the
+#    budget instead of needing every chunk at once).
+# 2. Demand pass: at each tick the entries its work needs must be on DEVICE within the tick's budget;
+#    room is made by the eviction rule (BELADY_CLEAN_FIRST: farthest next use among clean entries,
+#    dirty ones only when no clean one is left; FARTHEST_NEXT_USE: PatrickStar §8.3; LRU). A dirty
+#    entry (a GRAD being accumulated, a PARAM just updated on DEVICE) is written back before it goes.
+# 3. Every residency interval is trimmed to end right after its last use (the data leaves as soon as
+#    it is no longer needed; this frees room and costs nothing, since the entry would be fetched
+#    again anyway). A GRAD leaving after its last backward use is the move of final grads to the
+#    optimizer's tier.
+# 4. Prefetch at the first harmless opportunity (Cao, Felten, Karlin, Li 1995, "conservative"): in
+#    order of need, each fetch moves to the earliest tick from which its bytes fit in the budget at
+#    every tick until its use, given everything already placed; nothing is evicted for it, and
+#    copies stay issued in the order they are needed (channels are FIFOs).
+# 5. Optimizer steps: on DEVICE in the OPTIMIZER moment (OS fetched from HOST/NVME and written back
+#    when the OS lives there); on HOST in the OPTIMIZER moment, or — with `optimizer_overlap` — right
+#    after the chunk's grads are final, during backward (Fuyou §4.3), with the OS read from NVME at
+#    the chunk's first backward use and written back after the next chunk's step (Fuyou's delayed
+#    write-back). Updated params go back where the iteration started: PARAM written back to
+#    HOST/NVME, persistent PARAM re-fetched to DEVICE.
+# 6. Activations: SWAP_* offload after the block's forward and reload at the start of the stage
+#    before its backward; RECOMPUTE adds the block's forward to its first backward stage.
+# 7. Copies between DEVICE and NVME go through HOST as two actions (chunks); an activation swap to
+#    NVME is one action whose path crosses both channels (as the simulator models it).
+#
+# Budget accounting is in chunk capacity bytes (a copy moves the whole chunk buffer).
+#
+# Note [materialize ranks]:
+# With world_size > 1 the entries are comm groups (PatrickStar §7): a PARAM comm group is fetched by the
+# owner of each chunk and then all-gathered (ALL_GATHER before first use), GRAD comm groups are
+# reduce-scattered when their backward is done (REDUCE_SCATTER), then each owner moves its chunk to
+# its optimizer tier; copies to and from HOST/NVME and optimizer steps of a chunk are done by its
+# owner rank, DEVICE copies and EVICTs from DEVICE by every rank. Bytes of local copies are per
+# chunk (summed over ranks in the prediction), of collectives per rank.
 
 
 def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | None = None) -> Schedule:
@@ -157,7 +162,7 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
         if mode is not ActivationMode.KEEP and activation_moments(problem, b)[0] < 0:
             raise PlannerError(f"decisions of {d.policy!r}: block {b} has no forward or no backward moment, "
                                f"so its activations can only be kept, found {mode}")
-    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own group
+    ws = 1 if d.replicated else problem.world_size  # replicated (DDP): every chunk its own comm group
     for c in d.layout.chunks:
         if c.comm_group != c.id // ws:
             raise PlannerError(f"decisions of {d.policy!r}: chunk {c.id} is in comm group {c.comm_group}, expected "

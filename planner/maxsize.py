@@ -1,29 +1,9 @@
 """`python -m planner maxsize --family gpt3 --hardware H`: the largest model each policy can train.
 
-For every width of the GPT-3 ladder (Fuyou Table 4: hidden size and heads of GPT-3 13B ... 805B)
-the layer count is binary-searched between 1 and 4x the Table 4 layer count of that width
-(feasibility is monotone in layers: more layers, more model data and the same per-layer peak); the
-widths are tried in ascending order until not even one layer fits; the answer is the feasible
-(layers, width) with the most parameters.
 A size is feasible for a policy when its schedule replays in the simulator within every tier's
-capacity (baselines: `planner.policies`; tide: the placement MIP of `planner.placement`
-materialized by `planner.solve.build_schedule`).
-
-tide's search is two-level, so that a preset takes minutes, not hours: the binary search asks the
-placement model's LP relaxation with memory rows only (`placement.placement_feasible`, GLOP, the
-smallest chunk size: finest granularity, least DEVICE), a necessary condition; the sizes it ends on,
-and the sizes the baselines reached (they are searched first), are then confirmed biggest first by
-a real plan: one of tide's reference decision sets (`tide_reference_fits`: the baselines' decisions
-run through tide's engine, seconds per size), else an integral point of the placement MIP's memory
-rows (`tide_plan_fits`, minutes at the largest sizes: a plan that fits, not the fastest one; `solve`
-finds the fastest), materialized and replayed by the simulator. A refuted size steps its layer count
-down by binary search with the reference sets only. Since every size a baseline reaches is offered
-to tide's confirmation, tide's answer is at least every baseline's wherever its reference decision
-sets can express what that baseline does.
-
-The candidate traces come from `planner.families.gpt_trace`: analytic traces of the GPT-2-style
-model with the moments, parameter shapes, FLOPs and activation bytes a meta-device recording
-(`python -m executor record --meta`) of that model would give; nothing is recorded or downloaded.
+capacity; the sizes are analytic traces (`planner.families.gpt_trace`). The search over the GPT-3
+ladder is Note [maxsize ladder] above `max_size`; tide's two-level search is
+Note [maxsize tide search] above `tide_may_fit`.
 """
 
 from __future__ import annotations
@@ -46,7 +26,7 @@ from planner.presets import resolve_hardware
 from planner.problem import build_problem
 from planner.simulate import ScheduleViolation, simulate
 from planner.solution import build_schedule
-from planner.solve import reference_decisions
+from planner.reference import reference_decisions
 from schemas import Hardware
 from schemas._base import frozen
 
@@ -100,6 +80,20 @@ def feasible_fn(policy: str, hardware: Hardware, *, batch: int, seq: int,
     return fn
 
 
+# Note [maxsize tide search]:
+# tide's search is two-level, so that a preset takes minutes, not hours: the binary search asks the
+# placement model's LP relaxation with memory rows only (`placement.placement_feasible`, GLOP, the
+# smallest chunk size: finest granularity, least DEVICE), a necessary condition; the sizes it ends on,
+# and the sizes the baselines reached (they are searched first), are then confirmed biggest first by
+# a real plan: one of tide's reference decision sets (`tide_reference_fits`: the baselines' decisions
+# run through tide's engine, seconds per size), else an integral point of the placement MIP's memory
+# rows (`tide_plan_fits`, minutes at the largest sizes: a plan that fits, not the fastest one; `solve`
+# finds the fastest), materialized and replayed by the simulator. A refuted size steps its layer count
+# down by binary search with the reference sets only. Since every size a baseline reaches is offered
+# to tide's confirmation, tide's answer is at least every baseline's wherever its reference decision
+# sets can express what that baseline does.
+
+
 def tide_may_fit(problem) -> bool:
     """Necessary condition for tide: the memory rows of the placement LP (smallest chunk size) have a
     solution. False is a proof for that chunk size (the LP relaxes the MIP)."""
@@ -110,7 +104,7 @@ def tide_may_fit(problem) -> bool:
 
 def tide_reference_fits(problem) -> bool:
     """Sufficient condition, fast (seconds where the MIP takes minutes): one of tide's reference
-    decision sets (`planner.solve.reference_decisions`: what the baselines decide, run through tide's
+    decision sets (`planner.reference.reference_decisions`: what the baselines decide, run through tide's
     engine) on the baselines' chunk layout, materialized within every capacity and replayed by the
     simulator. It is what makes tide's largest model at least every baseline's."""
     layout = policy_layout(problem)
@@ -150,6 +144,21 @@ def tide_fast_fn(hardware: Hardware, *, batch: int, seq: int) -> Callable[[int, 
                                           trace_digest=_DIGEST))
 
     return fn
+
+
+# Note [maxsize ladder]:
+# For every width of the GPT-3 ladder (Fuyou Table 4: hidden size and heads of GPT-3 13B ... 805B)
+# the layer count is binary-searched between 1 and 4x the Table 4 layer count of that width
+# (feasibility is monotone in layers: more layers, more model data and the same per-layer peak); the
+# widths are tried in ascending order until not even one layer fits; the answer is the feasible
+# (layers, width) with the most parameters.
+# A size is feasible for a policy when its schedule replays in the simulator within every tier's
+# capacity (baselines: `planner.policies`; tide: the placement MIP of `planner.placement`
+# materialized by `planner.solve.build_schedule`).
+#
+# The candidate traces come from `planner.families.gpt_trace`: analytic traces of the GPT-2-style
+# model with the moments, parameter shapes, FLOPs and activation bytes a meta-device recording
+# (`python -m executor record --meta`) of that model would give; nothing is recorded or downloaded.
 
 
 def max_size(fits: Callable[[int, int, int], bool], *, ladder: Sequence[tuple[int, int, int]] = GPT3_LADDER,

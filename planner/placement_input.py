@@ -17,7 +17,7 @@ from schemas.trace import DTYPE_BYTES
 
 
 @frozen
-class GroupData:
+class ChunkClass:
     """Interchangeable chunks: same stages touch them, same size, same trainability."""
 
     id: int
@@ -29,10 +29,20 @@ class GroupData:
     use_stages: tuple[int, ...]  # stages whose work touches these chunks (sorted)
     first_backward_stage: int  # first backward stage touching them, -1 if none
     last_backward_stage: int  # grads final after this stage (optimizer may start), -1 if none
+    # ranks per comm group (world_size): `chunks` holds whole comm groups of this many consecutive
+    # chunks, one owned per rank (PatrickStar §7), and the model counts comm groups: every rank holds
+    # its own (local) chunk of each, so one set of counts describes every rank (issue 18 item 1)
+    comm_group_size: int = 1
+    # chunks of each comm group holding trainable tensors (planner.layout pads a block's run of chunks
+    # to whole comm groups with empty ones): materialize's GRAD entry is these chunks' (device_cache),
+    # and only their owners step (at most min(t, q) of them on one node; the padding is appended, so
+    # in tide's layout they are the comm group's first chunks, owned by ranks 0..t-1)
+    trainable_chunks: int = 1
 
     @property
     def count(self) -> int:
-        return len(self.chunks)
+        """Comm groups of the class (chunks when world_size is 1): what the model's variables count."""
+        return len(self.chunks) // self.comm_group_size
 
 
 @frozen
@@ -61,7 +71,7 @@ class StageData:
 class PlacementInput:
     """Everything the placement model needs, in bytes and seconds (built from a Problem + layout)."""
 
-    groups: tuple[GroupData, ...]
+    chunk_classes: tuple[ChunkClass, ...]
     blocks: tuple[BlockData, ...]
     stages: tuple[StageData, ...]
     device_bytes: int
@@ -81,6 +91,17 @@ class PlacementInput:
     duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
+    # data-parallel ranks (issue 18 item 1; docs/rank-aware-placement.md): p = cluster.world_size,
+    # q = ranks per node sharing HOST, NVME, the CPU optimizer and DRAM. DEVICE rows are per rank
+    # (the local 1/p of the OS, the gathered p chunks of a comm group in use), HOST/NVME rows per node
+    ranks: int = 1
+    ranks_per_node: int = 1
+    # per-rank INTER_GPU bytes ((p-1) chunks per all-gather / reduce-scatter, the schedule's
+    # convention) per second of the collective's two hierarchical stages (Hardware.collective_seconds:
+    # intra-node ring (q-1)/q * S over links.inter_gpu_gb_per_s, the node's NIC (N-1)/N * S over
+    # links.inter_node_gb_per_s); 0: that stage does not exist (one GPU per node, one node)
+    collective_intra_bytes_per_s: float = 0.0
+    collective_inter_bytes_per_s: float = 0.0
 
     @property
     def has_nvme(self) -> bool:
@@ -94,7 +115,7 @@ class PlacementInput:
 def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap: bool = True) -> PlacementInput:
     """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
 
-    Chunks are grouped by the stages that touch them (plus size and trainability); a block's
+    Chunks are sorted into chunk classes by the stages that touch them (plus size and trainability); a block's
     activation plan acts between the stage of its forward and the stage of its backward.
     """
     hw = problem.hardware
@@ -132,19 +153,28 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
             optimizer_stage = st.id
     param_item = DTYPE_BYTES[problem.compute_dtype]
     os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
-    keyed: dict[tuple, list[int]] = {}
+    # with several ranks a comm group's chunks (consecutive, one capacity: planner.layout) move and
+    # step together (materialize's cache entries are comm groups): classes are sets of comm groups,
+    # keyed by the union of their chunks' uses (a padding chunk has none)
+    ws = max(1, problem.world_size)
+    members: dict[int, list[int]] = {}
     for c in layout.chunks:
-        use = tuple(sorted(uses.get(c.id, ())))
-        key = (use, c.elements, trainable_chunk[c.id])
-        keyed.setdefault(key, []).append(c.id)
-    groups = []
-    for gid, ((use, elements, trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
+        members.setdefault(c.id // ws, []).append(c.id)
+    keyed: dict[tuple, list[int]] = {}
+    for cg in sorted(members):
+        ids = members[cg]
+        use = tuple(sorted(set().union(*(uses.get(c, ()) for c in ids))))
+        key = (use, layout.chunks[ids[0]].elements, any(trainable_chunk[c] for c in ids), sum(trainable_chunk[c] for c in ids))
+        keyed.setdefault(key, []).extend(ids)
+    classes = []
+    for gid, ((use, elements, trainable, n_trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
         backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
-        groups.append(GroupData(
+        classes.append(ChunkClass(
             id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
             elements=elements, trainable=trainable, use_stages=use,
             first_backward_stage=min(backward) if backward else -1,
-            last_backward_stage=max(backward) if backward else -1))
+            last_backward_stage=max(backward) if backward else -1, comm_group_size=ws,
+            trainable_chunks=n_trainable))
     blocks = []
     for b in problem.blocks:
         p = stage_of_moment[b.forward_moments[1]]
@@ -152,7 +182,7 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
                                 recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
     return PlacementInput(
-        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stage_data),
+        chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
         # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
@@ -167,11 +197,29 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=1.0 / hw.device.optimizer_params_per_s,
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
+        ranks=ws, ranks_per_node=problem.ranks_per_node if ws > 1 else 1,
+        **_collective_rates(hw, ws),
     )
 
 
-def group_summary(data: PlacementInput) -> str:
-    return f"{len(data.groups)} chunk groups, {sum(g.count for g in data.groups)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
+def _collective_rates(hw, p: int) -> dict[str, float]:
+    """Per-rank INTER_GPU bytes per second of each stage of a hierarchical ring collective, from
+    Hardware.collective_seconds' formula: a collective sending B = (p-1)/p * S per rank takes
+    max((q-1)/q * S / intra, (N-1)/N * S / nic); as rates of B, intra * (p-1)/p * q/(q-1) and
+    nic * (p-1)/p * N/(N-1)."""
+    if p <= 1:
+        return {}
+    q, n = hw.cluster.ranks_per_node, hw.cluster.nodes
+    out = {}
+    if q > 1 and hw.intra_node_bytes_per_s > 0:
+        out["collective_intra_bytes_per_s"] = hw.intra_node_bytes_per_s * (p - 1) / p * q / (q - 1)
+    if n > 1 and hw.inter_node_bytes_per_s > 0:
+        out["collective_inter_bytes_per_s"] = hw.inter_node_bytes_per_s * (p - 1) / p * n / (n - 1)
+    return out
 
 
-__all__ = ["BlockData", "GroupData", "PlacementInput", "StageData", "group_summary", "placement_input"]
+def chunk_class_summary(data: PlacementInput) -> str:
+    return f"{len(data.chunk_classes)} chunk classes, {sum(len(g.chunks) for g in data.chunk_classes)} chunks, {len(data.stages)} stages, {len(data.blocks)} blocks"
+
+
+__all__ = ["BlockData", "ChunkClass", "PlacementInput", "StageData", "chunk_class_summary", "placement_input"]

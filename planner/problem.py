@@ -1,21 +1,8 @@
 """The planning problem: a trace seen through one hardware profile (DESIGN.md §2, §4).
 
 `build_problem` resolves everything the planner needs once, so the layout, the OR-Tools models,
-`materialize` and the baselines all read the same numbers:
-
-- moments as the schedule stores them (`MomentRef`), compute seconds resolved for the hardware
-  (measured traces keep their times; meta traces get their GEMM and attention FLOPs at the rates the
-  hardware's tables give for the shapes the model runs, `costmodel.moment_seconds`);
-- blocks with their tensors (those *first used* in the block), parameter and activation bytes and
-  the moments of their forward and backward;
-- stages: maximal runs of consecutive moments with the same (phase, block);
-- capacities per tier (after overrides; DEVICE less the allocator margin `device.memory_margin_gb`) and the chunk lists of the compute dtype (mixed precision
-  adds the fp32 MASTER list; with fp32 compute PARAM is the master);
-- the world size: the hardware's `cluster.world_size`. A trace recorded by one process (meta
-  world_size 1) is one rank's share of data-parallel training (its batch is the per-rank batch),
-  so it is planned for every rank of the hardware; a trace recorded under torchrun with several
-  ranks must agree with the hardware. DEVICE capacity is per rank; HOST and NVME capacities are
-  per node (`cluster.gpus_per_node` ranks share them, `Problem.ranks_per_node`).
+`materialize` and the baselines all read the same numbers; what it resolves is
+Note [problem contents] above `build_problem`.
 """
 
 from __future__ import annotations
@@ -112,6 +99,25 @@ def chunk_lists(compute_dtype: DType) -> tuple[ChunkList, ...]:
     if compute_dtype is DType.FLOAT32:
         return (ChunkList.PARAM, ChunkList.GRAD, ChunkList.M, ChunkList.V)
     return (ChunkList.PARAM, ChunkList.GRAD, ChunkList.MASTER, ChunkList.M, ChunkList.V)
+
+
+# Note [problem contents]:
+# `build_problem` resolves everything the planner needs once, so the layout, the OR-Tools models,
+# `materialize` and the baselines all read the same numbers:
+#
+# - moments as the schedule stores them (`MomentRef`), compute seconds resolved for the hardware
+#   (measured traces keep their times; meta traces get their GEMM and attention FLOPs at the rates the
+#   hardware's tables give for the shapes the model runs, `costmodel.moment_seconds`);
+# - blocks with their tensors (those *first used* in the block), parameter and activation bytes and
+#   the moments of their forward and backward;
+# - stages: maximal runs of consecutive moments with the same (phase, block);
+# - capacities per tier (after overrides; DEVICE less the allocator margin `device.memory_margin_gb`) and the chunk lists of the compute dtype (mixed precision
+#   adds the fp32 MASTER list; with fp32 compute PARAM is the master);
+# - the world size: the hardware's `cluster.world_size`. A trace recorded by one process (meta
+#   world_size 1) is one rank's share of data-parallel training (its batch is the per-rank batch),
+#   so it is planned for every rank of the hardware; a trace recorded under torchrun with several
+#   ranks must agree with the hardware. DEVICE capacity is per rank; HOST and NVME capacities are
+#   per node (`cluster.gpus_per_node` ranks share them, `Problem.ranks_per_node`).
 
 
 def build_problem(

@@ -84,11 +84,12 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
     """planner.materialize.Decisions from a placement solution (counts -> concrete chunks)."""
     plans: dict[int, ChunkPlan] = {}
     persistent: set[int] = set()
-    for g, counts, pers in zip(data.groups, sol.os_counts, sol.persistent):
+    for g, counts, pers in zip(data.chunk_classes, sol.os_counts, sol.persistent):
         n_dev, n_host, n_stream = int(counts["DEVICE"]), int(counts["HOST"]), int(counts.get("STREAM", 0))
         n_nvme_stream = int(counts.get("NVME_STREAM", 0))
         n_pers = int(pers)
-        for j, chunk in enumerate(g.chunks):  # chunks of a group are interchangeable: take them in order
+        for jc, chunk in enumerate(g.chunks):  # chunks of a chunk class are interchangeable: take them in order
+            j = jc // g.comm_group_size  # the counts are of comm groups: a comm group's chunks share its plan
             if j < n_pers:
                 persistent.add(chunk)
             if not g.trainable:
@@ -104,17 +105,19 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
             else:
                 plans[chunk] = ChunkPlan(chunk=chunk, os_tier=Tier.NVME, optimizer_tier=Tier.HOST)
     chunk_plans = tuple(plans[c.id] for c in layout.chunks)
-    # PARAM homed on NVME: the group's last chunks that leave DEVICE and step on the CPU (the model's
+    # PARAM homed on NVME: the chunk class's last chunks that leave DEVICE and step on the CPU (the model's
     # rows param_nvme + persistent + streamed <= count guarantee there are enough of them)
     home = {c.id: Tier.HOST for c in layout.chunks}
-    for g, pers, n_nvme in zip(data.groups, sol.persistent, sol.param_nvme or (0.0,) * len(data.groups)):
+    for g, pers, n_nvme in zip(data.chunk_classes, sol.persistent, sol.param_nvme or (0.0,) * len(data.chunk_classes)):
         left = int(n_nvme)
-        for j in reversed(range(len(g.chunks))):
+        size = g.comm_group_size  # counts of comm groups (one chunk each with one rank)
+        for j in reversed(range(len(g.chunks) // size)):
             if left <= 0:
                 break
-            chunk = g.chunks[j]
-            if j >= int(pers) and plans[chunk].optimizer_tier is Tier.HOST:
-                home[chunk] = Tier.NVME
+            group = g.chunks[j * size:(j + 1) * size]
+            if j >= int(pers) and plans[group[0]].optimizer_tier is Tier.HOST:
+                for chunk in group:
+                    home[chunk] = Tier.NVME
                 left -= 1
     param_home_tiers = tuple(home[c.id] for c in layout.chunks)
     if all(t is Tier.HOST for t in param_home_tiers):

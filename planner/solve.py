@@ -1,55 +1,27 @@
-"""`python -m planner solve TRACE`: the trace and a hardware profile in, a schedule out (DESIGN.md §4).
+"""The planner's solve: a trace and a hardware profile in, a schedule out (DESIGN.md §4); its command
+line is `planner.solve_cli`.
 
-1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
-   placement LP relaxation solved (GLOP).
-2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
-   rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
-   ones while their LP can beat the best MIP (branch and bound over chunk sizes).
-3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
-   BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
-   overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
-4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
-   decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
-   decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
-   `planner.simulate`; the fastest replay is the schedule (a tie, within 0.1%, goes to a placement
-   and to the layout that wastes less, but never to a plan slower than the best reference decision
-   set). So tide can do everything a baseline decides, and is never slower than those decision sets
-   by construction.
-5. Header (one prediction, an honest bound): objective = the simulator's replay of the chosen
-   schedule, and the schedule's `prediction` is that replay too (`planner show` == `planner
-   simulate`); lower bound = max(the least valid model bound over the chunk sizes: unpinned LP at
-   its optimum or the unpinned root node; the physical limit `planner.bounds.lower_bound`);
-   gap = the true gap (simulated - bound) / simulated, never clipped. The MIP's own gap (to its
-   restricted model's dual bound) is printed beside it. The notes list every replay.
-
-Determinism: one solver thread, fixed seeds, LPs to their optimum, MIPs that stop at their gap or
-their node limit (the wall-clock limit is only a safety net), no clock read to decide anything,
-sorted iteration everywhere, and no wall-clock time in the file (solve seconds are printed, never
-written): the same inputs give the same bytes.
+Placement LP per chunk size, the placement MIP for the promising ones, each plan materialized and
+replayed in the simulator beside the reference decision sets (`planner.reference`); the fastest
+replay is the schedule. The steps are in Note [solve steps] and the same-bytes guarantee in
+Note [solve determinism], both above `solve_report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import math
-import sys
 import time
-from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
-
-from rich.console import Console
 
 from planner.policies import policy_layout
-from planner.policies.fuyou import activation_plan as fuyou_activation_plan
 from planner.bounds import explain_infeasible, lower_bound
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
+from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.materialize import Decisions, EvictionRule, SolverStats, materialize, param_budget_bytes
+from planner.materialize import SolverStats, materialize
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
@@ -60,11 +32,9 @@ from planner.placement import (
     placement_input,
     root_bound_seconds,
 )
-from planner.presets import DEFAULT_HARDWARE, resolve_hardware
 from planner.problem import build_problem
 from planner.simulate import ScheduleViolation, simulate
 from planner.solution import (
-    POLICY,
     Candidate,
     SolveReport,
     build_schedule,
@@ -72,9 +42,9 @@ from planner.solution import (
     with_header_stats,
     with_simulated_prediction,
 )
-from schemas._base import digest_bytes, frozen, read_bytes
+from schemas._base import frozen
 from schemas.hardware import Hardware
-from schemas.schedule import ActivationMode, ChunkPlan, Schedule, SolverStatus, Tier
+from schemas.schedule import Schedule, SolverStatus, Tier
 from schemas.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -86,7 +56,7 @@ FLAG_EPSILON = 1e-6  # an LP value above this pins a mechanism switch on
 REPLAN_ATTEMPTS = 2  # placements with HOST cut by a paced schedule's shortfall
 PIN_MODES_BLOCKS = 32  # from this many blocks on, the MIP keeps the LP's activation mode per block
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
-RELEASE_STAGES = 6  # second try: groups used within this many stages of a fractional variable are freed
+RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
 # blocks, hidden 4096); the limit makes a hard case stop at the same incumbent on any machine
 MIP_NODE_LIMIT = 500
@@ -118,6 +88,36 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
                         checkpoint_offload=checkpoint_offload).schedule
 
 
+# Note [solve steps]:
+# 1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
+#    placement LP relaxation solved (GLOP).
+# 2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
+#    rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
+#    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
+# 3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
+#    BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
+#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
+# 4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
+#    decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
+#    decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
+#    `planner.simulate`; the fastest replay is the schedule (a tie, within 0.1%, goes to a placement
+#    and to the layout that wastes less, but never to a plan slower than the best reference decision
+#    set). So tide can do everything a baseline decides, and is never slower than those decision sets
+#    by construction.
+# 5. Header (one prediction, an honest bound): objective = the simulator's replay of the chosen
+#    schedule, and the schedule's `prediction` is that replay too (`planner show` == `planner
+#    simulate`); lower bound = max(the least valid model bound over the chunk sizes: unpinned LP at
+#    its optimum or the unpinned root node; the physical limit `planner.bounds.lower_bound`);
+#    gap = the true gap (simulated - bound) / simulated, never clipped. The MIP's own gap (to its
+#    restricted model's dual bound) is printed beside it. The notes list every replay.
+#
+# Note [solve determinism]:
+# Determinism: one solver thread, fixed seeds, LPs to their optimum, MIPs that stop at their gap or
+# their node limit (the wall-clock limit is only a safety net), no clock read to decide anything,
+# sorted iteration everywhere, and no wall-clock time in the file (solve seconds are printed, never
+# written): the same inputs give the same bytes.
+
+
 def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
@@ -141,9 +141,9 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes = search
-    # With several ranks the placement model plans whole chunks as one rank would (it neither shards
-    # the OS among the owners nor divides their copies): neither a bound nor the only planner there,
-    # so the reference decision sets run even where it finds no plan, and the bound is the physical one
+    # With several ranks the placement model is rank-aware (issue 18 item 1) but not yet a bound of
+    # the replays (it follows materialize's whole comm-group entries, keeps no local-only chunk):
+    # the reference decision sets run even where it finds no plan, and the bound is the physical one
     if not solved and problem.world_size == 1:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     by_size = {c.chunk_elements: c for c in candidates}
@@ -278,103 +278,13 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
                      replay=replay)
 
 
-def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
-                        os_device_groups: int = 0) -> list[tuple[str, object]]:
-    """What the baselines decide (planner.policies), as tide Decisions on `layout`: Fuyou's (OS and
-    PARAM on NVME, CPU Adam overlapped with backward, its Eq. 1-12 activation swap, checkpoints
-    off DEVICE), ZeRO-Offload's (PARAM persistent on DEVICE, OS on HOST, checkpoints on HOST),
-    PatrickStar/Gemini's (chunks on demand, OS on HOST, and with `os_device_groups` the OS of that
-    many leading comm groups in the DEVICE margin, stepped there) and PyTorch's (everything on DEVICE). They
-    run through tide's engine (Belady eviction, prefetch at the first harmless opportunity, and the
-    CPU overlap unless `optimizer_overlap` is False), so each is at least what the system does.
-    Each set's notes say which decisions are the system's and which runtime parts are tide's
-    (issue 16): a reference set is "system X's placement with tide's runtime", not system X."""
-    n_blocks = len(problem.blocks)
-    has_nvme = problem.hardware.nvme.count > 0 and problem.nvme_bytes > 0 and problem.hardware.nvme_read_bytes_per_s > 0
-    everything = frozenset(c.id for c in layout.chunks)
-
-    def make(name: str, os_tier: Tier, optimizer_tier: Tier, modes: tuple, *, home: Tier = Tier.HOST,
-             persistent: frozenset[int] = frozenset(), checkpoint: Tier | None = None,
-             os_device_groups: int = 0, system: str = "") -> tuple[str, object]:
-        on_device = problem.world_size * os_device_groups  # the first comm groups' OS on DEVICE, GPU Adam
-        plans = tuple(ChunkPlan(chunk=c.id, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE) if c.id < on_device
-                      else ChunkPlan(chunk=c.id, os_tier=os_tier, optimizer_tier=optimizer_tier) for c in layout.chunks)
-        checkpoint = checkpoint if checkpoint_offload else None
-        if checkpoint is not None and ActivationMode.RECOMPUTE not in modes:
-            checkpoint = None
-        budget = param_budget_bytes(problem, layout, plans, modes, checkpoint)
-        homes = (home,) * len(layout.chunks) if home is not Tier.HOST else ()
-        return name, Decisions(policy=POLICY, layout=layout, chunk_plans=plans, activation_modes=modes,
-                               param_device_budget_bytes=budget, persistent_chunks=persistent,
-                               optimizer_overlap=optimizer_overlap, prefetch=True,
-                               eviction=EvictionRule.BELADY_CLEAN_FIRST, checkpoint_tier=checkpoint,
-                               param_home_tiers=homes, notes=_reference_notes(name, system, checkpoint, optimizer_overlap,
-                                                                              optimizer_tier, modes))
-
-    recompute = (ActivationMode.RECOMPUTE,) * n_blocks
-    out = []
-    home = Tier.NVME if has_nvme else Tier.HOST
-    modes, act_tier, _ = fuyou_activation_plan(problem, home)
-    fy = f"fuyou: params and OS on {home.value}, CPU Adam on HOST, its Eq. 1-12 activation swap"
-    out.append(make("fuyou-like", home, Tier.HOST, modes, home=home, checkpoint=act_tier, system=fy))
-    if has_nvme:  # Fuyou's OS on the SSDs with every PARAM on HOST (where HOST holds them)
-        out.append(make("fuyou-like, PARAM on HOST", Tier.NVME, Tier.HOST, modes, checkpoint=act_tier,
-                        system="fuyou: OS on NVME, CPU Adam, its Eq. 1-12 swap; PARAM on HOST is tide's variant"))
-        out.append(make("fuyou-like, checkpoints only", Tier.NVME, Tier.HOST, recompute, home=Tier.NVME,
-                        checkpoint=Tier.HOST, system="fuyou: params and OS on NVME, CPU Adam, D_f = D_start (Eq. 11)"))
-    out.append(make("zero-offload-like", Tier.HOST, Tier.HOST, recompute, persistent=everything, checkpoint=Tier.HOST,
-                    system="zero2-offload: fp16 params persistent on DEVICE, OS on HOST, CPU Adam, a checkpoint "
-                           "per block on HOST (cpu_checkpointing, as Fuyou §5.1 ran DeepSpeed)"))
-    ps = "patrickstar: chunks on access, OS on HOST, CPU Adam, a checkpoint per block"
-    out.append(make("patrickstar-like", Tier.HOST, Tier.HOST, recompute, system=ps))
-    if os_device_groups:
-        out.append(make(f"patrickstar-like, OS of {os_device_groups} comm groups on DEVICE", Tier.HOST, Tier.HOST,
-                        recompute, os_device_groups=os_device_groups,
-                        system=f"{ps}; OS of the leading comm groups in the DEVICE margin, GPU Adam (§8.2)"))
-    out.append(make("pytorch-like", Tier.DEVICE, Tier.DEVICE, (ActivationMode.KEEP,) * n_blocks, persistent=everything,
-                    system="pytorch: everything on DEVICE, GPU AdamW"))
-    out.append(make("pytorch-like, checkpointing", Tier.DEVICE, Tier.DEVICE, recompute, persistent=everything,
-                    system="pytorch: everything on DEVICE, GPU AdamW, torch.utils.checkpoint per block"))
-    return out
-
-
-def _reference_notes(name: str, system: str, checkpoint: Tier | None, optimizer_overlap: bool, optimizer_tier: Tier,
-                     modes: tuple) -> tuple[str, ...]:
-    """Which decisions of a reference set are the system's, and which runtime parts are tide's."""
-    tide = ["prefetch at the first harmless opportunity (Cao et al. 1995)", "Belady eviction (clean first)",
-            "budget: all the DEVICE allows"]
-    if optimizer_overlap and optimizer_tier is Tier.HOST and not name.startswith("fuyou"):
-        tide.append("CPU Adam overlapped with backward")
-    if checkpoint is not None and ActivationMode.RECOMPUTE in modes and not name.startswith(("fuyou", "zero")):
-        tide.append(f"checkpoints offloaded to {checkpoint.value}")
-    return (f"reference decision set: {name}", f"the system's: {system}", "tide's: " + ", ".join(tide))
-
-
 def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: bool) -> Evaluated | None:
-    """PatrickStar's margin (§8.2), found instead of estimated: the most leading comm groups whose OS
-    can stay on DEVICE (GPU Adam, each rank its own chunk's) next to chunks fetched on demand; a
-    bisection over the count, each step materialized (the DEVICE check is materialize's)."""
-    def decisions(k: int):
-        return next((name, d) for name, d in reference_decisions(
-            problem, layout, optimizer_overlap=optimizer_overlap, checkpoint_offload=checkpoint_offload,
-            os_device_groups=k) if name.startswith("patrickstar-like, OS of"))
-
-    def fits(k: int) -> bool:
-        try:
-            materialize(problem, decisions(k)[1])
-        except (InfeasibleError, PlannerError) as exc:
-            log.info("OS of %d comm groups on DEVICE: %s", k, exc)
-            return False
-        return True
-
-    lo, hi = 0, math.ceil(len(layout.chunks) / problem.world_size)
-    if hi == 0 or not fits(1):
+    """PatrickStar's margin (`planner.reference.os_margin_decisions`), materialized and replayed."""
+    found = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
+                                checkpoint_offload=checkpoint_offload)
+    if found is None:
         return None
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-    name, d = decisions(lo)
+    name, d = found
     return _evaluate(problem, d, what=f"{name} decisions, chunk size {layout.chunk_elements}",
                      chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
 
@@ -394,9 +304,15 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     lp_values: dict[int, dict[str, float]] = {}
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
-    for size in sizes:
+    # with several ranks the systems' packing (tensors across block boundaries, only the last comm
+    # group padded: planner.policies.policy_layout) is a candidate too: tide's layout pads every
+    # block to whole comm groups (issue 18 item 1, measured in bench/RESULTS.md "Rank-aware placement")
+    packed = policy_layout(problem) if problem.world_size > 1 else None
+    if packed is not None and packed.chunk_elements in sizes:
+        packed = None
+    for size in sizes + ([packed.chunk_elements] if packed is not None else []):
         say(f"chunk size {size}: LP relaxation")
-        layout = build_layout(problem, chunk_elements=size)
+        layout = packed if packed is not None and size == packed.chunk_elements else build_layout(problem, chunk_elements=size)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
@@ -511,7 +427,7 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
     2. fix every integer variable whose LP value is integral; HiGHS closes the fractional rest at its
        root (1-5 nodes measured at 32-512 blocks, hidden 4096, bench/bench_depth.py; before, 64
        blocks branched 749 nodes into its time limit among 150-470 fractional counts);
-    3. if that leaves no plan, free the groups used within RELEASE_STAGES of a fractional variable;
+    3. if that leaves no plan, free the chunk classes used within RELEASE_STAGES of a fractional variable;
        then the next pin set (modes released, then the switches one at a time); the pinned MIP
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
@@ -552,7 +468,7 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
            budget: float) -> PlacementSolution | None:
-    """One pin set: fix to the LP's integral values, then release the groups near the fractional
+    """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
     ones; None when neither leaves a plan."""
     model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
     integer = [v for v in model.solver.model.variables() if v.integer]
@@ -568,35 +484,35 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
     fractional = [v.name for v in integer
                   if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
     skip = set(fractional)
-    for free_groups in (set(), _groups_near(data, fractional)):
+    for free_classes in (set(), _chunk_classes_near(data, fractional)):
         for v in integer:
             lo, hi = original[v.name]
             x = float(round(values[v.name])) if v.name in values else math.nan
-            if v.name in skip or _group_of(v.name) in free_groups or not lo <= x <= hi:
+            if v.name in skip or _chunk_class_of(v.name) in free_classes or not lo <= x <= hi:
                 v.lower_bound, v.upper_bound = lo, hi
             else:
                 v.lower_bound = v.upper_bound = x
         try:
             return model.solve(time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT)
         except PlacementInfeasible as exc:
-            log.info("LP-integral fixing (%d fractional, %d groups freed): %s", len(fractional), len(free_groups), exc)
+            log.info("LP-integral fixing (%d fractional, %d chunk classes freed): %s", len(fractional), len(free_classes), exc)
     return None
 
 
-def _group_of(name: str) -> int | None:
-    """The group id in a per-group variable's name (`keep[g,i]`, `os_host[g]`, ...), else None."""
+def _chunk_class_of(name: str) -> int | None:
+    """The chunk class id in a per-class variable's name (`keep[g,i]`, `os_host[g]`, ...), else None."""
     if "[" not in name or name.startswith(("act[", "stage_time", "suffix", "checkpoint")):
         return None
     head = name[name.index("[") + 1:].split(",")[0].rstrip("]")
     return int(head) if head.isdigit() else None
 
 
-def _groups_near(data: PlacementInput, names: list[str]) -> set[int]:
-    """Groups used within RELEASE_STAGES stages of a group that has a fractional variable."""
-    hot = {g for g in (_group_of(k) for k in names) if g is not None}
-    stages = {s for g in hot for s in data.groups[g].use_stages}
+def _chunk_classes_near(data: PlacementInput, names: list[str]) -> set[int]:
+    """Chunk classes used within RELEASE_STAGES stages of a chunk class that has a fractional variable."""
+    hot = {g for g in (_chunk_class_of(k) for k in names) if g is not None}
+    stages = {s for g in hot for s in data.chunk_classes[g].use_stages}
     out = set(hot)
-    for g in data.groups:
+    for g in data.chunk_classes:
         if any(abs(s - t) <= RELEASE_STAGES for s in g.use_stages for t in stages):
             out.add(g.id)
     return out
@@ -625,164 +541,5 @@ def _notes(candidates: list[Candidate], chosen: Evaluated, evaluated: list[Evalu
     return tuple(out) + tuple(chosen.schedule.header.notes)
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "solve",
-        description="Solve where every chunk and activation lives at every moment (OR-Tools: placement LP per "
-                    "chunk size, then the placement MIP with HiGHS), materialize the actions and write the "
-                    f"schedule. With no --hardware the embedded default {DEFAULT_HARDWARE!r} is used "
-                    f"(traces/hardware/{DEFAULT_HARDWARE}.toml: the 2-core CI machine with DEVICE emulated by a "
-                    "1 GB CPU pool). The same inputs give a byte-identical schedule (solve seconds are printed, "
-                    "never written).")
-    p.add_argument("trace", metavar="TRACE", help="trace file (.msgpack)")
-    p.add_argument("--hardware", metavar="NAME|FILE", default=None,
-                   help=f"hardware preset name or TOML path (default: {DEFAULT_HARDWARE})")
-    p.add_argument("-o", "--output", metavar="SCHEDULE", default=None,
-                   help="schedule path (default: <trace stem>.<hardware name>.schedule.msgpack next to the trace)")
-    p.add_argument("--time-limit", metavar="S", type=float, default=DEFAULT_TIME_LIMIT_SECONDS,
-                   help="safety-net seconds per solver call (at least "
-                        f"{SAFETY_SECONDS:g}; default {DEFAULT_TIME_LIMIT_SECONDS:g}): LPs stop at their optimum and "
-                        "MIPs at their gap or node limit, so the machine's speed never decides the schedule")
-    p.add_argument("--exact", action="store_true",
-                   help="one CP-SAT model over every chunk (small traces, 2-4 blocks): the optimum the default "
-                        "planner is measured against")
-    p.add_argument("--device-memory-gb", metavar="X", type=float, default=None,
-                   help="override the DEVICE capacity the planner may fill, in GB (10^9 bytes)")
-    p.add_argument("--no-optimizer-overlap", action="store_true",
-                   help="run the CPU optimizer after backward instead of overlapping it (Fuyou §4.3)")
-    p.add_argument("--no-checkpoint-offload", action="store_true",
-                   help="keep recompute checkpoints (the inputs of RECOMPUTE blocks) on DEVICE instead of letting the "
-                        "planner park them on HOST (the executor replays both)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=_main)
-
-
-def _progress(enabled: bool):
-    """A status line on stderr for long solves (rich), only when stderr is a terminal."""
-    if not enabled:
-        return None, None
-    console = Console(stderr=True)
-    status = console.status("solving")
-    status.start()
-    return status, (lambda msg: status.update(msg))
-
-
-def _main(args: argparse.Namespace) -> int:
-    hardware = resolve_hardware(args.hardware)
-    raw = read_bytes("trace", args.trace)
-    trace = Trace.from_msgpack(raw, source=str(args.trace))
-    digest = digest_bytes(raw)
-    device_bytes = None
-    if args.device_memory_gb is not None:
-        if args.device_memory_gb <= 0:
-            raise PlannerError(f"--device-memory-gb must be positive, found {args.device_memory_gb}")
-        device_bytes = int(args.device_memory_gb * 1e9)
-    if args.time_limit <= 0:
-        raise PlannerError(f"--time-limit must be positive, found {args.time_limit}")
-    status, progress = _progress(sys.stderr.isatty() and not args.json)
-    try:
-        report = solve_report(trace, hardware, trace_digest=digest, time_limit_s=args.time_limit, exact=args.exact,
-                              device_bytes=device_bytes, optimizer_overlap=not args.no_optimizer_overlap,
-                              checkpoint_offload=not args.no_checkpoint_offload, progress=progress)
-    finally:
-        if status is not None:
-            status.stop()
-    out = Path(args.output) if args.output else default_output_path(args.trace, hardware.name)
-    report.schedule.write(out)
-    check = _simulate_check(report.schedule, hardware)
-    if args.json:
-        print(json.dumps(summary_dict(report, out, check), indent=2))
-    else:
-        print_summary(report, out, check)
-    return 0
-
-
-def default_output_path(trace_path: str | Path, hardware_name: str) -> Path:
-    trace_path = Path(trace_path)
-    stem = trace_path.name.removesuffix(".msgpack")
-    return trace_path.with_name(f"{stem}.{hardware_name}.schedule.msgpack")
-
-
-def _simulate_check(schedule: Schedule, hardware: Hardware) -> dict:
-    """Replay the schedule in planner.simulate: time and peaks vs the prediction."""
-    result = simulate(schedule, hardware)
-    predicted = schedule.prediction
-    out = {"iteration_seconds": result.iteration_seconds, "warnings": []}
-    if predicted.iteration_seconds > 0:
-        rel = abs(result.iteration_seconds - predicted.iteration_seconds) / predicted.iteration_seconds
-        if rel > 0.05:
-            out["warnings"].append(f"simulated iteration {result.iteration_seconds:.4g} s differs from the prediction "
-                                   f"{predicted.iteration_seconds:.4g} s by {100 * rel:.1f}%")
-    for tier, peak in sorted(result.peak_bytes_per_tier.items()):
-        want = predicted.peak_bytes_per_tier.get(tier, 0)
-        if want > 0 and abs(peak - want) / want > 0.05:
-            out["warnings"].append(f"simulated {tier.value} peak {peak / 1e9:.3f} GB differs from the prediction "
-                                   f"{want / 1e9:.3f} GB by {100 * abs(peak - want) / want:.1f}%")
-    return out
-
-
-def summary_dict(report: SolveReport, out: Path, check: dict | None) -> dict:
-    s = report.schedule
-    h = s.header
-    plans = Counter(f"{p.os_tier.value}/{p.optimizer_tier.value}" for p in s.chunk_plans)
-    modes = Counter(p.mode.value for p in s.activation_plans)
-    return {
-        "schedule": str(out),
-        "policy": h.policy,
-        "model": h.model_name,
-        "hardware": h.hardware_name,
-        "status": h.solver_status.value,
-        "objective_seconds": h.objective_seconds,
-        "lower_bound_seconds": h.lower_bound_seconds,
-        "gap": h.gap,  # the true gap: (simulated - valid bound) / simulated
-        "mip_gap": None if math.isnan(report.mip_gap) else report.mip_gap,
-        "model_objective_seconds": None if math.isnan(report.model_objective_seconds) else report.model_objective_seconds,
-        "predicted_seconds": s.prediction.iteration_seconds,
-        "chunk_elements": report.chunk_elements,
-        "chunks": len(s.layout.chunks),
-        "persistent_chunks": sum(1 for c in s.initial_residency if c.list.value == "PARAM" and Tier.DEVICE in c.tiers),
-        "os_tier/optimizer_tier": dict(sorted(plans.items())),
-        "activation_modes": {m.value: modes.get(m.value, 0) for m in ActivationMode},
-        "bytes_per_channel": {k.value: v for k, v in sorted(s.prediction.bytes_per_channel.items())},
-        "peak_bytes_per_tier": {k.value: v for k, v in sorted(s.prediction.peak_bytes_per_tier.items())},
-        "solve_seconds": report.solve_seconds,
-        "chosen_plan": report.chosen,
-        "simulated_seconds": check["iteration_seconds"] if check else None,
-        "warnings": check["warnings"] if check else [],
-    }
-
-
-def print_summary(report: SolveReport, out: Path, check: dict | None) -> None:
-    d = summary_dict(report, out, check)
-    gb = 1e9
-    lines = [
-        f"schedule   {d['schedule']}",
-        f"policy     {d['policy']}  model {d['model']}  hardware {d['hardware']}",
-        f"status     {d['status']}  simulated {d['objective_seconds']:.6g} s  bound {d['lower_bound_seconds']:.6g} s  "
-        f"true gap {100 * d['gap']:.2f}%  MIP gap "
-        + (f"{100 * d['mip_gap']:.2f}% (model objective {d['model_objective_seconds']:.6g} s)"
-           if d["mip_gap"] is not None else "- (a reference decision set won)"),
-        f"chunks     {d['chunks']} x {d['chunk_elements']} elements  "
-        f"(candidates: {', '.join(str(c.chunk_elements) for c in report.candidates)})",
-        f"residency  {d['persistent_chunks']} PARAM chunks on DEVICE at the start of the iteration; OS/optimizer: "
-        + ", ".join(f"{k} {v}" for k, v in d["os_tier/optimizer_tier"].items()),
-        "activations " + ", ".join(f"{k} {v}" for k, v in d["activation_modes"].items()),
-        "bytes      " + (", ".join(f"{k} {v / gb:.3f} GB" for k, v in d["bytes_per_channel"].items() if v)
-                         or "none moved: everything stays on DEVICE"),
-        "peaks      " + ", ".join(f"{k} {v / gb:.3f} GB" for k, v in d["peak_bytes_per_tier"].items()),
-        *([f"plan       {d['chosen_plan']} (the fastest of {len(report.evaluated)} plans replayed by the simulator)"]
-          if report.chosen else []),
-        f"solved in  {d['solve_seconds']:.2f} s (wall clock; not written into the schedule)",
-    ]
-    if check is not None:
-        lines.append(f"simulated  {check['iteration_seconds']:.6g} s")
-        for w in check["warnings"]:
-            lines.append(f"warning    {w}")
-    print("\n".join(lines))
-
-
-__all__ = ["Candidate", "SolveReport", "build_schedule", "decisions_from_placement", "default_output_path", "register",
-           "solve", "solve_report"]
+__all__ = ["Candidate", "SolveReport", "build_schedule", "decisions_from_placement", "reference_decisions", "solve",
+           "solve_report"]

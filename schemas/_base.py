@@ -313,30 +313,50 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_finite(kind: str, source: str, obj: Any, *, fix: str) -> None:
-    """Every float field of a dataclass tree is finite (JSON Schema bounds let NaN through).
+# The integers every format carries: signed 64-bit. TOML's own range (toml.io v1.0.0, "Integer":
+# "Arbitrary 64-bit signed integers ... should be accepted and handled losslessly"), msgpack's signed
+# range (its unsigned one reaches 2**64 - 1, which no consumer holds: torch sizes, numpy and OR-Tools
+# CP-SAT coefficients are int64). Beyond it a value is refused at the boundary, naming the field,
+# instead of surfacing as msgpack's "OverflowError: Integer value out of range" when a digest is
+# computed (hardware fuzz cases 1066...2687 of issue 21: `k = 1e+300` in an integer field).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_numbers(kind: str, source: str, obj: Any, *, fix: str) -> None:
+    """Every float field of a dataclass tree is finite (JSON Schema bounds let NaN through) and every
+    integer field fits a signed 64-bit integer (JSON Schema counts 1e300 as an integer).
 
     Free-form fields typed `Any` (e.g. a model config) are not checked: they are not numbers tide uses.
     """
-    for path, value in _floats(obj, ""):
-        require(math.isfinite(value), kind, source, path or "(top level)", f"a finite number, found {value}", fix)
+    for path, value in _numbers(obj, ""):
+        where = path or "(top level)"
+        if isinstance(value, float):
+            require(math.isfinite(value), kind, source, where, f"a finite number, found {value}", fix)
+        else:
+            require(INT64_MIN <= value <= INT64_MAX, kind, source, where,
+                    f"an integer between -2**63 and 2**63-1 (64-bit), found {_huge(value)}", fix)
 
 
-def _floats(obj: Any, path: str) -> typing.Iterator[tuple[str, float]]:
-    if isinstance(obj, float):
+def _huge(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{float(value):.3g}" if abs(value) < 2**1023 else f"an integer of {len(text)} digits"
+
+
+def _numbers(obj: Any, path: str) -> typing.Iterator[tuple[str, float | int]]:
+    if isinstance(obj, float) or (isinstance(obj, int) and not isinstance(obj, (bool, enum.Enum))):
         yield path, obj
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         hints = _hints(type(obj))
         for f in dataclasses.fields(obj):
             if _is_free_form(hints[f.name]):
                 continue
-            yield from _floats(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+            yield from _numbers(getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
     elif isinstance(obj, (tuple, list)):
         for i, item in enumerate(obj):
-            yield from _floats(item, f"{path}[{i}]")
+            yield from _numbers(item, f"{path}[{i}]")
     elif isinstance(obj, dict):
         for key, item in obj.items():
-            yield from _floats(item, f"{path}.{key.value if isinstance(key, enum.Enum) else key}")
+            yield from _numbers(item, f"{path}.{key.value if isinstance(key, enum.Enum) else key}")
 
 
 def _is_free_form(hint: Any) -> bool:

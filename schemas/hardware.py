@@ -27,7 +27,7 @@ from schemas.trace import DType
 from schemas._base import (
     FormatError,
     atomic_write_bytes,
-    check_finite,
+    check_numbers,
     check_header,
     check_schema,
     constrained,
@@ -386,7 +386,7 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
     def req(cond: bool, path: str, message: str) -> None:
         require(cond, _KIND, source, path, message, _FIX)
 
-    check_finite(_KIND, source, hw, fix=_FIX)
+    check_numbers(_KIND, source, hw, fix=_FIX)
     for section in ("device", "host", "nvme", "links", "cluster"):
         spec = getattr(hw, section)
         for name in spec.__slots__:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from schemas._base import (
     atomic_write_bytes,
-    check_finite,
+    check_numbers,
     check_header,
     check_schema,
     constrained,
@@ -416,11 +416,18 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
     def req(cond: bool, path: str, message: str) -> None:
         require(cond, _KIND, source, path, message, _FIX)
 
-    check_finite(_KIND, source, s, fix=_FIX)
+    check_numbers(_KIND, source, s, fix=_FIX)
     lay = s.layout
     n_chunks, n_moments = len(lay.chunks), len(s.moments)
     req(set(lay.list_dtypes) == set(lay.lists), "layout.list_dtypes", f"a dtype for each of {[x.value for x in lay.lists]}")
     req(ChunkList.PARAM in lay.lists, "layout.lists", "PARAM among the chunk lists")
+    # with several ranks the layout pads chunks to whole comm groups of world_size, one chunk per rank
+    # (planner/layout.py `_comm_groups`), so no rank owns nothing; this also bounds the per-rank state
+    # the simulator and executor allocate by the file's size (world_size = 2**63-1, resealed, ran the
+    # simulator out of memory: issue 21 fuzz)
+    ws = s.header.world_size
+    req(ws == 1 or ws <= n_chunks, "header.world_size",
+        f"at most the number of chunks ({n_chunks}: whole comm groups of world_size chunks), found {ws}")
     for i, c in enumerate(lay.chunks):
         req(c.id == i, f"layout.chunks[{i}].id", f"ids dense and in order, expected {i}, found {c.id}")
         req(c.used_elements <= c.elements, f"layout.chunks[{i}].used_elements", f"at most elements={c.elements}, found {c.used_elements}")

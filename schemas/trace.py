@@ -17,7 +17,7 @@ from typing import Any
 from schemas._base import (
     FormatError,
     atomic_write_bytes,
-    check_finite,
+    check_numbers,
     check_header,
     check_schema,
     constrained,
@@ -210,7 +210,7 @@ def validate_trace(trace: Trace, *, source: str) -> None:
     def req(cond: bool, path: str, message: str) -> None:
         require(cond, _KIND, source, path, message, _FIX)
 
-    check_finite(_KIND, source, trace, fix=_FIX)
+    check_numbers(_KIND, source, trace, fix=_FIX)
     names: set[str] = set()
     for i, t in enumerate(trace.tensors):
         req(t.id == i, f"tensors[{i}].id", f"ids dense and in order, expected {i}, found {t.id}")

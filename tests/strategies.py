@@ -228,7 +228,10 @@ def chunk_layouts(draw: Any, *, world_size: int = 1, n_blocks: int = 0, max_chun
     lists = (ChunkList.PARAM, *extra)
     list_dtypes = {lst: draw(_pick(DType)) for lst in lists}
     chunks, spans = [], []
-    for i in range(draw(_ints(0, max_chunks))):
+    # several ranks: whole comm groups of world_size chunks, as planner/layout.py pads them (and
+    # validate_schedule requires: no more ranks than chunks)
+    n_chunks = draw(_ints(0, max_chunks)) if world_size == 1 else world_size * draw(_ints(1, max(1, max_chunks // world_size)))
+    for i in range(n_chunks):
         elements = draw(_ints(1, 2 * chunk_elements))
         # 2k sorted cut points -> k disjoint [start, end) spans inside the chunk
         cuts = sorted(draw(st.lists(st.integers(0, elements), max_size=6)))

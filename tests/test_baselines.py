@@ -325,10 +325,10 @@ def test_zero_infinity_host_counts_every_rank_checkpoints_and_swap_pool_on_the_n
 def test_every_reference_decision_set_says_which_parts_are_the_systems_and_which_are_tides() -> None:
     """Issue 16: a reference decision set is "system X's placement with tide's runtime"; its notes say so."""
     from planner.policies import policy_layout
-    from planner.solve import reference_decisions
+    from planner.reference import reference_decisions
 
     p = problem()
-    sets = reference_decisions(p, policy_layout(p), os_device_groups=1)
+    sets = reference_decisions(p, policy_layout(p), os_device_comm_groups=1)
     assert len(sets) >= 6
     for name, d in sets:
         assert d.notes[0] == f"reference decision set: {name}"

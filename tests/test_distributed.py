@@ -140,6 +140,38 @@ def test_sharded_checkpoint_round_trip_in_one_process(tmp_path) -> None:
     assert again["optimizer"]["state"] == {}  # nothing stepped yet: as a fresh torch AdamW
 
 
+def _edited(schedule: Schedule) -> Schedule:
+    """The same layout under another content digest (a re-solved or edited plan)."""
+    return dataclasses.replace(schedule, header=dataclasses.replace(schedule.header, notes=(*schedule.header.notes, "edited")))
+
+
+def test_sharded_checkpoint_names_its_schedule_and_refuses_another(tmp_path) -> None:
+    """save_sharded records the running schedule's digest (as executor.state.save); load_sharded under
+    another schedule of the same world size is refused in one line naming both, before any write."""
+    schedule = schedule_for(tmp_path, 1)
+    model = build_model(model_spec("gpt-small"), seed=3)
+    coll = CommGroupCollectives(schedule.layout)
+    local = OwnedChunks(schedule.layout, rank=0)
+    opt = ChunkAdamW(model.parameters(), schedule.layout, model=model, lr=LR)
+    torch.save({"format": state.CHECKPOINT_FORMAT, "model": model.state_dict()}, tmp_path / "init.pt")
+    load_sharded(tmp_path / "init.pt", local, coll, model=model, optimizer=opt, schedule=schedule)  # no digest: any schedule
+    save_sharded(tmp_path / "ckpt.pt", local, coll, model=model, optimizer=opt, schedule=schedule)
+    ckpt = state.load(tmp_path / "ckpt.pt")
+    assert (ckpt["schedule_digest"], ckpt["schedule_world_size"]) == (schedule.content_digest(), 1)
+    other = _edited(schedule)
+    fresh = OwnedChunks(schedule.layout, rank=0)
+    with pytest.raises(state.StateError) as info:
+        load_sharded(tmp_path / "ckpt.pt", fresh, coll, model=model, optimizer=opt, schedule=other)
+    message = str(info.value)
+    assert "\n" not in message and schedule.content_digest()[:19] in message and other.content_digest()[:19] in message
+    assert "attach the schedule it was saved with" in message
+    assert all(not t.any() for t in fresh.buffers.values())  # nothing written
+    load_sharded(tmp_path / "ckpt.pt", fresh, coll, model=model, optimizer=opt, schedule=schedule)
+    assert torch.equal(fresh.buffers[(ChunkList.PARAM, 0)], local.buffers[(ChunkList.PARAM, 0)])
+    with pytest.raises(ExecutorError, match="not the one whose layout"):
+        save_sharded(tmp_path / "x.pt", local, coll, model=model, schedule=schedule_for(tmp_path, 2))
+
+
 def test_a_one_process_trace_is_one_rank_of_the_hardware_world(tmp_path) -> None:
     """Issue 9 item 1: the world size comes from the hardware; a trace recorded by one process is
     the per-rank work of data parallel and plans to the same schedule as a trace of every rank."""
@@ -314,7 +346,7 @@ def test_checkpoint_of_two_ranks_continues_in_one_process(two_ranks, tmp_path) -
     local = OwnedChunks(one.layout, rank=0)
     coll = CommGroupCollectives(one.layout)
     opt = ChunkAdamW(model.parameters(), one.layout, model=model, lr=LR, weight_decay=WEIGHT_DECAY)
-    load_sharded(ckpt, local, coll, model=model, optimizer=opt)
+    load_sharded(ckpt, local, coll, model=model, optimizer=opt, schedule=one)  # another world size: a re-shard
     save_sharded(tmp_path / "one.pt", local, coll, model=model, optimizer=opt)
     again = state.load(tmp_path / "one.pt")
     assert max_relative(again["model"], ckpt["model"]) == 0.0
@@ -322,6 +354,19 @@ def test_checkpoint_of_two_ranks_continues_in_one_process(two_ranks, tmp_path) -
         assert float(st["step"]) == SAVE_AT
         assert torch.equal(again["optimizer"]["state"][index]["exp_avg_sq"], st["exp_avg_sq"])
     assert copy.deepcopy(again["optimizer"]["param_groups"]) == ckpt["optimizer"]["param_groups"]
+
+
+@needs_gloo
+def test_two_rank_checkpoint_names_its_schedule_and_every_rank_refuses_another(two_ranks) -> None:
+    tmp, schedule, _ = two_ranks
+    for name in (f"step{SAVE_AT}.pt", "final.pt"):
+        ckpt = state.load(tmp / name)
+        assert (ckpt["schedule_digest"], ckpt["schedule_world_size"]) == (schedule.content_digest(), 2), name
+    for rank in (0, 1):
+        foreign = json.loads((tmp / f"stats_rank{rank}.json").read_text())["foreign"]
+        assert foreign["saved"] == schedule.content_digest() and foreign["running"] != foreign["saved"]
+        assert foreign["saved"][:19] in foreign["refused"] and foreign["running"][:19] in foreign["refused"], foreign
+        assert "\n" not in foreign["refused"] and foreign["unchanged"], foreign
 
 
 @needs_gloo

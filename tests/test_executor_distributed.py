@@ -237,6 +237,10 @@ def test_checkpoint_of_two_ranks_continues_identically_in_one_process(two_rank_e
     reference, _ = plain_run(init, range(STEPS))
     assert max_relative(engine.state_dict()["model"], reference.state_dict()) <= 1e-6
     assert max_relative(engine.state_dict()["model"], state.load(tmp / "final.pt")["model"]) <= 1e-6
+    # engine.save on two ranks names the 2-rank schedule (save_sharded); the 1-process engine loaded it
+    # above under its own schedule: another world size is a re-shard, not a foreign schedule
+    saved = state.load(tmp / f"step{SAVE_AT}.pt")
+    assert (saved["schedule_digest"], saved["schedule_world_size"]) == (Schedule.read(tmp / "schedule.msgpack").content_digest(), 2)
 
 
 @needs_gloo

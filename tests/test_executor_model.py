@@ -12,7 +12,7 @@ import torch
 import executor
 from executor.errors import ExecutorError
 from executor.runtime import EngineState
-from schemas.schedule import Tier
+from schemas.schedule import Op, Tier
 from test_executor import LR, WD, bytes_checker, engine_run, gpt_batches, plain_run
 from test_executor_planner import MODELS, plan
 
@@ -114,6 +114,44 @@ def test_hf_generate_between_steps(tmp_path):
     assert engine.state is EngineState.IDLE and engine.evaluations >= 6
     got = engine_run(engine, model, loss_fn, batches[2:])  # training goes on as plain PyTorch's
     assert got[0] == pytest.approx(loss_fn(ref, batches[2]).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["hf-llama", "hf-qwen2"])
+def test_hf_generate_between_steps_beyond_gpt2(name, tmp_path):
+    """Llama and Qwen2 (rotary embeddings, RMSNorm, grouped-query attention, a KV cache of another
+    layout than GPT-2's): greedy `generate` under no_grad while attached equals the plain model's, and
+    the training after it equals a run that never generated, loss for loss and bit for bit."""
+    build, loss_fn, vocab, schedule, model, engine = attached(name, "swap-host", tmp_path)
+    assert any(a.op is Op.EVICT and a.src is Tier.DEVICE for a in schedule.actions)  # params fetched as needed
+    ref = build()
+    batches = gpt_batches(4, vocab=vocab)
+    engine_run(engine, model, loss_fn, batches[:2])
+    plain_run(ref, loss_fn, batches[:2])
+    prompt = batches[2][:1, :4]
+    model.eval()
+    ref.eval()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        generated = model.generate(prompt, **kw)
+        assert torch.equal(generated, ref.generate(prompt, **kw))
+    assert generated.shape == (1, 10)
+    model.train()
+    assert engine.state is EngineState.IDLE and engine.evaluations >= 6
+    got = engine_run(engine, model, loss_fn, batches[2:])
+
+    model2 = build()  # the same run without the generate
+    engine2 = executor.run(model2, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path / "second")
+    want = engine_run(engine2, model2, loss_fn, batches)
+    assert got == want[2:]
+    a, b = engine.state_dict(), engine2.state_dict()
+    for key in ("model", "optimizer"):
+        for index, value in a[key].items() if key == "model" else a[key]["state"].items():
+            other = b[key][index] if key == "model" else b[key]["state"][index]
+            if key == "model":
+                assert torch.equal(value, other), index
+            else:
+                assert all(torch.equal(value[k], other[k]) for k in ("step", "exp_avg", "exp_avg_sq")), index
+    assert engine.bytes_per_channel() == engine2.bytes_per_channel()  # generation bytes are counted apart
 
 
 def test_backward_through_an_evaluation_forward_is_refused_and_changes_nothing(tmp_path):

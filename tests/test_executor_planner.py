@@ -41,6 +41,24 @@ def hf_model():
     return build_gpt2(dict(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16))
 
 
+def hf_llama():
+    """A tiny Llama from a config (no download): RMSNorm, rotary embeddings, SwiGLU MLP."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16))
+
+
+def hf_qwen2():
+    """A tiny Qwen2 from a config: grouped-query attention (one KV head for two), q/k/v biases."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16))
+
+
 def unusual_model() -> Unusual:
     torch.manual_seed(0)
     return Unusual()
@@ -50,6 +68,8 @@ MODELS = {
     "gpt": (gpt_model, lambda b: {"idx": b, "targets": b}, lambda m, b: m(b, b), 64),
     "hf-gpt2": (hf_model, lambda b: {"input_ids": b, "labels": b}, lambda m, b: m(input_ids=b, labels=b).loss, 64),
     "unusual": (unusual_model, lambda b: b, lambda m, b: m(b), 32),
+    "hf-llama": (hf_llama, lambda b: {"input_ids": b, "labels": b}, lambda m, b: m(input_ids=b, labels=b).loss, 64),
+    "hf-qwen2": (hf_qwen2, lambda b: {"input_ids": b, "labels": b}, lambda m, b: m(input_ids=b, labels=b).loss, 64),
 }
 
 

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from planner.bounds import physical_lower_bound_seconds
-from planner.exact import ExactModel, split_groups
+from planner.exact import ExactModel, split_chunk_classes
 from planner.placement import (
     MIP_RELATIVE_GAP,
     BlockData,
-    GroupData,
+    ChunkClass,
     PlacementInfeasible,
     PlacementInput,
     PlacementModel,
@@ -37,15 +37,15 @@ def synthetic(layers: int = 3, chunks: int = 2, *, device_mib: float = 64, act_m
     stages.append(StageData(id=len(stages), name="optimizer", phase=Phase.OPTIMIZER, compute_seconds=0, non_model_bytes=0))
     n = len(stages)
     fwd, bwd = (lambda b: 1 + b), (lambda b: 2 * layers - b)
-    groups = []
+    classes = []
     for b in range(layers):
-        groups.append(GroupData(id=b, chunks=tuple(range(b * chunks, (b + 1) * chunks)), param_bytes=MIB, os_bytes=2 * MIB,
+        classes.append(ChunkClass(id=b, chunks=tuple(range(b * chunks, (b + 1) * chunks)), param_bytes=MIB, os_bytes=2 * MIB,
                                 elements=elements, trainable=True, use_stages=(fwd(b), bwd(b)),
                                 first_backward_stage=bwd(b), last_backward_stage=bwd(b)))
     blocks = [BlockData(id=b, activation_bytes=int(act_mib * MIB), input_bytes=int(act_mib * MIB) // 8,
                         recompute_seconds=compute_s, forward_stage=fwd(b), backward_stage=bwd(b)) for b in range(layers)]
     return PlacementInput(
-        groups=tuple(groups), blocks=tuple(blocks), stages=tuple(stages), device_bytes=int(device_mib * MIB),
+        chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stages), device_bytes=int(device_mib * MIB),
         host_bytes=10**12, nvme_bytes=10**12 if nvme else 0, h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9,
         nvme_read_bytes_per_s=2e9 if nvme else 0.0, nvme_write_bytes_per_s=1e9 if nvme else 0.0,
         cpu_adam_seconds_per_element=1e-9, gpu_adam_seconds_per_element=1e-11, optimizer_overlap=overlap,
@@ -57,7 +57,7 @@ def test_everything_fits_means_compute_bound_and_no_traffic():
     sol = PlacementModel(data).solve()
     assert sol.status is SolverStatus.OPTIMAL
     compute = sum(st.compute_seconds for st in data.stages)
-    gpu_adam = sum(g.count * g.elements for g in data.groups) * data.gpu_adam_seconds_per_element
+    gpu_adam = sum(g.count * g.elements for g in data.chunk_classes) * data.gpu_adam_seconds_per_element
     # the MIP stops within MIP_RELATIVE_GAP of its bound: the iteration is the compute, give or take that
     assert compute * (1 - 1e-6) <= sol.objective_seconds <= (compute + gpu_adam) * (1 + MIP_RELATIVE_GAP)
     assert all(m is ActivationMode.KEEP for m in sol.activation_modes)
@@ -71,8 +71,8 @@ def test_memory_rows_hold_and_lp_bounds_the_mip():
     assert mip.bound_seconds <= mip.objective_seconds
     assert max(mip.device_bytes_per_stage) <= data.device_bytes + 1
     assert physical_lower_bound_seconds(data) <= mip.objective_seconds * (1 + 1e-6)
-    # every count integral and within its group
-    for g, row, pers in zip(data.groups, mip.resident, mip.persistent):
+    # every count integral and within its chunk class
+    for g, row, pers in zip(data.chunk_classes, mip.resident, mip.persistent):
         assert all(float(x).is_integer() and 0 <= x <= g.count for x in row)
         assert all(x >= pers for x in row)
         for s in g.use_stages:
@@ -82,14 +82,14 @@ def test_memory_rows_hold_and_lp_bounds_the_mip():
 def test_aggregation_loses_nothing():
     data = synthetic(layers=3, chunks=3, device_mib=40)
     aggregated = PlacementModel(data).solve()
-    per_chunk = PlacementModel(split_groups(data)).solve()
+    per_chunk = PlacementModel(split_chunk_classes(data)).solve()
     assert aggregated.objective_seconds == pytest.approx(per_chunk.objective_seconds, rel=1e-2)
 
 
 def test_matches_the_exact_cp_sat_model():
     data = synthetic(layers=3, chunks=2, device_mib=30)
     ours = PlacementModel(data).solve()
-    exact = ExactModel(split_groups(data)).solve()
+    exact = ExactModel(split_chunk_classes(data)).solve()
     assert ours.objective_seconds <= exact.objective_seconds * 1.02
     assert exact.objective_seconds <= ours.objective_seconds * 1.02
 

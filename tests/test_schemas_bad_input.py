@@ -172,6 +172,8 @@ TRACE_CASES = _whole_file_cases(Trace, _good_trace_bytes, "trace") + [
          ("99",)),
     Case("trace-dangling-block", TRACE, _mutated(_good_trace_bytes, _set("moments", 1, "block", value=7)), "moments[1].block",
          ("block id",)),
+    Case("trace-int-beyond-64-bit", TRACE, _mutated(_good_trace_bytes, _set("tensors", 1, "bytes", value=2**64 - 1)),
+         "tensors[1].bytes", ("64-bit", str(2**64 - 1))),
     Case("trace-phases-out-of-order", TRACE, _mutated(_good_trace_bytes, _set("moments", 0, "phase", value="OPTIMIZER")),
          "moments[1].phase", ("in order",)),
 ]
@@ -206,6 +208,11 @@ HW_CASES = [
          "host.usable_fraction", ("<= 1",)),
     Case("hw-ssd-without-rate", HW, _toml(_replace("read_gb_per_s_each = 1.0", "read_gb_per_s_each = 0.0")),
          "nvme.read_gb_per_s_each", ("positive",)),
+    # hardware fuzz cases 1066... of issue 21: JSON Schema counts 1e300 as an integer, msgpack then failed on the digest
+    Case("hw-float-beyond-64-bit", HW, _toml(_replace("k = 256,", "k = 1e+300,")), "device.matmul_rates[0].k",
+         ("64-bit", "found 1e+300")),
+    Case("hw-int-beyond-64-bit", HW, _toml(_replace("cores = 2", "cores = 99999999999999999999")), "host.cores",
+         ("64-bit", "99999999999999999999")),
     Case("hw-gpus-without-link", HW, _toml(_replace("world_size = 1", "world_size = 2")), "links.inter_gpu_gb_per_s",
          ("world_size=2",)),
 ]
@@ -247,6 +254,11 @@ SCHEDULE_CASES = _whole_file_cases(Schedule, _good_schedule_bytes, "schedule") +
          "prediction.busy_seconds_per_channel.H2D", ("finite",)),
     Case("schedule-negative-budget", SCHED, _mutated(_good_schedule_bytes, _set("budgets", "device_bytes", value=-1)),
          "budgets.device_bytes", (">= 0",)),
+    Case("schedule-int-beyond-64-bit", SCHED, _mutated(_good_schedule_bytes, _set("budgets", "device_bytes", value=2**64 - 1)),
+         "budgets.device_bytes", ("64-bit",)),
+    Case("schedule-more-ranks-than-chunks", SCHED,
+         _mutated(_good_schedule_bytes, _set("header", "world_size", value=2**63 - 1)), "header.world_size",
+         ("at most the number of chunks", str(2**63 - 1))),
     Case("schedule-zero-chunk-size", SCHED, _mutated(_good_schedule_bytes, _set("layout", "chunk_elements", value=0)),
          "layout.chunk_elements", (">= 1",)),
     Case("schedule-dangling-tensor-chunk", SCHED, _mutated(_good_schedule_bytes, _set("layout", "tensors", 1, "chunk", value=9)),

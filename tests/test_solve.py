@@ -11,7 +11,8 @@ from planner.cli import main
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
 from planner.presets import resolve_hardware
-from planner.solve import default_output_path, solve, solve_report
+from planner.solve import solve, solve_report
+from planner.solve_cli import default_output_path
 from schemas import Schedule, Trace
 from schemas._base import digest_bytes
 from schemas.schedule import Channel, Tier

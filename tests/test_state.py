@@ -147,3 +147,48 @@ def test_bad_state_is_one_clear_error(tmp_path) -> None:
         state.load(tmp_path / "junk.pt")
     with pytest.raises(state.StateError, match="no such file"):
         state.load(tmp_path / "missing.pt")
+
+
+def _set_path(tree, path, value) -> None:
+    for key in path[:-1]:
+        tree = tree[key]
+    tree[path[-1]] = value
+
+
+@pytest.mark.parametrize(("path", "value", "words"), [
+    (("optimizer", "state", 0, "step"), torch.tensor(float("nan")), "state[0].step"),
+    (("optimizer", "state", 0, "step"), -3, "whole number >= 0"),
+    (("optimizer", "state", 1, "exp_avg"), 7, "state[1].exp_avg: expected a floating-point tensor"),
+    (("optimizer", "state", 1), "junk", "state[1]: expected a map"),
+    (("optimizer", "param_groups", 0, "lr"), float("nan"), "param_groups[0].lr: expected a finite number >= 0"),
+    (("optimizer", "param_groups", 1, "lr"), "fast", "param_groups[1].lr"),
+    (("optimizer", "param_groups", 0, "betas"), (1.5, 0.9), "param_groups[0].betas"),
+    (("optimizer", "param_groups", 0, "betas"), (), "param_groups[0].betas"),
+    (("optimizer", "param_groups", 0, "eps"), float("inf"), "param_groups[0].eps"),
+    (("optimizer", "param_groups", 0, "maximize"), 1, "param_groups[0].maximize: expected True or False"),
+    (("optimizer", "param_groups", 0, "params"), None, "param_groups[0] has no 'params'"),
+    (("model", "fc1.weight"), 3, "'fc1.weight': expected a tensor"),
+    (("model",), [1, 2], "checkpoint: model"),
+    (("loss_scaler",), {"scale": 0.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
+                        "_growth_tracker": 0}, "loss_scaler.scale"),
+], ids=lambda v: str(v)[:40])
+def test_restore_refuses_values_that_cannot_train_before_writing(path, value, words) -> None:
+    """A checkpoint whose digest matches (resealed, or built by hand) but holds a NaN step, a NaN lr, an
+    int where a tensor belongs...: one StateError line, and the chunks and groups are untouched
+    (the checkpoint fuzz of issue 21 reached AttributeError / TypeError inside restore or the kernel)."""
+    torch.manual_seed(0)
+    model, store, opt = _chunk_form(TinyLM())
+    _chunk_train(model, opt, store, _batches(1, seed=3))
+    ckpt = {"format": state.CHECKPOINT_FORMAT, "model": state.model_state_dict(store, model),
+            "optimizer": state.optimizer_state_dict(store, opt), "loss_scaler": DynamicLossScaler().state_dict()}
+    _set_path(ckpt, path, value)
+    ckpt["content_digest"] = state.checkpoint_digest(ckpt)
+    model2, store2, opt2 = _chunk_form(TinyLM())
+    before = {k: v.clone() for k, v in store2.buffers.items()}
+    groups_before = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups])
+    with pytest.raises(state.StateError) as info:
+        state.restore(ckpt, store2, model=model2, optimizer=opt2, loss_scaler=DynamicLossScaler())
+    message = str(info.value)
+    assert words in message and "\n" not in message, message
+    assert all(torch.equal(before[k], store2.buffers[k]) for k in before)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt2.param_groups] == groups_before

@@ -19,6 +19,7 @@ checkpoint saved by all ranks, plain format) and DIR/final.pt (likewise, after t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -229,7 +230,7 @@ def main() -> int:
     coll = CommGroupCollectives(schedule.layout)
     local = OwnedChunks(schedule.layout, rank=rank)
     opt = ChunkAdamW(model.parameters(), schedule.layout, model=model, lr=LR, weight_decay=WEIGHT_DECAY)
-    load_sharded(args.init, local, coll, model=model, optimizer=opt)
+    load_sharded(args.init, local, coll, model=model, optimizer=opt, schedule=schedule)
     agreed = [float(coll.all_reduce_scalar(torch.tensor([rank + 1.0]), op=op)) for op in ("sum", "max")]
     loop = ShardedLoop(model, schedule, coll, local, opt, fault=args.fault)
     per_rank = spec.batch // ws
@@ -242,10 +243,22 @@ def main() -> int:
         after = coll.stats.as_dict()
         iterations.append({"loss": loss, **{k: after[k] - before[k] for k in after}})
         if step + 1 == args.save_at:
-            save_sharded(out / f"step{args.save_at}.pt", local, coll, model=model, optimizer=opt, extra={"step": step + 1})
-    save_sharded(out / "final.pt", local, coll, model=model, optimizer=opt, extra={"step": args.steps})
+            save_sharded(out / f"step{args.save_at}.pt", local, coll, model=model, optimizer=opt, extra={"step": step + 1},
+                         schedule=schedule)
+    save_sharded(out / "final.pt", local, coll, model=model, optimizer=opt, extra={"step": args.steps}, schedule=schedule)
+    # the same checkpoint under another schedule of this world size (a re-solved plan): refused by every
+    # rank, nothing written
+    edited = dataclasses.replace(schedule, header=dataclasses.replace(schedule.header, notes=(*schedule.header.notes, "re-solved")))
+    before = {key: t.clone() for key, t in local.buffers.items()}
+    try:
+        load_sharded(out / "final.pt", local, coll, model=model, optimizer=opt, schedule=edited)
+        refused = ""
+    except state.StateError as exc:
+        refused = str(exc)
+    foreign = {"refused": refused, "unchanged": all(torch.equal(before[k], local.buffers[k]) for k in before),
+               "running": edited.content_digest(), "saved": schedule.content_digest()}
     (out / f"stats_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": ws, "backend": coll.backend,
-                                                            "store_check": store_check, "agreed": agreed,
+                                                            "store_check": store_check, "agreed": agreed, "foreign": foreign,
                                                             "iterations": iterations}))
     dist.destroy_process_group()
     return 0

@@ -1,0 +1,303 @@
+"""What each action of a schedule does in the simulator (`planner.simulate`): copies and evictions with
+their channels, optimizer steps, activation offload and reload, collectives, and the end-of-iteration
+checks (every chunk stepped once, residency back to where it started).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from schemas import Schedule
+from schemas.schedule import (
+    COPY_PATH,
+    OS_LISTS,
+    TIER_INDEX,
+    TIERS,
+    Action,
+    ActivationMode,
+    Channel,
+    ChunkList,
+    Op,
+    Tier,
+)
+
+from schemas.residency import Refusal, ResidencyRefused
+
+from planner.costmodel import adam_dram_bytes, channel_bytes_per_s, cpu_adam_params_per_s, dram_bytes
+from planner.sim_result import Interval, ScheduleViolation, ViolationKind
+from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, tier_bit
+
+# Note [simulator channels]:
+# H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
+# SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
+# `count * read rate`, writes at `count * write rate`, each at most the host-side cap
+# (`nvme.host_cap_gb_per_s`). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
+# when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
+# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates.
+# Host DRAM is one more shared server: every copy leg through host memory and every CPU Adam step
+# reserves its DRAM bytes / `host.dram_gb_per_s` on it as it starts and cannot end before its
+# reservation does, so the iteration is never shorter than the DRAM bytes / bandwidth.
+# CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the CPU Adam rate at the chunk size with all cores
+# (`costmodel.cpu_adam_params_per_s`), at the rate measured with copies beside it when a PCIe or SSD
+# server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
+# `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
+# device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
+# issue order: a CPU step overlapped with backward delays the backward work issued after it (busy
+# time is still reported per channel). Conservative: the executor's optimizer worker runs at the
+# lowest CPU priority, so backward goes first there; the work on the cores is the same.
+# A copy between DEVICE and NVME crosses HOST: it occupies both
+# channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
+
+
+def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: float, ready: float, label: str,
+              *, m: int, i: int, action: Action, rank: int = 0, node_ranks: int = 1) -> float:
+    """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes.
+    `node_ranks`: how many ranks of the node move the same bytes at once (activations: every rank
+    swaps its own), which the node's shared SSDs carry together."""
+    for ch in channels:
+        if sim.rate[ch] <= 0:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"{ch.value} has no bandwidth on hardware "
+                                    f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
+                                    list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
+    start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
+    pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
+    other = {Channel.H2D: Channel.D2H, Channel.D2H: Channel.H2D}
+    rates = {}
+    for ch in channels:
+        if ch in other:  # both ways at once: the other direction still busy as this copy starts
+            duplex = sim.servers[(other[ch], rank)].free_at > start
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex)
+        else:
+            rates[ch] = sim.rate[ch]
+    # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
+    duration = max(nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) / rates[ch]
+                   for ch in channels)
+    end = max(start + duration, _draw_dram(sim, dram_bytes(sim.hardware, channels, nbytes, pageable=pageable), start))
+    for ch in channels:
+        sim.servers[(ch, rank)].free_at = end
+        sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
+        sim.busy[ch] = sim.busy.get(ch, 0.0) + nbytes / rates[ch]
+        if duration > 0:
+            sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
+    sim.last_end = max(sim.last_end, end)
+    return end
+
+
+def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:
+    """Reserve `nbytes` of host DRAM bandwidth from `start` (after what is reserved already); returns
+    when the reservation ends (`start` when the profile gives no DRAM bandwidth)."""
+    if nbytes <= 0 or sim.dram_rate == float("inf"):
+        return start
+    begin = max(start, sim.dram.free_at)
+    sim.dram.free_at = begin + nbytes / sim.dram_rate
+    sim.dram_busy += nbytes / sim.dram_rate
+    return sim.dram.free_at
+
+
+# Note [simulator validity]:
+# Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
+# it is valid. Copies make the destination valid when issued (its arrival time is tracked
+# separately); backward work that writes a GRAD chunk makes other copies stale; an optimizer step
+# makes copies of PARAM and the OS lists on other tiers stale and the GRAD chunk dead.
+
+
+def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int],
+                 last_grad_write: list[int]) -> float:
+    """Apply action `i` issued at time `issue`; returns when it completes."""
+    m = a.moment
+    if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
+        li = _list(sim, a, i)
+        c = a.chunk
+        if a.src == a.dst:
+            raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src.value} to itself",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        path = _path(a, i)
+        if a.channel not in path:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"{a.op.value} {a.src.value}->{a.dst.value} crosses "
+                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
+        if not sim.copies.is_valid(li, c, s):
+            raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
+                                    f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
+                                    f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
+                                    moment=m, action_index=i, list_=a.list, chunk=c)
+        nbytes = a.bytes or sim.chunk_bytes[li][c]
+        end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
+                        m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
+        hold(sim, li, c, d)
+        sim.copies.copy(li, c, s, d)
+        sim.ready[li][c][d] = end
+        return end
+    if a.op is Op.EVICT:
+        li = _list(sim, a, i)
+        c, s = a.chunk, TIER_INDEX[a.src]
+        try:
+            sim.copies.evict(li, c, s)
+        except ResidencyRefused as exc:
+            if exc.refusal is Refusal.NOT_HELD:
+                raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from "
+                                        f"{a.src.value}, which holds no copy", moment=m, action_index=i, list_=a.list,
+                                        chunk=c) from None
+            raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
+                                    "drops its last valid copy (write it back first)",
+                                    moment=m, action_index=i, list_=a.list, chunk=c) from None
+        drop(sim, li, c, s)
+        return issue
+    if a.op is Op.ALLOCATE:
+        li = _list(sim, a, i)
+        c, d = a.chunk, TIER_INDEX[a.dst]
+        hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
+        sim.copies.allocate(li, c, d)  # a fresh zero chunk: other copies are stale
+        sim.ready[li][c][d] = issue
+        return issue
+    if a.op is Op.OPTIMIZER_STEP:
+        return _optimizer_step(sim, a, i, issue, last_grad_write)
+    if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
+        return _activation(sim, a, i, issue, blocks, act_bytes)
+    if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
+        # comm group `chunk`: bytes over INTER_GPU, once the comm group's copies on DEVICE are there (the
+        # owners' fetched shards, the written grads); afterwards every chunk of the comm group is ready on
+        # DEVICE (an all-gather leaves a copy on every rank)
+        li = _list(sim, a, i)
+        comm_group = sim.comm_groups.get(a.chunk, ())
+        inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
+        end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
+                        f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
+        for c in comm_group:
+            if a.op is Op.ALL_GATHER:
+                hold(sim, li, c, DEVICE_INDEX, everywhere=True)
+                sim.copies.gather(li, c)
+                sim.ready[li][c][DEVICE_INDEX] = end
+            elif sim.copies.is_valid(li, c, DEVICE_INDEX):
+                sim.ready[li][c][DEVICE_INDEX] = end
+        return end
+    raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
+
+
+def _path(a: Action, i: int) -> tuple[Channel, ...]:
+    if (a.src, a.dst) not in COPY_PATH:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src} to {a.dst}: no such path",
+                                moment=a.moment, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None,
+                                block=a.block if a.block >= 0 else None)
+    return COPY_PATH[(a.src, a.dst)]
+
+
+def _list(sim: SimState, a: Action, i: int) -> int:
+    if a.list not in sim.list_index:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"list {a.list} is not in the layout", moment=a.moment,
+                                action_index=i, chunk=a.chunk)
+    return sim.list_index[a.list]
+
+
+def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_write: list[int]) -> float:
+    m, c, d = a.moment, a.chunk, TIER_INDEX[a.dst]
+    if m <= last_grad_write[c]:
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_EARLY, f"chunk {c}'s grads are still written by the backward "
+                                f"work of moment {last_grad_write[c]}", moment=m, action_index=i, chunk=c)
+    sim.stepped[c] += 1
+    if sim.stepped[c] > 1:
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} stepped twice in one iteration",
+                                moment=m, action_index=i, chunk=c)
+    inputs = [sim.list_index[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
+    try:
+        sim.copies.step(c, d, inputs)  # afterwards the inputs are valid on d only, GRAD dead
+    except ResidencyRefused as exc:
+        lst = sim.lists[exc.list_index]
+        raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "
+                                f"{lst.value} copy there", moment=m, action_index=i, list_=lst, chunk=c) from None
+    ready = max(issue, *(sim.ready[li][c][d] for li in inputs))
+    params = sim.schedule.layout.chunks[c].used_elements
+    server_key = (Channel.CPU_OPTIMIZER if d == HOST_INDEX else Channel.COMPUTE, sim.schedule.layout.chunks[c].owner_rank)
+    start = max(ready, sim.servers[server_key].free_at)
+    if d == HOST_INDEX:
+        # with copies beside it: a PCIe or SSD server still busy as the step starts (findings 2026-11-23)
+        copies = any(srv.free_at > start for (ch, _), srv in sim.servers.items()
+                     if ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
+        channel, rate = Channel.CPU_OPTIMIZER, cpu_adam_params_per_s(sim.hardware, with_copies=copies)
+    elif d == DEVICE_INDEX:
+        channel, rate = Channel.COMPUTE, sim.hardware.device.optimizer_params_per_s
+    else:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
+                                moment=m, action_index=i, chunk=c)
+    server = sim.servers[server_key]
+    end = start + params / rate
+    if d == HOST_INDEX:
+        end = max(end, _draw_dram(sim, adam_dram_bytes(sim.hardware, params), start))
+    server.free_at = end
+    sim.busy[channel] = sim.busy.get(channel, 0.0) + params / rate
+    sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
+    sim.last_end = max(sim.last_end, end)
+    for li in inputs:
+        if sim.lists[li] is not ChunkList.GRAD:
+            sim.ready[li][c][d] = end
+    return end
+
+
+def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int]) -> float:
+    m, b = a.moment, a.block
+    blk = blocks[b]
+    if blk.plan_mode is ActivationMode.KEEP:
+        raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"{a.op.value} for a block planned {blk.plan_mode.value}",
+                                moment=m, action_index=i, block=b)
+    moved = blk.moved_bytes()
+    nbytes = a.bytes or moved
+    if a.op is Op.ACT_OFFLOAD:
+        if blk.state is not ActState.ON_DEVICE:
+            raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_OFFLOAD while the block's activations are "
+                                    f"{blk.state.value} (offload after its forward, before its backward)",
+                                    moment=m, action_index=i, block=b)
+        path = _path(dataclasses.replace(a, src=Tier.DEVICE), i)
+        if a.channel not in path:
+            raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_OFFLOAD to {a.dst.value} crosses "
+                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                    moment=m, action_index=i, block=b)
+        end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
+        act_bytes[DEVICE_INDEX] -= blk.device_bytes()
+        blk.state, blk.tier = ActState.OFFLOADED, a.dst
+        act_bytes[TIER_INDEX[a.dst]] += moved
+        blk.ready_at = end  # a reload cannot start before the offload is done
+        return end
+    if blk.state is not ActState.OFFLOADED or blk.tier is not a.src:
+        raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_RELOAD from {a.src.value} while the block's "
+                                f"activations are {blk.state.value}{' on ' + blk.tier.value if blk.tier else ''}",
+                                moment=m, action_index=i, block=b)
+    path = _path(dataclasses.replace(a, dst=Tier.DEVICE), i)
+    if a.channel not in path:
+        raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_RELOAD from {a.src.value} crosses "
+                                f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                moment=m, action_index=i, block=b)
+    end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
+    act_bytes[TIER_INDEX[a.src]] -= moved
+    blk.state, blk.tier, blk.ready_at = ActState.ON_DEVICE, None, end
+    act_bytes[DEVICE_INDEX] += blk.device_bytes()
+    return end
+
+
+def check_end(sim: SimState, schedule: Schedule, last_grad_write: list[int], n_moments: int) -> None:
+    last = n_moments - 1
+    trainable_chunks = {t.chunk for t in schedule.layout.tensors if t.trainable}
+    for c in sorted(trainable_chunks):
+        if sim.stepped[c] == 0 and ChunkList.GRAD in sim.list_index:
+            raise ScheduleViolation(ViolationKind.OPTIMIZER_COUNT, f"chunk {c} holds trainable params and is never "
+                                    "stepped", moment=last, chunk=c)
+    initial: dict[tuple[ChunkList, int], int] = {}
+    for r in schedule.initial_residency:
+        initial[(r.list, r.chunk)] = sum(tier_bit(TIER_INDEX[t]) for t in r.tiers)
+    for li, lst in enumerate(sim.lists):
+        for c in range(len(schedule.layout.chunks)):
+            want = initial.get((lst, c), 0)
+            if sim.copies.ends_as_started(li, c, want):
+                continue
+            held, valid = sim.copies.held[li][c], sim.copies.valid[li][c]
+            have = held if lst is ChunkList.GRAD else valid
+            stale = held & ~valid
+            raise ScheduleViolation(ViolationKind.STEADY_STATE,
+                                    f"the iteration ends with {lst.value} chunk {c} valid on {_names(have)}"
+                                    f"{' and stale on ' + _names(stale) if stale and lst is not ChunkList.GRAD else ''}, "
+                                    f"it started valid on {_names(want)}", moment=last, list_=lst, chunk=c)
+
+
+def _names(mask: int) -> str:
+    names = [TIERS[t].value for t in TIER_INDEX.values() if mask & tier_bit(t)]
+    return "+".join(names) if names else "no tier"

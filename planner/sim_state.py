@@ -1,0 +1,249 @@
+"""The simulator's state (`planner.simulate`): servers, blocks' activations, per-rank and per-node bytes
+per tier, and the setup of one replay from a schedule and a hardware profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from schemas import Hardware, Schedule
+from schemas.hardware import DeviceKind
+from schemas.schedule import TIER_INDEX, TIERS, ActivationMode, Channel, ChunkList, Tier
+from schemas.trace import DTYPE_BYTES, Phase
+
+from schemas.residency import ValidCopies
+
+from planner.costmodel import PAGEABLE_POLICIES, channel_bytes_per_s, dram_bytes_per_s
+from planner.sim_result import Interval
+
+# ----------------------------------------------------------------------------- state
+
+
+# array index of each tier in the simulator's per-tier lists (schemas.schedule.TIER_INDEX)
+DEVICE_INDEX, HOST_INDEX, NVME_INDEX = (TIER_INDEX[t] for t in TIERS)
+
+
+class ActState(StrEnum):
+    """Where a block's saved activations are."""
+
+    ABSENT = "ABSENT"  # before the block's forward ends (counted in the recorded non-model bytes)
+    ON_DEVICE = "ON_DEVICE"  # after forward (KEEP, RECOMPUTE's input, SWAP before offload) or after reload
+    OFFLOADED = "OFFLOADED"  # SWAP: on HOST or NVME between ACT_OFFLOAD and ACT_RELOAD
+    CONSUMED = "CONSUMED"  # the block's backward started
+
+
+@dataclass(slots=True)
+class Server:
+    """A FIFO channel (or a simplex set of channels) with its bandwidth per channel."""
+
+    free_at: float = 0.0
+
+
+@dataclass(slots=True)
+class BlockState:
+    plan_mode: ActivationMode
+    bytes: int
+    input_bytes: int
+    recompute_seconds: float
+    recompute_flops: int
+    fwd_last: int = -1
+    bwd_first: int = -1
+    state: ActState = ActState.ABSENT
+    tier: Tier | None = None  # where an offloaded block's activations are
+    ready_at: float = 0.0  # when reloaded activations are on DEVICE
+
+    def moved_bytes(self) -> int:
+        """What ACT_OFFLOAD moves: the saved activations, or a RECOMPUTE block's kept input (its checkpoint)."""
+        return self.input_bytes if self.plan_mode is ActivationMode.RECOMPUTE else self.bytes
+
+    def device_bytes(self) -> int:
+        """Bytes this block holds on DEVICE while in its held window (fwd_last <= m < bwd_first)."""
+        if self.state is ActState.OFFLOADED:
+            return 0
+        if self.plan_mode is ActivationMode.RECOMPUTE:
+            return self.input_bytes
+        return self.bytes
+
+
+@dataclass(slots=True)
+class SimState:
+    schedule: Schedule
+    hardware: Hardware
+    lists: tuple[ChunkList, ...]
+    list_index: dict[ChunkList, int]
+    chunk_bytes: list[list[int]]  # [list][chunk]
+    copies: ValidCopies  # which tiers hold a (valid) copy of each chunk: the residency rules
+    ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
+    stepped: list[int]
+    world: int
+    owner: list[int]  # per chunk: its owner rank
+    node_of: list[int]  # per rank: its node
+    ranks_in_node: list[int]  # per node: how many ranks it hosts
+    replicated: list[list[bool]]  # [list][chunk] a DEVICE copy is held by every rank (else by the owner only)
+    place_bytes: list[list[list[int]]]  # [tier][rank (DEVICE) or node (HOST, NVME)][list]
+    place_total: list[list[int]]  # [tier][rank or node]: sum over lists
+    comm_groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
+    servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
+    rate: dict[Channel, float]
+    pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
+    dram: Server = field(default_factory=Server)  # host DRAM, shared by copies and CPU Adam
+    dram_rate: float = float("inf")
+    dram_busy: float = 0.0
+    bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
+    busy: dict[Channel, float] = field(default_factory=dict)
+    timeline: list[Interval] = field(default_factory=list)
+    last_end: float = 0.0
+
+
+def tier_bit(t: int) -> int:
+    return 1 << int(t)
+
+
+# Note [simulator ranks]:
+# With world_size > 1 every rank has its own H2D, D2H and COMPUTE server: a chunk's copies
+# and its DEVICE optimizer step run on its owner rank's, the moments' work on all of them at once
+# (SPMD); each node's ranks share its SSDs and its CPU optimizer (one server each per node), and
+# collectives share one cluster-wide server, priced intra- vs inter-node by
+# `Hardware.collective_seconds` (the slower of the NVLink and the NIC stage of a hierarchical ring). Bytes and busy
+# seconds of local copies are summed over ranks; a collective's bytes are what each rank sends
+# (the schedule's convention), counted once. A collective starts when its inputs are on DEVICE
+# (an ALL_GATHER after the owners' copies of the comm group arrived, a REDUCE_SCATTER after the grads
+# were written) and its outputs are ready when it ends.
+
+
+def setup(schedule: Schedule, hardware: Hardware) -> SimState:
+    layout = schedule.layout
+    lists = tuple(layout.lists)
+    list_index = {lst: i for i, lst in enumerate(lists)}
+    n = len(layout.chunks)
+    chunk_bytes = [[c.elements * DTYPE_BYTES[layout.list_dtypes[lst]] for c in layout.chunks] for lst in lists]
+    ready = [[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists]
+    world = schedule.header.world_size
+    per_node = max(1, min(hardware.cluster.gpus_per_node, world))
+    node_of = [r // per_node for r in range(world)]
+    n_nodes = node_of[-1] + 1
+    places = {DEVICE_INDEX: world, HOST_INDEX: n_nodes, NVME_INDEX: n_nodes}
+    # per node: the SSD set (one simplex server for reads and writes) and the CPU optimizer, shared by
+    # the node's ranks (PatrickStar §9.1's 12 cores serve its 8 ranks); collectives: one cluster-wide
+    # server priced by Hardware.collective_seconds (intra- vs inter-node)
+    nvme = [Server() for _ in range(n_nodes)]
+    cpu = [Server() for _ in range(n_nodes)]
+    collectives = Server()
+
+    def server(ch: Channel, rank: int) -> Server:
+        if ch in (Channel.NVME_READ, Channel.NVME_WRITE):
+            return nvme[node_of[rank]]
+        if ch is Channel.CPU_OPTIMIZER:
+            return cpu[node_of[rank]]
+        return collectives if ch is Channel.INTER_GPU else Server()
+
+    servers = {(ch, rank): server(ch, rank) for ch in Channel for rank in range(schedule.header.world_size)}
+    if hardware.device.kind is DeviceKind.CPU_EMULATED:  # one set of cores computes and steps
+        for rank in range(world):
+            servers[(Channel.CPU_OPTIMIZER, rank)] = servers[(Channel.COMPUTE, rank)]
+    rate = {ch: channel_bytes_per_s(hardware, ch)  # pinned; NVMe behind the host-side cap
+            for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE, Channel.INTER_GPU)}
+    sim = SimState(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
+               copies=ValidCopies(lists, n), ready=ready, stepped=[0] * n, world=world,
+               owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
+               ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
+               replicated=[[False] * n for _ in lists],
+               place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
+               place_total=[[0] * places[t] for t in TIER_INDEX.values()],
+               servers=servers, rate=rate, comm_groups=_comm_groups(layout),
+               pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware))
+    for r in schedule.initial_residency:
+        li = list_index[r.list]
+        for tier in r.tiers:
+            # PARAM and GRAD on DEVICE: every rank's copy (what the iteration computes with); OS: the owner's
+            hold(sim, li, r.chunk, TIER_INDEX[tier], everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
+            sim.copies.start(li, r.chunk, TIER_INDEX[tier])
+    return sim
+
+
+# ----------------------------------------------------------------------------- memory per rank / node
+
+
+def _comm_groups(layout) -> dict[int, tuple[int, ...]]:
+    members: dict[int, list[int]] = {}
+    for c in layout.chunks:
+        members.setdefault(c.comm_group, []).append(c.id)
+    return {g: tuple(cs) for g, cs in members.items()}
+
+
+def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:
+    sim.place_bytes[t][place][li] += nbytes
+    sim.place_total[t][place] += nbytes
+
+
+# Note [simulator memory per rank and node]:
+# DEVICE capacity is per rank: a copy of a chunk on DEVICE is held
+# by its owner rank only (a FETCH/PREFETCH/WRITE_BACK to DEVICE, which the owner does, and the
+# optimizer state) or by every rank (PARAM and GRAD at the start of the iteration, after an
+# ALL_GATHER, an ALLOCATE on DEVICE or a backward write); the DEVICE peak is the busiest rank's.
+# HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
+# there counts on its owner's node, and swapped activations once per rank of the node (each rank
+# swaps its own). With one rank all of this is the plain sum.
+
+
+def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) -> None:
+    """Tier t now holds a copy of (list li, chunk c): the owner's (or, on DEVICE, every rank's)."""
+    size = sim.chunk_bytes[li][c]
+    owner = sim.owner[c]
+    if t != DEVICE_INDEX:
+        if sim.copies.hold(li, c, t):
+            _add(sim, t, sim.node_of[owner], li, size)
+        return
+    if sim.copies.hold(li, c, t):
+        sim.replicated[li][c] = False
+        _add(sim, t, owner, li, size)
+    if everywhere and not sim.replicated[li][c]:
+        sim.replicated[li][c] = True
+        for r in range(sim.world):
+            if r != owner:
+                _add(sim, t, r, li, size)
+
+
+def drop(sim: SimState, li: int, c: int, t: int) -> None:
+    """Tier t no longer holds its copy (sim.copies.evict said so): its bytes leave the owner (or every rank)."""
+    size = sim.chunk_bytes[li][c]
+    owner = sim.owner[c]
+    if t != DEVICE_INDEX:
+        _add(sim, t, sim.node_of[owner], li, -size)
+        return
+    for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
+        _add(sim, t, r, li, -size)
+    sim.replicated[li][c] = False
+
+
+def busiest(sim: SimState, t: int) -> int:
+    """The rank (DEVICE) or node (HOST, NVME) holding the most chunk bytes."""
+    totals = sim.place_total[t]
+    return 0 if len(totals) == 1 else max(range(len(totals)), key=totals.__getitem__)
+
+
+def used_bytes(sim: SimState, t: int, act_bytes: list[int]) -> int:
+    """Chunks and activations on the busiest rank (DEVICE) or node (HOST, NVME)."""
+    if t == DEVICE_INDEX:
+        return max(sim.place_total[t]) + act_bytes[t]
+    return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(sim.place_total[t]))
+
+
+def place_name(sim: SimState, t: int, place: int) -> str:
+    if sim.world == 1:
+        return ""
+    return f" (rank {place}, per-rank budget)" if t == DEVICE_INDEX else f" (node {place}, shared by {sim.ranks_in_node[place]} ranks)"
+
+
+def block_states(schedule: Schedule) -> list[BlockState]:
+    blocks = [BlockState(plan_mode=p.mode, bytes=p.bytes, input_bytes=p.input_bytes, recompute_seconds=p.recompute_seconds,
+                     recompute_flops=p.recompute_flops) for p in schedule.activation_plans]
+    for m in schedule.moments:
+        if 0 <= m.block < len(blocks):
+            blk = blocks[m.block]
+            if m.phase is Phase.FORWARD:
+                blk.fwd_last = m.id
+            elif m.phase is Phase.BACKWARD and blk.bwd_first < 0:
+                blk.bwd_first = m.id
+    return blocks
