@@ -150,6 +150,10 @@ def main() -> int:
         engine.save(out / "fp16_final.pt")
         engine.detach()
 
+    # every rank's gloo work is done before any rank tears its pairs down: a rank that destroys its
+    # process group while a peer's operation still addresses it can abort the peer (a 1-in-14 SIGABRT,
+    # "terminate called without an active exception", seen in CI on 2026-11-23)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 

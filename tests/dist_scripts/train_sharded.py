@@ -260,6 +260,10 @@ def main() -> int:
     (out / f"stats_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": ws, "backend": coll.backend,
                                                             "store_check": store_check, "agreed": agreed, "foreign": foreign,
                                                             "iterations": iterations}))
+    # every rank's gloo work is done before any rank tears its pairs down: a rank that destroys its
+    # process group while a peer's operation still addresses it can abort the peer (a 1-in-14 SIGABRT,
+    # "terminate called without an active exception", seen in CI on 2026-11-23)
+    dist.barrier()
     dist.destroy_process_group()
     return 0
 
