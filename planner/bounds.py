@@ -17,7 +17,6 @@ same model with that tier's capacity as the objective (the other tiers as given,
 
 from __future__ import annotations
 
-import math
 
 from planner.costmodel import cpu_adam_threads, nvme_seconds, optimizer_step_price
 from planner.decisions import non_model_curve

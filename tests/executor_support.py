@@ -132,7 +132,6 @@ def build_schedule(model: nn.Module, iteration: Callable[[nn.Module], None], *, 
         actions.append(Action(moment=m, op=op, list=lst, chunk=c, src=src, dst=dst, channel=channel, bytes=n))
 
     unit_tensors = {u: tuple(tensor_ids[id(p)] for p in modules[u].parameters()) for u in units}
-    grads_live: list[int] = []
     stepped: set[int] = set()
 
     def step(m: int, c: int) -> None:

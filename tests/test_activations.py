@@ -442,7 +442,7 @@ def test_a_failing_checkpoint_offload_raises_executor_error(monkeypatch):
         raise RuntimeError("simulated DMA failure")
 
     model = build_model(GPT, seed=0)
-    with ActivationManager(model, [KEEP, RECOMPUTE, KEEP, KEEP], checkpoint_tiers={1: Tier.HOST}) as manager:
+    with ActivationManager(model, [KEEP, RECOMPUTE, KEEP, KEEP], checkpoint_tiers={1: Tier.HOST}):
         monkeypatch.setattr(activations, "_copy_bytes", broken)
         with pytest.raises(ExecutorError, match=r"block 1 \('h.1'\).*RECOMPUTE checkpoint\).*simulated DMA"):
             model(**make_batch(GPT)).backward()

@@ -4,7 +4,6 @@ and an out-of-memory error of the DEVICE becomes one clear line with nothing los
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
@@ -210,7 +209,7 @@ def test_a_larger_batch_is_refused_naming_the_batch_before_anything_changes(fact
     engine_run(engine, model, loss_fn, batches[:1])
     before = engine.state_dict()
     big = batches[1].repeat(factor, 1)
-    with pytest.raises(ExecutorError, match=rf"larger than the recorded one \(batch size or sequence length\)") as info:
+    with pytest.raises(ExecutorError, match=r"larger than the recorded one \(batch size or sequence length\)") as info:
         loss_fn(model, big)
     assert "block 'h.0'" in str(info.value) and "budget" not in str(info.value)
     after = engine.state_dict()

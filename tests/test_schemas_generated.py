@@ -49,7 +49,7 @@ def _keywords(node: Any, out: set[str]) -> set[str]:
 
 @pytest.mark.parametrize("name", list(DOCUMENTS))
 def test_committed_document_is_current(name: str) -> None:
-    assert (REPO / "schemas" / name).read_text(encoding="utf-8") == render(name), f"run `python -m schemas.generate`"
+    assert (REPO / "schemas" / name).read_text(encoding="utf-8") == render(name), "run `python -m schemas.generate`"
 
 
 def test_generate_check_passes() -> None:

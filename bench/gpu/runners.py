@@ -99,7 +99,6 @@ def _sync() -> None:
 def copy_overlap(step: Any, workdir: Path) -> dict[str, Any]:
     """Run `step()` once under torch.profiler (CUDA activity) and return the copy/compute overlap:
     the share of host<->device copy time during which a compute kernel ran (device timestamps)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _cuda() else [])) as prof:
