@@ -13,7 +13,7 @@ from planner.cli import main
 from planner.errors import PlannerError
 from planner.simulate import ScheduleViolation, ViolationKind, simulate
 from schemas.hardware import DeviceKind
-from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, SolverStatus, Tier
+from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, Schedule, SolverStatus, Tier
 from strategies import hardwares, schedules
 from test_simulate_builders import ELEMENTS as ELEMENTS_
 from test_simulate_builders import (
@@ -98,16 +98,22 @@ def test_prefetch_hides_the_transfer_behind_compute() -> None:
     assert hidden.iteration_seconds == pytest.approx(9.1)
 
 
-def test_nvme_is_simplex_reads_wait_for_writes() -> None:
+def _nvme_write_then_read() -> Schedule:
+    """Chunk 1 written back HOST -> NVMe while chunk 0 is read NVMe -> HOST -> DEVICE, both 1 GB."""
     specs = [
-        (0, Op.WRITE_BACK, P, 1, H, N),  # 1 GB at 0.5 GB/s: 2 s on the drive
-        (0, Op.FETCH, P, 0, N, H),  # 1 GB at 1 GB/s, after the write: 2..3 s
-        (0, Op.FETCH, P, 0, H, D),  # 3..4 s
+        (0, Op.WRITE_BACK, P, 1, H, N),
+        (0, Op.FETCH, P, 0, N, H),
+        (0, Op.FETCH, P, 0, H, D),
         (1, Op.EVICT, P, 0, H, None),
         (1, Op.EVICT, P, 1, N, None),
         (7, Op.EVICT, P, 0, D, None),
     ]
-    r = simulate(tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,)), HW)
+    return tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,))
+
+
+def test_nvme_is_simplex_reads_wait_for_writes() -> None:
+    # the write: 1 GB at 0.5 GB/s, 0..2 s on the drive; the read at 1 GB/s after it, 2..3 s; H2D 3..4 s
+    r = simulate(_nvme_write_then_read(), HW)
     assert r.moment_start_seconds[0] == pytest.approx(4.0)
     assert r.busy_seconds_per_channel[Channel.NVME_WRITE] == pytest.approx(2.0)
     assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1.0)
@@ -437,7 +443,6 @@ def test_prices_pageable_policy_and_shared_dram() -> None:
     import dataclasses as dc
 
     from planner.presets import resolve_hardware
-    from schemas import Schedule
 
     path = Path(__file__).resolve().parent.parent / "traces/golden/pstar-gpt-4b.rtx4090-768g-12ssd.schedule.msgpack"
     s = Schedule.read(path)
@@ -457,21 +462,14 @@ def test_nvme_reads_and_writes_overlap_at_the_mixed_rates() -> None:
     issued while the write runs goes at the mixed rate instead of waiting for it (simplex above)."""
     hw = dataclasses.replace(HW, nvme=dataclasses.replace(HW.nvme, mixed_read_gb_per_s_each=0.8,
                                                           mixed_write_gb_per_s_each=0.4))
-    specs = [
-        (0, Op.WRITE_BACK, P, 1, H, N),  # 1 GB alone at 0.5 GB/s: 0..2 s
-        (0, Op.FETCH, P, 0, N, H),  # the write is running: 1 GB at the mixed 0.8 GB/s, 0..1.25 s
-        (0, Op.FETCH, P, 0, H, D),  # 1.25..2.25 s
-        (1, Op.EVICT, P, 0, H, None),
-        (1, Op.EVICT, P, 1, N, None),
-        (7, Op.EVICT, P, 0, D, None),
-    ]
-    r = simulate(tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,)), hw)
+    # the write alone at 0.5 GB/s, 0..2 s; the read while it runs at the mixed 0.8 GB/s, 0..1.25 s; H2D 1.25..2.25 s
+    r = simulate(_nvme_write_then_read(), hw)
     assert r.moment_start_seconds[0] == pytest.approx(2.25)
     assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1.25)
     assert r.busy_seconds_per_channel[Channel.NVME_WRITE] == pytest.approx(2.0)
     # a host-side cap holds both together: 0.8 + 0.4 GB/s squeezed into 0.6 GB/s (a third each way lost)
     capped = dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, host_cap_gb_per_s=0.6))
-    r = simulate(tiny_schedule(specs, {(P, 0): (N,), (P, 1): (D, H)}, lists=(P,)), capped)
+    r = simulate(_nvme_write_then_read(), capped)
     assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1 / 0.4)
 
 
