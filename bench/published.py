@@ -158,6 +158,10 @@ PS_T3_CI = 32  # the CI subset's one batch for Table 3 (the full run tries 4-64)
 PS_TABLE3 = ("best of batch 4-64 per GPU (§9.2), seq 1024, 16 heads, activation "
              "checkpointing (§9.1: 'for all the three software'); the bar: >= 30 TFLOPS (§9.2.1's definition of "
              "max scale)")
+PS_DS_1 = ("DeepSpeed = `zero3-offload[gpu_params]`: v0.4.3 ZeRO-3 with the DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3 "
+           "config PatrickStar §9.1 names (no offload_param: fp16 params on the GPU, §9.2.1 'overall param fp16 and peak "
+           "non-model data must be in GPU'; optimizer offloaded, §2 'grad fp16 and OS data are stored in CPU'; "
+           "--checkpoint-in-cpu)")
 PS_DS = ("DeepSpeed = `zero-infinity` with no SSD (PatrickStar §9.1: DeepSpeed v0.4.3 'zero3 stage', ZeRO-Offload/"
          "Infinity, CPU offload)")
 
@@ -168,8 +172,8 @@ FIGURES: tuple[Figure, ...] = (
       ci_batch=PS_T3_CI, min_tflops=30.0,
       assumption=PS_TABLE3),
     F(key="ps-t3-1-ds", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: DeepSpeed",
-      kind="largest", published="4B", policy="zero-infinity", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
-      ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS),
+      kind="largest", published="4B", policy="zero3-offload[gpu_params]", hardware=PS1, ladder=PSTAR_LADDER,
+      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS_1),
     F(key="ps-t3-1-ps", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3),
@@ -249,8 +253,10 @@ FIGURES: tuple[Figure, ...] = (
                  "seconds per size, no MIP)"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
-      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
-      assumption="batch 10, 32 heads, checkpointing (DeepSpeed docs/_tutorials/zero-offload.md, the 10B run), seq 1024"),
+      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=1,
+      assumption="largest trainable = fits at some batch: §1 names none, so batch 1 (feasibility is monotone in the "
+                 "batch; the tutorial's batch 10 is its 10B run's); 32 heads, checkpointing "
+                 "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
     F(key="zo-10b", paper="ZeRO-Offload (Ren et al. 2021) §1", label="ZeRO-Offload 10B on 1x V100, TFLOPS",
       kind="throughput", published=40.0, policy="zero2-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
       ci_batch=10, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
@@ -260,10 +266,11 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": "zero-infinity without SSDs (ZeRO-3, params on the CPU) keeps no fp16 params on the GPU, so only "
-                  "HOST bounds it: 10B at >= 30 TFLOPS, 12B over HOST with the fp32 grad partition reserved; "
-                  "PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and peak non-model data must be in "
-                  "GPU' (§9.2.1); pageable staging (Z3.12) and per-sub-module gathers are not modelled",
+    "ps-t3-1-ds": ("8B (+2 steps): DeepSpeed v0.4.3 as PatrickStar ran it (fp16 params on the GPU, its gathered "
+                   "copies, temp grad and ipg buffers reserved) fits 8B at batch 32 with 30.7 TFLOPS (CPU Adam after "
+                   "backward 37% busy), 10B only up to batch 16 (21.7); 6B at batch 64 gives 39.0 and 4B 37.5 (PatrickStar "
+                   "§2 measured 33 at 4B). Its OOM above 4B (§9.2.1: 'param fp16 and peak non-model data must be in "
+                   "GPU') needs more non-model memory at batch 32-64 than tide's GPT trace records"),
     "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
                   "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
                   "schedule format cannot express)",
@@ -297,14 +304,13 @@ MISSES: dict[str, str] = {
                       "inside (x0.87) since the SSDs price their measured mixed rate and DRAM is shared in its free "
                       "time (issue 17): the miss is fy-5b-fuyou's"),
     "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
-    "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
-                "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
-                "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
     "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
                   "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
-    "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
-                  "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
-                  "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
+    "zo-10b": ("batch 10 runs out of DEVICE by 35 MB (0.1 %): fp16 params 20.6 GB + ZeRO-2's two 5e8-element ipg "
+               "buckets and temp grad buffer (Z2.3, since issue 16's third pass) + the recompute peak of h.49 at batch 10 "
+               "(6.4 GB) against 29.65 GB usable (34.06 GB x the preset's usable_fraction 0.9 - its 1 GB margin, both tide "
+               "estimates); batch 8 fits at 27.7 (x0.69, CPU Adam after backward 36% busy). Before the buckets were "
+               "counted it was 31.1 (x0.78)"),
 }
 FIGURES = tuple(dataclasses.replace(f, miss=MISSES.get(f.key, "")) for f in FIGURES)
 BY_KEY = {f.key: f for f in FIGURES}

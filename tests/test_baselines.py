@@ -107,8 +107,9 @@ def test_zero3_offload_keeps_params_on_the_cpu_prefetches_within_the_bucket_and_
     assert any(r.tiers == (Tier.HOST,) for r in params)  # params on the CPU (Z3.1), small ones persistent (Z3.5)
     assert all(a.dst is Tier.HOST and _phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
     assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
-    # ZeRO-3 Offload fits a GPU where ZeRO-2's fp16 params do not
-    small = problem(box(device_gb=0.2))
+    # ZeRO-3 Offload fits a GPU where ZeRO-2's fp16 params and its two 1 GB ipg grad buckets (Z2.3) do not;
+    # ZeRO-3's own bucket is one (stage3.py __ipg_bucket_flat_buffer)
+    small = problem(box(device_gb=1.5))
     with pytest.raises(InfeasibleError):
         baseline("zero2-offload", small)
     assert baseline("zero3-offload", small).header.policy == "zero3-offload"
