@@ -251,6 +251,11 @@ FIGURES: tuple[Figure, ...] = (
       kind="largest", published="55B", policy=TIDE, hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
       assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets only: "
                  "seconds per size, no MIP)"),
+    F(key="angel-ptm", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: Angel-PTM (policy)",
+      kind="largest", published="55B", policy="angel", hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
+      assumption="batch 1 (Table 5), seq 1024 (assumed), hidden 8192, 128 heads; `angel` = papers/004 §4's rules "
+                 "(planner/policies/angel.py: OS on the CPU with a GPU cache, Algorithm 1's prefetch, Algorithm 2 "
+                 "as CPU steps within backward), SSDs unused: the preset has none"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
       kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=1,
@@ -304,6 +309,10 @@ MISSES: dict[str, str] = {
                       "inside (x0.87) since the SSDs price their measured mixed rate and DRAM is shared in its free "
                       "time (issue 17): the miss is fy-5b-fuyou's"),
     "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
+    "angel-ptm": ("14B (-3 steps): with 8 ranks a comm group is 8 chunks of the largest tensor (the 412M-element "
+                  "embedding: 6.6 GB of fp16 PARAM, as much GRAD in backward) where Angel-PTM's 4 MB pages gather one "
+                  "layer (1.6 GB, §4.1-4.2): at 28B backward h.29 is 136 MB over DEVICE even with no OS cached. Pages "
+                  "that split a tensor need a layout-format change (a tensor in several chunks)"),
     "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
                   "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
     "zo-10b": ("batch 10 runs out of DEVICE by 35 MB (0.1 %): fp16 params 20.6 GB + ZeRO-2's two 5e8-element ipg "

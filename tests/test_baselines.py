@@ -380,3 +380,55 @@ def test_every_baseline_note_says_it_is_the_systems_own() -> None:
     for name in POLICIES:
         first = baseline(name, p).header.notes[0]
         assert first.startswith(name.split("-")[0]) and "(the system's)" in first
+
+
+def test_zero2_reserves_its_grad_buckets_on_the_gpu() -> None:
+    """ZeRO-2 with contiguous_gradients + overlap_comm allocates two reduce_bucket_size (5e8) fp16 buckets
+    on the GPU (stage_1_and_2.py backward) and a temp grad buffer of the largest param: 0.22 GB of fp16
+    params fit a 2 GB GPU, ZeRO-2 does not."""
+    (d,) = decisions("zero2-offload", problem())
+    device = sum(r.bytes for r in d.reserved_bytes if r.tier is Tier.DEVICE)
+    assert 1.5e9 < device < 2.2e9
+    with pytest.raises(InfeasibleError, match="DEVICE"):
+        baseline("zero2-offload", problem(box(device_gb=2.0)))
+    assert baseline("zero2-offload", problem(box(device_gb=3.0))).header.policy == "zero2-offload"
+
+
+def test_zero3_with_ranks_gathers_tensor_sized_chunks() -> None:
+    """DeepSpeed gathers per sub-module (Z3.1): with several ranks its chunks are the largest tensor, not
+    the memory-optimal packing (PatrickStar's), so a comm group is ranks x one tensor."""
+    p = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST)
+    (d,) = decisions("zero3-offload", p)
+    largest = max(t.numel for t in p.trace.tensors)
+    assert d.layout.chunk_elements == largest
+    assert decisions("patrickstar", p)[0].layout.chunk_elements >= largest
+
+
+def test_zero3_gpu_params_keeps_fp16_on_the_gpu_with_its_gathered_copies() -> None:
+    """PatrickStar's DeepSpeed (v0.4.3, no offload_param): every fp16 param on DEVICE all iteration, plus the
+    gathered copies of one moment beside them (partition_parameters.py _allgather_param, one rank)."""
+    p = problem()
+    s = baseline("zero3-offload", p, gpu_params=True)
+    params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
+    assert params and all(Tier.DEVICE in r.tiers for r in params)
+    (d,) = decisions("zero3-offload", p, gpu_params=True)
+    (off,) = decisions("zero3-offload", p)
+    assert any("gathered copies" in r.what for r in d.reserved_bytes)
+    assert d.persistent_chunks and not off.persistent_chunks.issuperset(d.persistent_chunks)
+    with pytest.raises(PlannerError, match="one rank"):
+        decisions("zero3-offload", build_problem(small_trace(), ranks_box(), trace_digest=DIGEST), gpu_params=True)
+
+
+def test_angel_caches_os_on_the_gpu_steps_as_grads_arrive_and_spills_os_to_the_ssds() -> None:
+    """Angel-PTM (papers/004): OS chunks in the GPU room the lifetimes leave (§4.2), CPU steps during
+    backward (Algorithm 2), prefetch as early as memory allows (Algorithm 1), OS on the SSDs when the CPU
+    does not hold it."""
+    roomy = baseline("angel", problem(box(device_gb=8.0)))
+    tight = baseline("angel", problem(box(device_gb=1.0)))
+    on_gpu = lambda s: sum(pl.os_tier is Tier.DEVICE for pl in s.chunk_plans)  # noqa: E731
+    assert on_gpu(roomy) > on_gpu(tight) >= 0
+    assert any(a.dst is Tier.HOST and _phase(tight, a.moment) is Phase.BACKWARD for a in _steps(tight))
+    assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM for a in tight.actions)
+    small_host = baseline("angel", problem(box(device_gb=1.0, host_gb=0.6)))
+    assert any(pl.os_tier is Tier.NVME for pl in small_host.chunk_plans)
+    assert all(pl.os_tier is not Tier.NVME for pl in tight.chunk_plans)

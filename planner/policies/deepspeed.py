@@ -267,7 +267,7 @@ def _zero3_v043_gpu_params(problem: Problem, *, cpu_checkpointing: bool) -> Deci
         param_device_budget_bytes=budget(problem, layout, plans, modes, ckpt, reserved=reserved),
         persistent_chunks=everything(layout), optimizer_overlap=False, prefetch=False,
         eviction=EvictionRule.FARTHEST_NEXT_USE, checkpoint_tier=ckpt, reserved_bytes=reserved,
-        notes=("zero3-offload (the system's, DeepSpeed v0.4.3 as PatrickStar ran it: no offload_param): fp16 params "
+        notes=("zero3-offload (the system's): DeepSpeed v0.4.3 as PatrickStar ran it (no offload_param): fp16 params "
                "on DEVICE all iteration, OS on HOST, CPU Adam after backward, checkpoints per block on "
                f"{'HOST' if ckpt else 'DEVICE'}; reserved: " + ", ".join(r.what.split(" (")[0] for r in reserved),))
 
