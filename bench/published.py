@@ -293,18 +293,16 @@ MISSES: dict[str, str] = {
                   "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
     "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
                    "at batch 64 (x0.73); the preset's 200 TFLOPS peak with recompute caps model FLOPs near 150",
-    "fy-5b-zero-infinity": ("too fast (x1.35): with pageable copies holding the work (ZI.7) and params re-fetched in backward (Z3.1) "
-                            "the iteration is serial (stall 46%: H2D 8 s, D2H 5 s, CPU Adam 9 s, NVMe 9 s beside 36 s of compute); "
-                            "what is left is not modelled: the fp32 grads swapped to the SSDs during backward (ZI.4, "
-                            "`swap_out_gradients`) and DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5: the preset's SSD "
-                            "rates are the devices')"),
     "fy-5b-gemini": ("too fast (x3.3) at batch 64, the best the simulator fits; its batch 8 gives 30.9 (x1.03): Colossal-AI "
                      "with params and grads offloaded (Fuyou §5.1) is compute-bound at 64 (COMPUTE 68%). Fuyou §5.3 says "
                      "Colossal-AI fails on the 24 GB 4090 (checkpoints on the GPU) where the simulator fits it at batch 8, "
                      "so the real system's activation memory is larger than the trace's and its batch on the A100 "
                      "likely smaller; the figure's batch is not in the text"),
-    "fy-5c-zero-infinity": ("too fast (x1.58), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
-                            "and the aio rate (ZI.5) not modelled"),
+    "fy-5c-zero-infinity": ("too fast (x1.41, 63.5 vs 45.0; the A100 row is inside at x1.19) since the fp32 grad swap, "
+                            "the serial sub-group swap and the grad re-copies of partition_grads are modelled (ZI.4, Z3.10): "
+                            "of its 83 s the two rows differ only in compute (44.0 vs 35.8 s; H2D/D2H 10.5 s each, NVMe "
+                            "6.3 + 5.7 s, CPU Adam 8.6 s, stall 39 s on both), where Fuyou measured 113 vs 86 s; "
+                            "DeepSpeed's one-thread aio rate (ZI.5) and the 4090 server's own host are not modelled"),
     "fy-trend-a100": ("175B / 13B is x1.23 because its 13B row (fy-5b-fuyou) is x0.71 while the 175B row is "
                       "inside (x0.87) since the SSDs price their measured mixed rate and DRAM is shared in its free "
                       "time (issue 17): the miss is fy-5b-fuyou's"),

@@ -33,6 +33,13 @@ from schemas.trace import DType, Moment, Phase, Trace
 # chunks (`patrickstar/core/chunk_data.py:153`, `pin_memory=(device.type == "cpu")`) and Fuyou its
 # buffers (Fuyou §5.5), so neither is here.
 PAGEABLE_POLICIES = frozenset({"zero2-offload", "zero3-offload", "zero-infinity", "gemini"})
+# DeepSpeed steps its NVMe sub-groups one after another (offload_optimizer pipeline_read/pipeline_write
+# default false, offload_config.py:78,84): `PartitionedOptimizerSwapper.swap_in_optimizer_state` reads a
+# sub-group and waits, the step runs, `swap_out_optimizer_state` writes it and waits (`aio_handle.wait()`,
+# partitioned_optimizer_swapper.py), and only then the next sub-group is read (stage3.py `step`). So a
+# HOST step's NVMe reads start after the SSD writes issued before them (`Decisions.serial_optimizer_swap`;
+# interim: by policy name until the schedule carries the policy's runtime flags)
+SERIAL_OPTIMIZER_SWAP_POLICIES = frozenset({"zero-infinity"})
 
 # tensor-core FP16 and BF16 run at the same rate on Volta-Hopper (NVIDIA A100/H100/Ada datasheets list
 # equal dense FP16 and BF16 TFLOPS), so a table measured in one 16-bit type prices the other

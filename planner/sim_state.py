@@ -16,7 +16,7 @@ from schemas.trace import DTYPE_BYTES, Phase
 
 from schemas.residency import ValidCopies
 
-from planner.costmodel import PAGEABLE_POLICIES, channel_bytes_per_s, dram_bytes_per_s, nvme_mixed
+from planner.costmodel import PAGEABLE_POLICIES, SERIAL_OPTIMIZER_SWAP_POLICIES, channel_bytes_per_s, dram_bytes_per_s, nvme_mixed
 from planner.sim_result import Interval
 
 # ----------------------------------------------------------------------------- state
@@ -130,6 +130,7 @@ class SimState:
     rate: dict[Channel, float]
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
     nvme_mixed: bool = False  # separate NVMe read and write servers at the mixed rates while both run
+    serial_swap: bool = False  # NVMe reads of the OPTIMIZER moment wait for earlier NVMe writes (costmodel.SERIAL_OPTIMIZER_SWAP_POLICIES)
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
     dram_rate: float = float("inf")
     dram_busy: float = 0.0
@@ -201,7 +202,8 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, comm_groups=_comm_groups(layout),
                pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware),
-               nvme_mixed=nvme_mixed(hardware))
+               nvme_mixed=nvme_mixed(hardware),
+               serial_swap=schedule.header.policy in SERIAL_OPTIMIZER_SWAP_POLICIES)
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:

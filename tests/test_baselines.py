@@ -167,8 +167,9 @@ def test_zero_infinity_streams_from_nvme_and_needs_host_memory() -> None:
     # DeepSpeed prefetches by default (stage3_prefetch_bucket_size 5e7, Z3.2)
     assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
     assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
-    # its pinned NVMe swap pool (ZI.1: 5 x 1e8 fp16 elements) and the fp32 grad partition are HOST reservations
-    assert s.budgets.host_bytes == problem().host_bytes - 2 * problem().trace.param_count - 5 * 10**8 * 2
+    # its pinned NVMe swap pool (ZI.1: 5 x 1e8 fp16 elements) and the CPU grad buffers are HOST reservations
+    # (4 B/param: the GRAD chunks themselves go to the SSDs, ZI.4)
+    assert s.budgets.host_bytes == problem().host_bytes - 4 * problem().trace.param_count - 5 * 10**8 * 2
     with pytest.raises(InfeasibleError, match="HOST runs out"):
         baseline("zero-infinity", problem(box(host_gb=0.05)))
 
@@ -353,7 +354,7 @@ def test_zero_infinity_host_counts_every_rank_checkpoints_and_swap_pool_on_the_n
     (d,) = decisions("zero-infinity", problem())
     one_peak = materialize(problem(), d).prediction.peak_bytes_per_tier[Tier.HOST]
     pool = 5 * 10**8 * 2  # ZI.1, per rank
-    need_one = one_peak + 2 * small_trace().param_count + pool  # schedule peak + reservations, one rank
+    need_one = one_peak + 4 * small_trace().param_count + pool  # schedule peak + reservations, one rank (ZI.4: 4 B/param)
     one = build_problem(small_trace(), box(), trace_digest=DIGEST, host_bytes=need_one)
     baseline("zero-infinity", one)  # fits exactly
     between = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST, host_bytes=need_one)
@@ -432,3 +433,24 @@ def test_angel_caches_os_on_the_gpu_steps_as_grads_arrive_and_spills_os_to_the_s
     small_host = baseline("angel", problem(box(device_gb=1.0, host_gb=0.6)))
     assert any(pl.os_tier is Tier.NVME for pl in small_host.chunk_plans)
     assert all(pl.os_tier is not Tier.NVME for pl in tight.chunk_plans)
+
+
+def test_zero_infinity_swaps_fp32_grads_to_the_ssds_and_steps_one_sub_group_at_a_time() -> None:
+    """ZI.4: final grads go to the SSDs as fp32 in backward (stage3.py partition_grads -> swap_out_gradients)
+    and come back with the OS for the step; the NVMe sub-groups are stepped one after another
+    (pipeline_read/write false): the same schedule replayed with the reads free to run ahead is faster."""
+    hw = box()  # SSDs measured reading and writing at once: separate read and write servers (sim_actions)
+    p = problem(dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, mixed_read_gb_per_s_each=1.5,
+                                                                 mixed_write_gb_per_s_each=0.8)))
+    s = baseline("zero-infinity", p)
+    out = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.NVME]
+    back = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.NVME and a.dst is Tier.HOST]
+    trainable = {t.chunk for t in s.layout.tensors if t.trainable}
+    assert {a.chunk for a in out} == {a.chunk for a in back} == trainable
+    assert all(_phase(s, a.moment) is Phase.BACKWARD for a in out)
+    assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in back)
+    assert all(a.bytes == 4 * s.layout.chunks[a.chunk].used_elements for a in out + back)
+    pipelined = dataclasses.replace(s, header=dataclasses.replace(s.header, policy="zero3-offload"))  # pageable, not serial
+    serial, free = simulate(s, p.hardware), simulate(pipelined, p.hardware)
+    assert serial.bytes_per_channel == free.bytes_per_channel
+    assert serial.iteration_seconds > free.iteration_seconds

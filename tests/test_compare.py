@@ -14,7 +14,7 @@ from planner.problem import build_problem
 from schemas.schedule import Channel
 from test_baselines import DIGEST, RANKS, box, ranks_box, small_trace
 
-BASELINES = ["pytorch", "zero2-offload", "zero3-offload", "zero-infinity", "patrickstar", "gemini", "fuyou"]
+BASELINES = ["pytorch", "zero2-offload", "zero3-offload", "zero-infinity", "patrickstar", "gemini", "fuyou", "angel"]
 
 
 def test_compare_has_a_row_per_policy_and_a_valid_lower_bound() -> None:

@@ -152,7 +152,7 @@ def _zero3_layout(problem: Problem):
 
 
 def _zero3(problem: Problem, name: str, home: Tier, layout, *, offload_ratio: float, cpu_checkpointing: bool,
-           reserved: tuple[Reservation, ...], what: str) -> Decisions:
+           reserved: tuple[Reservation, ...], what: str, nvme_optimizer: bool = False) -> Decisions:
     ws = problem.world_size
     n_groups = -(-len(layout.chunks) // ws)
     # offload_optimizer.ratio (Z3.8): the first int(ratio x n) sub-groups on the CPU, the rest stepped on
@@ -179,6 +179,19 @@ def _zero3(problem: Problem, name: str, home: Tier, layout, *, offload_ratio: fl
         # one rank: with offload_param the partition's home is the CPU (or the SSDs) and the GPU copy goes;
         # only a reuse within stage3_max_reuse_distance would keep it (Z3.4, not modelled)
         release_between_phases=True,
+        # ZI.4: NVMe sub-groups stepped one at a time (pipeline_read/pipeline_write false), their fp32 grads
+        # swapped to the SSDs in backward and read back with the OS (stage3.py partition_grads ->
+        # swap_out_gradients; _optimizer_states_and_gradient_swap_in)
+        serial_optimizer_swap=nvme_optimizer, grad_swap_bytes_per_element=FP32_GRAD_BYTES if nvme_optimizer else 0,
+        # Z3.10: stage3.py `partition_grads` (v0.9.3, the release Fuyou §5.1 ran, as at 38327e07) copies each
+        # fp16 grad partition into the CPU grad buffer (`grad_buffer.copy_`), brings it back
+        # (`grad_buffer.to(grad_partition.device)`: "ensure grad buffer is a CUDA buffer to speed up the next few
+        # operations"), then sends it again: for NVMe sub-groups `grad_buffer.float()` (converted on the GPU)
+        # to the swapper, 4 B/param; else `fp32_grad_tensor.copy_(grad_buffer)`, a blocking copy that
+        # converts on the CPU (PyTorch `copy_` across devices), 2 B/param. So 2 + 2 + 4 (or 2) B/param
+        # cross PCIe instead of 2
+        grad_recopy_bytes_per_element=(FP32_GRAD_BYTES if nvme_optimizer else problem.list_itemsize(ChunkList.GRAD))
+        if offload_ratio > 0 else 0,
         notes=(f"{name} (the system's): {what}, fetched per use with the default prefetch bucket (5e7 elements) "
                f"under stage3_max_live_parameters, released after use; CPU Adam after backward{ratio}; "
                f"checkpoints per block on {'HOST' if ckpt else 'DEVICE'}; "
@@ -284,10 +297,14 @@ def zero_infinity(problem: Problem, *, offload_ratio: float = 1.0) -> tuple[Deci
     # buffer_count x sub-group pinned buffers; what else bounds its CPU memory at Fuyou Fig. 4's 135B
     # is not found, so the 4 B/param that reproduce it stay)
     layout = _zero3_layout(problem)
-    reserved = [_grad_partition(problem), *_zero3_device_buffers(problem, layout)]
+    share = problem.ranks_per_node / problem.world_size
+    host_grads = Reservation(tier=Tier.HOST, bytes=int(FP32_GRAD_BYTES * problem.trace.param_count * share),
+                             what="fp16 grad partition on the CPU + 2 B/param (the GRAD chunks go to the SSDs; ZI.4)")
+    reserved = [host_grads if home is Tier.NVME else _grad_partition(problem), *_zero3_device_buffers(problem, layout)]
     if home is Tier.NVME:
         pool = NVME_PARAM_BUFFER_COUNT * NVME_PARAM_BUFFER_ELEMENTS * problem.list_itemsize(ChunkList.PARAM)
         reserved.append(Reservation(tier=Tier.HOST, bytes=pool * problem.ranks_per_node,
                                     what="pinned NVMe param swap pool (ZI.1: 5 x 1e8 fp16 elements per rank)"))
     return (_zero3(problem, "zero-infinity", home, layout, offload_ratio=offload_ratio, cpu_checkpointing=True,
-                   reserved=tuple(reserved), what=f"fp16 params and OS on {home.value}"),)
+                   reserved=tuple(reserved), what=f"fp16 params and OS on {home.value}",
+                   nvme_optimizer=home is Tier.NVME),)
