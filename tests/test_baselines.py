@@ -454,3 +454,19 @@ def test_zero_infinity_swaps_fp32_grads_to_the_ssds_and_steps_one_sub_group_at_a
     serial, free = simulate(s, p.hardware), simulate(pipelined, p.hardware)
     assert serial.bytes_per_channel == free.bytes_per_channel
     assert serial.iteration_seconds > free.iteration_seconds
+
+
+def test_zero3_grads_cross_pcie_three_times_as_partition_grads_copies_them() -> None:
+    """Z3.10: DeepSpeed 0.9.3's partition_grads copies the fp16 grad partition to the CPU buffer, back to the
+    GPU, then to the CPU fp32 grads (a CPU-converting copy_, 2 B/param) or, on NVMe, as fp32 to the swapper."""
+    p = problem()
+    s = baseline("zero3-offload", p)
+    up = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.DEVICE
+          and _phase(s, a.moment) is Phase.BACKWARD]
+    down = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.DEVICE and a.dst is Tier.HOST]
+    trainable = {t.chunk for t in s.layout.tensors if t.trainable}
+    assert {a.chunk for a in up} == trainable and len(down) >= 2 * len(trainable)
+    zi = baseline("zero-infinity", p)
+    wide = [a for a in zi.actions if a.list is ChunkList.GRAD and a.src is Tier.DEVICE and a.dst is Tier.HOST
+            and a.bytes == 4 * zi.layout.chunks[a.chunk].used_elements]
+    assert {a.chunk for a in wide} == trainable
