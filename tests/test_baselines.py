@@ -426,7 +426,7 @@ def test_angel_caches_os_on_the_gpu_steps_as_grads_arrive_and_spills_os_to_the_s
     does not hold it."""
     roomy = baseline("angel", problem(box(device_gb=8.0)))
     tight = baseline("angel", problem(box(device_gb=1.0)))
-    on_gpu = lambda s: sum(pl.os_tier is Tier.DEVICE for pl in s.chunk_plans)  # noqa: E731
+    on_gpu = lambda s: sum(pl.os_tier is Tier.DEVICE for pl in s.chunk_plans)
     assert on_gpu(roomy) > on_gpu(tight) >= 0
     assert any(a.dst is Tier.HOST and _phase(tight, a.moment) is Phase.BACKWARD for a in _steps(tight))
     assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM for a in tight.actions)

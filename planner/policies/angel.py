@@ -32,7 +32,13 @@ Rules (each with its section of papers/004), as tide `Decisions`:
 from __future__ import annotations
 
 from planner.materialize import Decisions, EvictionRule
-from planner.policies._common import budget, chunk_plans, has_nvme, moment_need_bytes, policy_layout
+from planner.policies._common import (
+    budget,
+    chunk_plans,
+    has_nvme,
+    moment_need_bytes,
+    policy_layout,
+)
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, Tier
 
