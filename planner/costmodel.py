@@ -10,7 +10,8 @@ writes may overlap at the mixed rates (`nvme_time_rows`). The CPU optimizer over
 Prices come from what the hardware file measures (issue 17): a meta trace's FLOPs at the GEMM and
 attention rates of the shapes the model runs (`moment_seconds`), CPU Adam at the chunk size with the
 executor's thread count (and its slower rate while copies run beside it), pageable copy rates for
-systems that stage through pageable memory (`PAGEABLE_POLICIES`), the both-ways rate while H2D and
+schedules whose header says their HOST copies are pageable (`header.host_staging`, set by the policy:
+DeepSpeed and Gemini, each citing its `pin_memory` default), the both-ways rate while H2D and
 D2H run at once, the SSDs' mixed rates behind the host-side cap, and one host DRAM bandwidth that CPU
 Adam, the DMA copies and the SSD traffic share (`dram_bytes`).
 """
@@ -23,16 +24,6 @@ from schemas._base import frozen
 from schemas.hardware import DeviceKind, Hardware
 from schemas.schedule import Channel, Tier
 from schemas.trace import DType, Moment, Phase, Trace
-
-# DeepSpeed allocates its CPU copies in pageable memory unless `pin_memory` is set, and it is off by
-# default for offload_param and offload_optimizer (docs/baselines.md Z3.12: `offload_config.py:45,72`;
-# Fuyou §5.5: ZeRO-Infinity "uses pageable memories"). Its NVMe path goes through a pinned buffer pool
-# (ZI.1, `partitioned_param_swapper.py`), so only DEVICE <-> HOST copies are pageable. Colossal-AI
-# Gemini's CPU chunks are pageable too: GeminiPlugin `pin_memory` defaults to False
-# (`colossalai/booster/plugin/gemini_plugin.py`; docs/baselines.md GM.8). PatrickStar pins its CPU
-# chunks (`patrickstar/core/chunk_data.py:153`, `pin_memory=(device.type == "cpu")`) and Fuyou its
-# buffers (Fuyou §5.5), so neither is here.
-PAGEABLE_POLICIES = frozenset({"zero2-offload", "zero3-offload", "zero-infinity", "gemini"})
 
 # tensor-core FP16 and BF16 run at the same rate on Volta-Hopper (NVIDIA A100/H100/Ada datasheets list
 # equal dense FP16 and BF16 TFLOPS), so a table measured in one 16-bit type prices the other
@@ -331,7 +322,7 @@ def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> f
 
 
 __all__ = [
-    "OptimizerPrice", "PAGEABLE_POLICIES", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
+    "OptimizerPrice", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
     "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
     "dram_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
     "nvme_time_rows", "pcie_time_rows", "two_way_rows",

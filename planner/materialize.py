@@ -253,6 +253,7 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
         lower_bound_seconds=stats.lower_bound_seconds,
         gap=stats.gap,
         notes=d.notes,
+        host_staging=d.host_staging,
     )
 
 

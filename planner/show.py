@@ -285,6 +285,7 @@ def summarize_schedule(s: Schedule) -> dict[str, Any]:
             "hardware_name": hd.hardware_name, "world_size": hd.world_size, "solver_status": hd.solver_status.value,
             "objective_seconds": hd.objective_seconds, "lower_bound_seconds": hd.lower_bound_seconds, "gap": hd.gap,
             "trace_digest": hd.trace_digest, "hardware_digest": hd.hardware_digest, "notes": list(hd.notes),
+            "host_staging": hd.host_staging.value,
         },
         "budgets": {"DEVICE": s.budgets.device_bytes, "HOST": s.budgets.host_bytes, "NVME": s.budgets.nvme_bytes},
         "layout": {
@@ -387,7 +388,7 @@ def _print_schedule(console: Console, s: dict[str, Any]) -> None:
     hd, lay, pred = s["header"], s["layout"], s["prediction"]
     top = _kv_table(f"schedule {s['file']} (format {s['format_version']})")
     top.add_row("policy", f"{hd['policy']} (planner {hd['planner_version']}) for {hd['model_name']} on {hd['hardware_name']}, "
-                          f"world size {hd['world_size']}")
+                          f"world size {hd['world_size']}, {hd['host_staging'].lower()} HOST copies")
     top.add_row("solver", f"{hd['solver_status']}: objective {hd['objective_seconds']:.6g} s, lower bound "
                           f"{hd['lower_bound_seconds']:.6g} s, gap {hd['gap']:.2%}")
     tflops = f", {pred['tflops']:.3g} TFLOPS" if pred["tflops"] is not None else ""

@@ -39,7 +39,7 @@ from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Si
 # (`costmodel.channel_bytes_per_s(mixed=True)`; `costmodel.nvme_time_rows` is the least time any
 # interleaving needs, the rows the placement model charges). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
 # when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
-# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates;
+# schedule whose header says its HOST copies are pageable (`header.host_staging`) at the pageable rates;
 # such a copy also holds the work of the moment that issued it until it is done (pageable
 # cudaMemcpyAsync blocks the issuing thread: `blocks_host`), so those systems' copies and compute
 # run in series, as Fuyou §3 measured DeepSpeed's.

@@ -14,7 +14,7 @@ from planner.families import gpt_trace
 from planner.problem import build_problem
 from planner.simulate import simulate
 from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
-from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, SolverStatus, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Op, Schedule, SolverStatus, Tier
 from schemas.trace import Phase
 
 DIGEST = "sha256:" + "0" * 64
@@ -135,7 +135,8 @@ def test_pageable_copies_hold_the_work_of_their_moment() -> None:
     blocks the issuing thread): the same schedule replayed as pinned overlaps them and is faster."""
     p = problem()
     s = baseline("zero3-offload", p)
-    pinned = dataclasses.replace(s, header=dataclasses.replace(s.header, policy="tide"))
+    assert s.header.host_staging is HostStaging.PAGEABLE  # the policy's decision, carried in the header
+    pinned = dataclasses.replace(s, header=dataclasses.replace(s.header, host_staging=HostStaging.PINNED))
     slow, fast = simulate(s, p.hardware), simulate(pinned, p.hardware)
     # box() gives no pageable rates (copies at the pinned rate), so the difference is the waiting alone
     assert slow.bytes_per_channel == fast.bytes_per_channel
