@@ -220,6 +220,10 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("nvme.mixed_read_gb_per_s_each", n.mixed_read_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.mixed_write_gb_per_s_each", n.mixed_write_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.host_cap_gb_per_s", n.host_cap_gb_per_s, "GB/s", "", None, ""),
+        *((f"nvme.chunk_rates[{i}]", r.read_gb_per_s_each,
+           f"GB/s read at {r.chunk_bytes / 2**20:g} MiB per read/write (write {r.write_gb_per_s_each:g}, mixed "
+           f"{r.mixed_read_gb_per_s_each:g} + {r.mixed_write_gb_per_s_each:g})", "", None, "")
+          for i, r in enumerate(n.chunk_rates)),
         ("links.h2d_gb_per_s", link.h2d_gb_per_s, "GB/s", "H2D", hw.h2d_bytes_per_s, "bytes/s"),
         ("links.d2h_gb_per_s", link.d2h_gb_per_s, "GB/s", "D2H", hw.d2h_bytes_per_s, "bytes/s"),
         ("links.inter_gpu_gb_per_s", link.inter_gpu_gb_per_s, "GB/s", "INTER_GPU", hw.inter_gpu_bytes_per_s, "bytes/s"),
@@ -228,6 +232,10 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("links.duplex_h2d_gb_per_s", link.duplex_h2d_gb_per_s, "GB/s", "", None, ""),
         ("links.duplex_d2h_gb_per_s", link.duplex_d2h_gb_per_s, "GB/s", "", None, ""),
         ("links.inter_node_gb_per_s", link.inter_node_gb_per_s, "GB/s", "", None, ""),
+        *((f"links.copy_rates[{i}]", r.h2d_gb_per_s,
+           f"GB/s H2D at {r.chunk_bytes / 2**20:g} MiB per copy (D2H {r.d2h_gb_per_s:g}, pageable {r.h2d_pageable_gb_per_s:g} / "
+           f"{r.d2h_pageable_gb_per_s:g}, both ways {r.duplex_h2d_gb_per_s:g} + {r.duplex_d2h_gb_per_s:g})", "", None, "")
+          for i, r in enumerate(link.copy_rates)),
         ("cluster.world_size", c.world_size, "ranks", "", None, ""),
         ("cluster.gpus_per_node", c.gpus_per_node, "GPUs", "", None, ""),
     ]
