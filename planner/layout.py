@@ -165,7 +165,7 @@ def _undominated(problem: Problem, sizes: list[int]) -> list[int]:
     (it holds the same tensors in as few or fewer, fuller chunks: it moves and stores less)."""
     shape = {}
     for size in sizes:
-        layout = build_layout(problem, chunk_elements=size)
+        layout = build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)  # as planner.solve
         shape[size] = (len(layout.chunks), wasted_elements(layout))
         if problem.world_size > 1:
             # with p ranks every block pads to whole comm groups, so counts tie and the least waste
