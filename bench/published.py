@@ -96,16 +96,18 @@ def run(policy: str, hardware: str, shape: Shape, batch: int) -> SimResult | str
 @functools.lru_cache(maxsize=None)
 def fits(policy: str, hardware: str, shape: Shape, batch: int, min_tflops: float = 0.0) -> bool:
     """Does `policy` train `shape` on `hardware` (at >= min_tflops, PatrickStar §9.2.1's bar)?
-    tide: its reference decision sets (`planner.maxsize.feasible_fn` without the MIP: seconds)."""
+    tide: its reference decision sets, else a plan of its placement MIP (`planner.maxsize.feasible_fn`:
+    the feasibility MIP takes 0.1-0.6 s per size on ANGEL_LADDER; the reference sets alone reach no
+    rung there, issue 18 item 2)."""
     if policy == TIDE:
-        return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ, use_mip=False)(*shape)
+        return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ)(*shape)
     r = run(policy, hardware, shape, batch)
     return not isinstance(r, str) and r.tflops >= min_tflops
 
 
 def why(policy: str, hardware: str, shape: Shape, batch: int, *, short: bool = False) -> str:
     """Why `shape` is not (or is) trained: the out-of-memory message (short: which tier), or the TFLOPS."""
-    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set fits"
+    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set or placement plan fits"
     if isinstance(r, str):
         if short:
             tier = next((t for t in ("DEVICE", "HOST", "NVME") if t in r), "")
@@ -245,8 +247,8 @@ FIGURES: tuple[Figure, ...] = (
                  "(§6.2: 'partition ... across GPUs and CPUs') = `zero-infinity` without SSD"),
     F(key="angel-tide", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: Angel-PTM ~ tide",
       kind="largest", published="55B", policy=TIDE, hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
-      assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets only: "
-                 "seconds per size, no MIP)"),
+      assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets, else "
+                 "a plan of its rank-aware placement MIP's memory rows, materialized and replayed)"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
       kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
@@ -300,8 +302,6 @@ MISSES: dict[str, str] = {
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
                 "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
                 "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
-    "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
-                  "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
     "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
                   "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
                   "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
