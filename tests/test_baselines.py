@@ -379,3 +379,24 @@ def test_every_baseline_note_says_it_is_the_systems_own() -> None:
     for name in POLICIES:
         first = baseline(name, p).header.notes[0]
         assert first.startswith(name.split("-")[0]) and "(the system's)" in first
+
+
+def test_patrickstar_comm_groups_are_its_one_rank_chunks_and_the_embedding_does_not_size_them() -> None:
+    """PatrickStar §7 (Fig. 8): a comm group is world_size consecutive chunks of the one chunk list,
+    whose size the one-GPU chunk-size search picks; the vocabulary embedding is kept out of the chunks
+    (PS.8), so it must not set the comm groups' size (it did: 8 x 512 Mi-element groups ran a 6B model
+    out of a V100 at 8 ranks)."""
+    from planner.policies.patrickstar import patrickstar_layout
+
+    p = problem(ranks_box())
+    one = patrickstar_layout(problem())
+    lay = patrickstar_layout(p)
+    emb = max(p.trace.tensors, key=lambda t: t.numel).id  # wte: 8192 x 1024, larger than any block tensor
+    emb_chunk = next(t.chunk for t in lay.tensors if t.tensor == emb)
+    for g in range(len(lay.chunks) // RANKS):
+        caps = {c.elements for c in lay.chunks[g * RANKS:(g + 1) * RANKS]}
+        assert caps == ({p.trace.tensors[emb].numel} if g == emb_chunk // RANKS else {one.chunk_elements})
+    # the embedding's group holds nothing else, so no other tensor is gathered in 4 x its size
+    assert [t.tensor for t in lay.tensors if t.chunk // RANKS == emb_chunk // RANKS] == [emb]
+    s = baseline("patrickstar", p)
+    assert simulate(s, p.hardware).iteration_seconds > 0
