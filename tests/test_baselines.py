@@ -400,3 +400,15 @@ def test_patrickstar_comm_groups_are_its_one_rank_chunks_and_the_embedding_does_
     assert [t.tensor for t in lay.tensors if t.chunk // RANKS == emb_chunk // RANKS] == [emb]
     s = baseline("patrickstar", p)
     assert simulate(s, p.hardware).iteration_seconds > 0
+
+
+def test_fuyou_reserves_its_optimizer_pipeline_buffers_on_host() -> None:
+    """Fuyou §4.3: read, update and write-back of three parameter groups overlap (delayed write-back):
+    3 x 12 B of fp32 state + 2 B of fp16 grads + 2 B of fp16 params per parameter of a group (a block)."""
+    p = problem()
+    block = max(sum(p.trace.tensors[t].numel for t in b.tensors) for b in p.blocks)
+    s = baseline("fuyou", p)
+    assert s.budgets.host_bytes == p.host_bytes - 40 * block
+    # a HOST that holds the model's chunks in flight but not the pipeline's buffers runs out
+    with pytest.raises(InfeasibleError, match="HOST"):
+        baseline("fuyou", problem(box(host_gb=40 * block / 1e9 + 0.05)))
