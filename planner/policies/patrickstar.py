@@ -19,13 +19,16 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
     use (from the warm-up trace, PS.7) is farthest (Algorithm 1, §8.3; PS.3); chunk memory per moment:
     overall_gpu_mem_ratio 0.8 of the GPU minus that moment's non-model bytes (PS.4, tide's one
     non-model curve stands for the warm-up iteration's `gpu_sys_used_list`), minus a comm buffer of
-    world_size x 2 chunks (PS.4); OS chunks in the GPU margin (0.8 x GPU - peak non-model - fp16
-    chunks) x margin_use_ratio 0.8, stepped there by GPU Adam, the rest on the CPU (PS.6); Adam after
-    backward (PS.9); activation checkpointing, checkpoints on the GPU (PS.10).
+    world_size fp16 chunks (PS.4); OS chunks in the GPU margin (0.8 x GPU - peak non-model - the
+    rank's fp16 chunks and p-1 remote ones) x margin_use_ratio 0.8, stepped there by GPU Adam, the rest
+    on the CPU (PS.6); Adam after backward (PS.9); activation checkpointing, checkpoints on the GPU
+    (PS.10).
 
     Not modelled (docs/baselines.md): the grad written into the param chunk's slot (PS.2: tide's
-    GRAD chunks are separate, so backward holds up to both on DEVICE), the embedding on the CPU
-    (PS.8), the Adam-time budget (PS.5).
+    GRAD chunks are separate, so backward holds up to both on DEVICE, HOST holds 16 B/param where
+    PatrickStar needs 14, and with several ranks a margin comm group's GRAD entry stays whole on
+    DEVICE until its step, which the margin pays for here), the embedding computed on the CPU (PS.8),
+    the Adam-time budget (PS.5).
 
     Chunks: `patrickstar_layout` (PS.1, the chunk-size search's criterion); the embedding in a chunk
     of its own stands for PS.8: PatrickStar keeps it out of the chunks, on the CPU (`use_cpu_embedding`),
