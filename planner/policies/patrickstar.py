@@ -84,7 +84,6 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
                "Adam after backward, activation checkpointing on DEVICE")),)
 
 
-
 def patrickstar_layout(problem: Problem) -> ChunkLayout:
     """PatrickStar's chunk list (PS.1, §6.1, §7).
 
