@@ -53,6 +53,7 @@ from planner.simulate import simulate
 from schemas.schedule import (
     ActivationMode,
     Budgets,
+    OptimizerSwap,
     Prediction,
     Schedule,
     ScheduleHeader,
@@ -226,7 +227,7 @@ def _check_capacity(problem: Problem, replay: ResidencyReplay, budgets: Budgets,
         if peak > capacity:
             m = problem.moments[int(np.argmax(per_moment))]
             buffers = sum(r.bytes for r in reserved if r.tier is tier)
-            held = (f" (after {buffers} bytes of the system's own buffers: "
+            held = (f" ({capacity + buffers} usable less {buffers} bytes of the system's own buffers: "
                     + ", ".join(r.what.split(";")[0] for r in reserved if r.tier is tier) + ")") if buffers else ""
             raise InfeasibleError(
                 f"{tier.value} runs out at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}): "
@@ -253,6 +254,8 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
         lower_bound_seconds=stats.lower_bound_seconds,
         gap=stats.gap,
         notes=d.notes,
+        host_staging=d.host_staging,
+        optimizer_swap=OptimizerSwap.SERIAL if d.serial_optimizer_swap else OptimizerSwap.PIPELINED,
     )
 
 
