@@ -289,7 +289,7 @@ FIGURES: tuple[Figure, ...] = (
       kind="largest", published="55B", policy="angel", hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
       assumption="batch 1 (Table 5), seq 1024 (assumed), hidden 8192, 128 heads; `angel` = papers/004 §4's rules "
                  "(planner/policies/angel.py: OS on the CPU with a GPU cache, Algorithm 1's prefetch, Algorithm 2 "
-                 "as CPU steps within backward), SSDs unused: the preset has none"),
+                 "as CPU steps within backward, tide's one-rank chunks grouped over the ranks), no SSDs in the preset"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
       kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=1,
@@ -349,10 +349,6 @@ MISSES: dict[str, str] = {
     "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
                       "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
                       "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),
-    "angel-ptm": ("14B (-3 steps): with 8 ranks a comm group is 8 chunks of the largest tensor (the 412M-element "
-                  "embedding: 6.6 GB of fp16 PARAM, as much GRAD in backward) where Angel-PTM's 4 MB pages gather one "
-                  "layer (1.6 GB, §4.1-4.2): at 28B backward h.29 is 136 MB over DEVICE even with no OS cached. Pages "
-                  "that split a tensor need a layout-format change (a tensor in several chunks)"),
     "zo-10b": ("batch 10 runs out of DEVICE by 35 MB (0.1 %): fp16 params 20.6 GB + ZeRO-2's two 5e8-element ipg "
                "buckets and temp grad buffer (Z2.9, since issue 16's third pass) + the recompute peak of h.49 at batch 10 "
                "(6.4 GB) against 29.65 GB usable (34.06 GB x the preset's usable_fraction 0.9 - its 1 GB margin, both tide "

@@ -30,19 +30,18 @@ def chunk_elements(problem: Problem) -> int:
     return min(sizes, key=lambda s: (wasted_elements(build_layout(problem, chunk_elements=s)), s))
 
 
-def policy_layout(problem: Problem, *, replicated: bool = False, smallest_chunks: bool = False) -> ChunkLayout:
+def policy_layout(problem: Problem, *, replicated: bool = False) -> ChunkLayout:
     """The systems' chunk layout: tide's (planner.layout) with one rank (or replicated, DDP: every
     chunk its own comm group); with several sharding ranks the systems' own packing, tensors in order
     across block boundaries (PatrickStar's chunk list, Gemini's, DeepSpeed's flat partitions), only
-    the last comm group padded. `smallest_chunks`: the packing's chunk is the largest tensor (a
-    system that gathers per sub-module, not per chunk: DeepSpeed ZeRO-3)."""
+    the last comm group padded."""
     if problem.world_size == 1 or replicated:
         one = dataclasses.replace(problem, world_size=1) if problem.world_size > 1 else problem
         return build_layout(one, chunk_elements=chunk_elements(one))
-    return _packed_layout(problem, smallest=smallest_chunks)
+    return _packed_layout(problem)
 
 
-def _packed_layout(problem: Problem, *, smallest: bool = False) -> ChunkLayout:
+def _packed_layout(problem: Problem) -> ChunkLayout:
     """Tensors in first-access order appended to the current chunk, a new chunk when the next one
     does not fit (PatrickStar §6.1, `chunk_tensor_index.py` `try_insert_tensor`), chunks of one size
     >= the largest tensor (that tensor's size, 64 Mi elements or a power of two), the one needing the
@@ -68,7 +67,7 @@ def _packed_layout(problem: Problem, *, smallest: bool = False) -> ChunkLayout:
     total = sum(t.numel for t in tensors)
     powers = {1 << k for k in range(max(0, largest - 1).bit_length(), max(1, total).bit_length() + 1)}
     sizes = sorted({s for s in (*powers, DEFAULT_CHUNK_ELEMENTS, largest) if s >= largest})
-    size = sizes[0] if smallest else min(sizes, key=lambda s: (len(pack(s)) * s + ws * s, s))
+    size = min(sizes, key=lambda s: (len(pack(s)) * s + ws * s, s))
     chunks = pack(size)
     block_of = problem.tensor_block
     out_chunks = tuple(

@@ -1,10 +1,11 @@
 """Angel-PTM (Nie et al., VLDB 2023; papers/004 §4-§5; docs/baselines.md §9): an Angel-PTM-like baseline.
 
 Rules (each with its section of papers/004), as tide `Decisions`:
-- AP.1 Page abstraction (§4.1): model states in 4 MB pages, a tensor spanning whole pages. tide moves
-  chunks and keeps a tensor in one chunk, so the finest unit expressible is a chunk of the largest
-  tensor (with several ranks: the packed layout of tensor-sized chunks, as DeepSpeed's gather unit;
-  with one rank tide's layout). Not modelled: the page-level bandwidth and fragmentation gains.
+- AP.1 Page abstraction (§4.1): model states in 4 MB pages, a tensor spanning whole pages, so no tensor
+  pads another's unit. tide moves chunks and keeps a tensor in one chunk, so the finest unit expressible
+  is tide's one-rank chunk (a block's largest tensor), with several ranks grouped world_size at a time
+  and the oversize vocabulary embedding in a group of its own (`patrickstar_layout`'s grouping), so the
+  embedding does not size every group. Not modelled: the page-level bandwidth and fragmentation gains.
 - AP.2 Placement (§4.2, "First"): forward/backward on the GPU, the optimizer on the CPU; fp16 params
   live on the CPU and move to the GPU per layer; the fp32 OS on the CPU, on the SSDs "for scaling
   model size" (the second decision set, tried when the CPU does not hold them); recomputation for
@@ -37,8 +38,8 @@ from planner.policies._common import (
     chunk_plans,
     has_nvme,
     moment_need_bytes,
-    policy_layout,
 )
+from planner.policies.patrickstar import patrickstar_layout
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, Tier
 
@@ -60,7 +61,7 @@ CACHE_SHARES = (1.0, 0.5, 0.25, 0.0)
 
 
 def _decisions(problem: Problem, os_home: Tier, share: float) -> Decisions:
-    layout = policy_layout(problem, smallest_chunks=True)
+    layout = patrickstar_layout(problem)  # AP.1: tide's one-rank chunks, grouped; the embedding alone
     ws = problem.world_size
     modes = (ActivationMode.RECOMPUTE,) * len(problem.blocks)
     # AP.3: what the lifetimes leave free at the tightest moment, after the non-model curve and the
@@ -89,4 +90,4 @@ def _decisions(problem: Problem, os_home: Tier, share: float) -> Decisions:
                f"memory allows (Algorithm 1), farthest-needed movement deferred, OS on {os_home.value} with "
                f"{len(cached)}/{len(layout.chunks)} chunks cached on DEVICE (§4.2), CPU Adam as grads arrive "
                "(Algorithm 2, within this iteration's backward: the staleness into the next iteration is not "
-               "replayed), recomputation with checkpoints on DEVICE; pages are tensor-sized chunks (tide's unit)",))
+               "replayed), recomputation with checkpoints on DEVICE; pages are tide's one-rank chunks, the embedding's group its own",))

@@ -20,6 +20,7 @@ from planner.policies._common import (
     has_nvme,
     policy_layout,
 )
+from planner.policies.patrickstar import patrickstar_layout
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, ChunkList, HostStaging, Tier
 from schemas.trace import Phase
@@ -147,9 +148,11 @@ def _persistent_small(layout) -> frozenset[int]:
 
 
 def _zero3_layout(problem: Problem):
-    # several ranks: every param is partitioned over the ranks and gathered per sub-module (Z3.1), so the
-    # unit gathered at once is one tensor, not a packed chunk of several: chunks of the largest tensor
-    return policy_layout(problem, smallest_chunks=True)
+    # several ranks: every param is partitioned over the ranks and gathered per sub-module (Z3.1, Z3.13), so
+    # the unit gathered at once is about one tensor: tide's one-rank chunks (a block's largest tensor)
+    # grouped world_size at a time, the oversize embedding in a group of its own (`patrickstar_layout`'s
+    # grouping), rather than a packing whose every chunk is sized by the embedding
+    return patrickstar_layout(problem)
 
 
 def _zero3(problem: Problem, name: str, home: Tier, layout, *, offload_ratio: float, cpu_checkpointing: bool,
