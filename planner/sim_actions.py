@@ -27,7 +27,7 @@ from schemas.trace import Phase
 
 from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes, optimizer_step_price
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, tier_bit
+from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, scatter, tier_bit
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
@@ -209,6 +209,8 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                 sim.ready[li][c][DEVICE_INDEX] = end
             elif sim.copies.is_valid(li, c, DEVICE_INDEX):
                 sim.ready[li][c][DEVICE_INDEX] = end
+        if a.op is Op.REDUCE_SCATTER and len(comm_group) == sim.world > 1:
+            scatter(sim, li, comm_group)  # (a DDP all-reduce's half acts on a comm group of one chunk)
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
 

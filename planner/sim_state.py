@@ -266,6 +266,19 @@ def drop(sim: SimState, li: int, c: int, t: int) -> None:
     sim.replicated[li][c] = False
 
 
+def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
+    """A comm group's grads were reduce-scattered: each rank keeps its own chunk's reduced grads, the
+    others' copies leave its DEVICE (PatrickStar §7; Note [materialize ranks]). Counted when the
+    collective is issued, as the schedule's residency replay does."""
+    for c in chunks:
+        if sim.replicated[li][c] and sim.copies.holds(li, c, DEVICE_INDEX):
+            size = sim.chunk_bytes[li][c]
+            for r in range(sim.world):
+                if r != sim.owner[c]:
+                    _add(sim, DEVICE_INDEX, r, li, -size)
+            sim.replicated[li][c] = False
+
+
 def busiest(sim: SimState, t: int) -> int:
     """The rank (DEVICE) or node (HOST, NVME) holding the most chunk bytes."""
     totals = sim.place_total[t]
