@@ -98,6 +98,10 @@ class PlacementInput:
     duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
+    # the least seconds per element the simulator can charge a CPU step (alone, at the executor's thread
+    # count of an overlapped step or of one after backward; planner.bounds.lower_bound's price); 0: the
+    # rate above (Note [optimizer tail] in planner.placement_time)
+    cpu_adam_fastest_seconds_per_element: float = 0.0
     # data-parallel ranks (issue 18 item 1; docs/rank-aware-placement.md): p = cluster.world_size,
     # q = ranks per node sharing HOST, NVME, the CPU optimizer and DRAM. DEVICE rows are per rank
     # (the local 1/p of the OS, the gathered p chunks of a comm group in use), HOST/NVME rows per node
@@ -217,6 +221,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),
         dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
+        cpu_adam_fastest_seconds_per_element=min(
+            optimizer_step_price(hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=o)).seconds for o in (False, True)),
         gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
         nvme_time_rows=nvme_time_rows(hw), pcie_time_rows=pcie_time_rows(hw),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,

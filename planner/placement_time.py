@@ -198,6 +198,7 @@ class TimeRows:
                 if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
                     moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
                 self.solver.Add(self.suffix[0] >= moved * (1.0 / d.dram_bytes_per_s), "time_host_dram")
+        self._add_optimizer_tail_rows(nvme_rows)
         o = d.optimizer_stage
         trainable = [g for g in d.chunk_classes if g.trainable and g.elements > 0]
         bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
@@ -224,6 +225,42 @@ class TimeRows:
             for k, (a, b) in enumerate(nvme_rows):
                 self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
                                 + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
+
+    # Note [optimizer tail]:
+    # The SSD suffix rows let the OS traffic of a CPU step run anywhere after the step's release, but a
+    # step's OS goes back to NVME only after the CPU has stepped it, and is read before only as far as
+    # HOST can stage it. Where the CPU optimizer is slower than backward, the steps it has not done when
+    # backward ends (at the optimizer stage's start) write their OS back after it, beside the streamed
+    # GPU steps' SSD traffic of the optimizer stage. Measured on GPT-3 175B x rtx4090-768g-12ssd
+    # (bench/bench_stage_gap.py): after backward the simulator still steps 102 chunks on the CPU and
+    # streams 116 from NVME, ~66 s of SSD work at the 48 GB/s cap, where the model's optimizer stage was
+    # 52.4 s. Rows, valid for every replay: by the optimizer stage the CPU has stepped at most
+    # B = (sum of the stage times from the first release on) at its fastest price, so of the NVMe-OS
+    # steps' bytes at least w = os(NVME) - B x (OS bytes per CPU second) are written back in the
+    # optimizer stage, and read in it unless HOST could hold them then: r >= w - (HOST free there).
+    # One rank, overlapped steps only (otherwise every CPU step is in the optimizer stage already).
+    def _add_optimizer_tail_rows(self, nvme_rows) -> None:
+        d, n = self.data, len(self.data.stages)
+        o = d.optimizer_stage
+        fast = d.cpu_adam_fastest_seconds_per_element or d.cpu_adam_seconds_per_element
+        classes = [(gi, g) for gi, g in enumerate(d.chunk_classes)
+                   if g.trainable and g.elements > 0 and self.os_nvme[gi].upper_bound > 0 and 0 <= g.last_backward_stage < o]
+        if d.ranks > 1 or not d.optimizer_overlap or not d.has_nvme or not classes or fast <= 0:
+            return
+        first = min(g.last_backward_stage for _, g in classes)
+        inf = self.solver.infinity()
+        per_second = max(g.os_bytes / (g.elements * fast) for _, g in classes)  # OS bytes a CPU second steps
+        window = sum(self.stage_time[s] for s in range(first, o))
+        self.tail_write = self.solver.NumVar(0, inf, "optimizer_tail_write")
+        self.solver.Add(self.tail_write >= sum(self.os_nvme[gi] * g.os_bytes for gi, g in classes) - window * per_second,
+                        "optimizer_tail_write_bytes")
+        self.tail_read = self.solver.NumVar(0, inf, "optimizer_tail_read")
+        if self.capacity_variable is not Tier.HOST and d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2:
+            self.solver.Add(self.tail_read >= self.tail_write - (d.host_bytes - self._host_expr(o)), "optimizer_tail_read_bytes")
+        ch = self.channels
+        for k, (a, b) in enumerate(nvme_rows):
+            self.solver.Add(self.stage_time[o] >= (ch["NVME_READ"][o] + self.tail_read) * a
+                            + (ch["NVME_WRITE"][o] + self.tail_write) * b, f"time_nvme_optimizer_tail[{k}]")
 
     def _add_objective(self) -> None:
         if self.capacity is not None:
