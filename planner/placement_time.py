@@ -158,6 +158,7 @@ class TimeRows:
                     self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_intra_bytes_per_s), f"time_inter_gpu_intra[{s}]")
                 if d.collective_inter_bytes_per_s > 0:
                     self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_inter_bytes_per_s), f"time_inter_gpu_inter[{s}]")
+        self._add_late_arrival_rows()
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
         # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
@@ -198,7 +199,6 @@ class TimeRows:
                 if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
                     moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
                 self.solver.Add(self.suffix[0] >= moved * (1.0 / d.dram_bytes_per_s), "time_host_dram")
-        self._add_optimizer_tail_rows(nvme_rows)
         o = d.optimizer_stage
         trainable = [g for g in d.chunk_classes if g.trainable and g.elements > 0]
         bounded_host = self.capacity_variable is Tier.HOST or d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2
@@ -226,41 +226,56 @@ class TimeRows:
                 self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
                                 + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
 
-    # Note [optimizer tail]:
-    # The SSD suffix rows let the OS traffic of a CPU step run anywhere after the step's release, but a
-    # step's OS goes back to NVME only after the CPU has stepped it, and is read before only as far as
-    # HOST can stage it. Where the CPU optimizer is slower than backward, the steps it has not done when
-    # backward ends (at the optimizer stage's start) write their OS back after it, beside the streamed
-    # GPU steps' SSD traffic of the optimizer stage. Measured on GPT-3 175B x rtx4090-768g-12ssd
-    # (bench/bench_stage_gap.py): after backward the simulator still steps 102 chunks on the CPU and
-    # streams 116 from NVME, ~66 s of SSD work at the 48 GB/s cap, where the model's optimizer stage was
-    # 52.4 s. Rows, valid for every replay: by the optimizer stage the CPU has stepped at most
-    # B = (sum of the stage times from the first release on) at its fastest price, so of the NVMe-OS
-    # steps' bytes at least w = os(NVME) - B x (OS bytes per CPU second) are written back in the
-    # optimizer stage, and read in it unless HOST could hold them then: r >= w - (HOST free there).
-    # One rank, overlapped steps only (otherwise every CPU step is in the optimizer stage already).
-    def _add_optimizer_tail_rows(self, nvme_rows) -> None:
+    # Note [late arrivals]:
+    # The DEVICE rows let chunks arriving in stage s for the next stage's use take their room at s's
+    # last moment (`_device_rows`), and the H2D row lets their copy run through all of s. In the
+    # simulator a copy that does not fit beside the stage's peak is issued only after the peak
+    # moment's work (planner.device_cache.prefetch_early: the first tick with room), so it overlaps
+    # only the work after the peak, and the next stage waits for the rest. Measured on GPT-3 175B x
+    # rtx4090-768g-12ssd (bench/bench_stage_gap.py): every backward stage is one 0.375 s moment and a
+    # zero-compute tail; the next block's 3 x 1.21 GB of PARAM arrive at the tail, 0.17 s of H2D the
+    # model overlapped and the simulator serialized (96 stages, ~17 s of a 23.6 s model-vs-replay gap).
+    # The row, per stage s with arrivals for s+1: late_s >= (those arrivals) - (capacity - M_s), where
+    # M_s is a lower bound on what any replay holds on DEVICE at s's peak moment m* besides them (the
+    # model's bytes of s without the arrivals, with the chunk classes used in s and the grads counted
+    # only for the chunks m*'s own work needs: `StageData.peak_need_bytes`), so at least late_s of
+    # them are issued after m*'s work; their copy at the fastest H2D rate then ends before the use
+    # moment u of s+1, and the work from u on follows: T_s + T_{s+1} >= (compute of s up to m*) +
+    # late_s / h2d + (compute of s+1 from u on). Every replay satisfies it (the bound stays a bound:
+    # tests/test_solve.py replays every plan of a solve against it). One rank only (the multi-rank
+    # model's DEVICE rows follow materialize's comm-group entries, and its bound is not used).
+    def _add_late_arrival_rows(self) -> None:
         d, n = self.data, len(self.data.stages)
-        o = d.optimizer_stage
-        fast = d.cpu_adam_fastest_seconds_per_element or d.cpu_adam_seconds_per_element
-        classes = [(gi, g) for gi, g in enumerate(d.chunk_classes)
-                   if g.trainable and g.elements > 0 and self.os_nvme[gi].upper_bound > 0 and 0 <= g.last_backward_stage < o]
-        if d.ranks > 1 or not d.optimizer_overlap or not d.has_nvme or not classes or fast <= 0:
+        if d.ranks > 1 or self.capacity_variable is Tier.DEVICE:
             return
-        first = min(g.last_backward_stage for _, g in classes)
+        arrivals: list[Any] = [0] * n  # PARAM bytes arriving in s for a use in s + 1
+        after_use: list[float] = [float("inf")] * n  # least compute of s + 1 from such a use on
+        for gi, g in enumerate(d.chunk_classes):
+            if not g.use_tail_seconds:
+                continue
+            for i, gap in enumerate(self.gaps[gi]):
+                if not gap.lookahead:
+                    continue
+                s = gap.lookahead[-1]
+                use = gap.stages[-1] + 1
+                if s != gap.stages[-1] or use >= n or use not in g.use_stages:
+                    continue  # wraps the iteration: no row
+                arrivals[s] += self.incoming[gi][i][-1] * g.param_bytes
+                after_use[s] = min(after_use[s], g.use_tail_seconds[g.use_stages.index(use)])
+        self.late_arrivals: dict[int, Any] = {}
         inf = self.solver.infinity()
-        per_second = max(g.os_bytes / (g.elements * fast) for _, g in classes)  # OS bytes a CPU second steps
-        window = sum(self.stage_time[s] for s in range(first, o))
-        self.tail_write = self.solver.NumVar(0, inf, "optimizer_tail_write")
-        self.solver.Add(self.tail_write >= sum(self.os_nvme[gi] * g.os_bytes for gi, g in classes) - window * per_second,
-                        "optimizer_tail_write_bytes")
-        self.tail_read = self.solver.NumVar(0, inf, "optimizer_tail_read")
-        if self.capacity_variable is not Tier.HOST and d.host_bytes < INFINITE_BYTES / BYTE_UNIT / 2:
-            self.solver.Add(self.tail_read >= self.tail_write - (d.host_bytes - self._host_expr(o)), "optimizer_tail_read_bytes")
-        ch = self.channels
-        for k, (a, b) in enumerate(nvme_rows):
-            self.solver.Add(self.stage_time[o] >= (ch["NVME_READ"][o] + self.tail_read) * a
-                            + (ch["NVME_WRITE"][o] + self.tail_write) * b, f"time_nvme_optimizer_tail[{k}]")
+        for s in range(n - 1):
+            st = d.stages[s]
+            if is_zero(arrivals[s]) or st.peak_compute_seconds < 0:
+                continue
+            held = (self._device_expr(s) - sum(self.arriving[s]) - self.use_bytes[s] - self.grad_bytes[s]
+                    + st.peak_need_bytes)
+            late = self.solver.NumVar(0, inf, f"late_arrivals[{s}]")
+            self.solver.Add(late >= arrivals[s] - (d.device_bytes - held), f"late_arrivals_bytes[{s}]")
+            self.solver.Add(self.stage_time[s] + self.stage_time[s + 1]
+                            >= st.peak_compute_seconds + late * (1.0 / d.h2d_bytes_per_s) + after_use[s],
+                            f"time_late_arrivals[{s}]")
+            self.late_arrivals[s] = late
 
     def _add_objective(self) -> None:
         if self.capacity is not None:
