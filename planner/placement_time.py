@@ -246,7 +246,7 @@ class TimeRows:
     # model's DEVICE rows follow materialize's comm-group entries, and its bound is not used).
     def _add_late_arrival_rows(self) -> None:
         d, n = self.data, len(self.data.stages)
-        if d.ranks > 1 or self.capacity_variable is Tier.DEVICE:
+        if d.ranks > 1 or self.capacity_variable is Tier.DEVICE or not getattr(self, "with_late_arrivals", True):
             return
         arrivals: list[Any] = [0] * n  # PARAM bytes arriving in s for a use in s + 1
         after_use: list[float] = [float("inf")] * n  # least compute of s + 1 from such a use on
