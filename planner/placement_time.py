@@ -44,6 +44,9 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 #   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
 
 
+LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
+
+
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
 
@@ -226,6 +229,9 @@ class TimeRows:
                 self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
                                 + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
 
+    # (Up to LATE_ARRIVAL_MAX_BLOCKS blocks: at 512 blocks x 4096 on a100-80g-12ssd the rows took the
+    # solve from 50.4 to 70.7 s CPU, over issue 18's 60 s, for a true gap of 3.53% instead of 3.68%;
+    # at 256 blocks 20.4 vs 18.1 s, 3.51% vs 3.65%; bench/bench_solve.py, 2-core box, 2026-11-24.)
     # Note [late arrivals]:
     # The DEVICE rows let chunks arriving in stage s for the next stage's use take their room at s's
     # last moment (`_device_rows`), and the H2D row lets their copy run through all of s. In the
@@ -246,6 +252,8 @@ class TimeRows:
     # model's DEVICE rows follow materialize's comm-group entries, and its bound is not used).
     def _add_late_arrival_rows(self) -> None:
         d, n = self.data, len(self.data.stages)
+        if len(d.blocks) > LATE_ARRIVAL_MAX_BLOCKS:
+            return
         if d.ranks > 1 or self.capacity_variable is Tier.DEVICE or not getattr(self, "with_late_arrivals", True):
             return
         arrivals: list[Any] = [0] * n  # PARAM bytes arriving in s for a use in s + 1
