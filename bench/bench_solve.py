@@ -1,7 +1,9 @@
-"""Solve time of `python -m planner solve`: the depth ladder (issue 18) and GPT-3 13B / 175B (issue 4).
+"""Solve time of `python -m planner solve`: the depth ladder and the rank ladder (issue 18), GPT-3 13B / 175B (issue 4).
 
     python bench/bench_solve.py [--blocks 32,64,96,128,256,512] [--depth-preset a100-80g-12ssd]
                                 [--traces 13b,175b] [--presets rtx4090-768g-12ssd,a100-80g-12ssd]
+                                [--ranks 1,2,4,8,16] [--ranks-trace traces/pstar-gpt-4b.msgpack]
+                                [--ranks-hardware v100-32g-240g-2x8gpu] [--no-baselines]
 
 Targets (issue 18, on the CI machine): 256 blocks <= 30 s, 512 blocks <= 60 s, GPT-3 175B <= 10 s,
 each with its true gap <= 5%; 13B <= 5 s (issue 4). The depth ladder is `planner.families.gpt_trace`
@@ -16,11 +18,19 @@ loaded machine inflates less than wall), the simulated time (= the header's obje
 valid bound, the true gap (simulated - bound) / simulated, the chosen MIP's own gap, and the winner.
 Wall clock on a shared machine: ratios from one run, not absolutes. `--twice` solves every case a second
 time and says whether the schedule's bytes are the same (determinism).
+
+The rank ladder (issue 18 item 4): PatrickStar's 4B trace on `v100-32g-240g-2x8gpu` with r ranks, one
+rank on one node, r >= 2 on 2 nodes of r/2 GPUs (the preset's node: PatrickStar §9.1's V100 node, its
+host memory and CPU shared by the node's ranks, one 100 Gb/s NIC per node), so the top rung is the
+preset itself (2 x 8). Its rows carry the same columns, and (unless --no-baselines) the best
+multi-GPU baseline's simulated seconds and best / tide (> 1: tide faster). `bench/bench_ranks.py`
+prints the rank ladder alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -30,11 +40,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from planner.compare import TIDE, compare  # noqa: E402
 from planner.errors import InfeasibleError, PlannerError  # noqa: E402
+from planner.policies import POLICIES  # noqa: E402
 from planner.families import gpt_trace  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
 from planner.solve import solve_report  # noqa: E402
-from schemas import Trace  # noqa: E402
+from schemas import Hardware, Trace  # noqa: E402
 from schemas._base import digest_bytes, read_bytes  # noqa: E402
 
 CONFIGS = {
@@ -43,6 +55,7 @@ CONFIGS = {
 }
 DEPTH_TARGETS = {256: 30.0, 512: 60.0}  # issue 18: seconds on the CI machine
 GAP_TARGET = 0.05  # issue 18: true gap
+MULTI_GPU = [p for p in POLICIES if p != "fuyou"]  # Fuyou is single-GPU (FY.10)
 
 
 def load(name: str) -> tuple[Trace, str, str]:
@@ -62,11 +75,27 @@ def depth_trace(blocks: int) -> tuple[Trace, str]:
     return trace, digest_bytes(trace.to_msgpack())
 
 
-def run(label: str, preset: str, trace: Trace, digest: str, target: float | None, time_limit: float,
-        twice: bool = False) -> str:
-    hw = resolve_hardware(preset)
+def rung(hardware: Hardware, ranks: int) -> Hardware:
+    """The preset with `ranks` ranks: one node for 1, else 2 nodes of ranks / 2."""
+    per_node = 1 if ranks == 1 else ranks // 2
+    cluster = dataclasses.replace(hardware.cluster, world_size=ranks, gpus_per_node=per_node)
+    return dataclasses.replace(hardware, name=f"{hardware.name}@{ranks}", cluster=cluster)
+
+
+def best_baseline(trace: Trace, hw: Hardware, digest: str) -> tuple[str, float] | None:
+    """The fastest baseline (multi-GPU ones with several ranks) and its simulated seconds."""
+    c = compare(trace, hw, trace_digest=digest, policies=MULTI_GPU if hw.cluster.world_size > 1 else list(POLICIES))
+    ok = [r for r in c.rows if r.result is not None and r.policy != TIDE]
+    best = min(ok, key=lambda r: r.result.iteration_seconds, default=None)
+    return None if best is None else (best.policy, best.result.iteration_seconds)
+
+
+def run(label: str, preset: str | Hardware, trace: Trace, digest: str, target: float | None, time_limit: float,
+        twice: bool = False, baselines: bool = False) -> str:
+    hw = resolve_hardware(preset) if isinstance(preset, str) else preset
+    preset = hw.name
     start, cpu = time.perf_counter(), time.process_time()
-    same = ""
+    same = vs = ""
     try:
         r = solve_report(trace, hw, trace_digest=digest, time_limit_s=time_limit)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -77,12 +106,16 @@ def run(label: str, preset: str, trace: Trace, digest: str, target: float | None
         if twice:
             again = solve_report(trace, hw, trace_digest=digest, time_limit_s=time_limit)
             same = " same bytes twice" if again.schedule.to_msgpack() == r.schedule.to_msgpack() else " BYTES DIFFER"
+        if baselines:
+            best = best_baseline(trace, hw, digest)
+            vs = (f"; best baseline {best[0]} {best[1]:.4f} s = {best[1] / r.simulated_seconds:.2f}x tide's"
+                  if best else "; no baseline feasible")
     except (InfeasibleError, PlannerError) as exc:
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
         outcome, ok = f"FAILED: {str(exc)[:150]}", False
     verdict = "-" if target is None else ("ok" if ok and cpu <= target else "MISS")
     line = (f"{label:12s} {preset:20s} {seconds:8.2f} {cpu:7.2f} {'' if target is None else f'{target:.0f}':>6s} "
-            f"{verdict:>4s}  {outcome}{same}")
+            f"{verdict:>4s}  {outcome}{same}{vs}")
     print(line, flush=True)
     return line
 
@@ -95,6 +128,10 @@ def main() -> int:
     parser.add_argument("--presets", default="rtx4090-768g-12ssd,a100-80g-12ssd")
     parser.add_argument("--time-limit", type=float, default=60.0, help="the solve's safety-net limit (s)")
     parser.add_argument("--twice", action="store_true", help="solve each case again: the same schedule bytes?")
+    parser.add_argument("--ranks", default="1,2,4,8,16", help="rank ladder ('' for none)")
+    parser.add_argument("--ranks-trace", default=str(REPO / "traces" / "pstar-gpt-4b.msgpack"))
+    parser.add_argument("--ranks-hardware", default="v100-32g-240g-2x8gpu")
+    parser.add_argument("--no-baselines", action="store_true", help="rank ladder: skip the baselines' compare")
     args = parser.parse_args()
     print(f"{'case':12s} {'hardware':20s} {'wall s':>8s} {'CPU s':>7s} {'target':>6s} {'':>4s}  {'simulated':>10s} {'bound':>10s} "
           f"{'true gap':>8s} {'MIP gap':>7s}  chosen plan", flush=True)
@@ -105,10 +142,27 @@ def main() -> int:
         trace, digest, source = load(name)
         for preset in args.presets.split(","):
             run(f"gpt3-{name}", preset, trace, digest, CONFIGS[name]["target_s"], args.time_limit, args.twice)
+    rank_ladder(args.ranks, args.ranks_trace, args.ranks_hardware, time_limit=args.time_limit, twice=args.twice,
+                baselines=not args.no_baselines)
     print("targets: true gap <= 5% and solve CPU seconds <= target; machine: 2-core shared CPU box (no GPU), one "
           "run under other jobs' load: noisy (load average now "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())})")
     return 0
+
+
+def rank_ladder(ranks: str, trace_path: str, hardware: str, *, time_limit: float = 60.0, twice: bool = False,
+                baselines: bool = True) -> None:
+    """One row per rung of the rank ladder (the module docstring)."""
+    rungs = [int(r) for r in ranks.split(",") if r]
+    if not rungs:
+        return
+    raw = read_bytes("trace", trace_path)
+    trace, digest = Trace.from_msgpack(raw, source=trace_path), digest_bytes(raw)
+    base = resolve_hardware(hardware)
+    print(f"rank ladder: {trace.meta.model_name} on {base.name}, 1 rank on 1 node, r >= 2 on 2 nodes", flush=True)
+    for r in rungs:
+        hw = rung(base, r)
+        run(f"{r} ranks", hw, trace, digest, None, time_limit, twice, baselines=baselines)
 
 
 if __name__ == "__main__":

@@ -93,25 +93,58 @@ def run(policy: str, hardware: str, shape: Shape, batch: int) -> SimResult | str
         return str(exc)
 
 
+# How a paper counts its TFLOPS. MODEL: the trace's FLOPs (forward + backward, attention and the LM head
+# included, recompute not counted): the simulator's `SimResult.tflops`. PAPER_8PBS: 8 x parameters x
+# batch x sequence per GPU and iteration (2 FLOPs per multiply-add x 4 passes: forward, backward twice,
+# and a full recompute of the forward, counted whatever the run recomputes; attention scores and the
+# head's vocabulary GEMM beyond the parameter count not counted), what the papers' harnesses print:
+#   - PatrickStar: `examples/pretrain_demo.py` `total_macs = model_numel * batch_size * seq * 2 * 4`,
+#     printed as "Tflops Per GPU" for PatrickStar and for its PyTorch runs (Tencent/PatrickStar 2384535);
+#     its DeepSpeed runs used DeepSpeedExamples `Megatron-LM-v1.1.5-ZeRO3` (PatrickStar §9.1, footnote 3),
+#     whose `megatron/utils.py` `flops_calculator` prints the same `params * batch * seq * 2.0 * 4.0`;
+#   - Fuyou: its baselines ran "Deepspeed's official examples" (§5.1), that same `flops_calculator`, and
+#     Fig. 5 compares systems by ratios of one metric; Fuyou's own 202 TFLOPS at 13B (§5.3) is 101% of the
+#     A100 block peak it reports (172 TFLOPS for 175B is "86% of peak FLOPs", §1, footnote 3: peak =
+#     200), which executed FLOPs cannot exceed, and its 13B runs swap activations instead of recomputing
+#     them (§5.6, Fig. 9): its count includes recompute FLOPs it did not run, i.e. the full-recompute
+#     formula. (Megatron's 96 B s l h^2 (1 + s/6h + V/16lh), Narayanan et al. 2021 §5.1 Eq. 3, is the
+#     same 4-pass count with the attention and head terms; the harnesses above print the simpler one.)
+MODEL_FLOPS, PAPER_8PBS = "model FLOPs", "8 P B s"
+
+
+def reported_tflops(r: SimResult, metric: str, hardware: str, shape: Shape, batch: int) -> float:
+    """The simulated iteration's TFLOPS as the paper counts them (all ranks together, as `SimResult.tflops`)."""
+    if metric == MODEL_FLOPS:
+        return r.tflops
+    layers, hidden, _ = shape
+    world = resolve_hardware(hardware).cluster.world_size
+    params = gpt_param_count(layers=layers, hidden=hidden, positions=SEQ)
+    return world * 8 * params * batch * SEQ / r.iteration_seconds / 1e12
+
+
 @functools.lru_cache(maxsize=None)
-def fits(policy: str, hardware: str, shape: Shape, batch: int, min_tflops: float = 0.0) -> bool:
-    """Does `policy` train `shape` on `hardware` (at >= min_tflops, PatrickStar §9.2.1's bar)?
-    tide: its reference decision sets (`planner.maxsize.feasible_fn` without the MIP: seconds)."""
+def fits(policy: str, hardware: str, shape: Shape, batch: int, min_tflops: float = 0.0,
+         metric: str = MODEL_FLOPS) -> bool:
+    """Does `policy` train `shape` on `hardware` (at >= min_tflops in `metric`, PatrickStar §9.2.1's bar)?
+    tide: its reference decision sets, else a plan of its placement MIP (`planner.maxsize.feasible_fn`:
+    the feasibility MIP takes 0.1-0.6 s per size on ANGEL_LADDER; the reference sets alone reach no
+    rung there, issue 18 item 2)."""
     if policy == TIDE:
-        return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ, use_mip=False)(*shape)
+        return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ)(*shape)
     r = run(policy, hardware, shape, batch)
-    return not isinstance(r, str) and r.tflops >= min_tflops
+    return not isinstance(r, str) and reported_tflops(r, metric, hardware, shape, batch) >= min_tflops
 
 
-def why(policy: str, hardware: str, shape: Shape, batch: int, *, short: bool = False) -> str:
+def why(policy: str, hardware: str, shape: Shape, batch: int, *, short: bool = False,
+        metric: str = MODEL_FLOPS) -> str:
     """Why `shape` is not (or is) trained: the out-of-memory message (short: which tier), or the TFLOPS."""
-    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set fits"
+    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set or placement plan fits"
     if isinstance(r, str):
         if short:
             tier = next((t for t in ("DEVICE", "HOST", "NVME") if t in r), "")
             return f"OOM {tier}".strip() if policy != TIDE else r
         return r.split(";")[0][:160]
-    return f"{r.tflops:.1f} TFLOPS"
+    return f"{reported_tflops(r, metric, hardware, shape, batch):.1f} TFLOPS"
 
 
 def bottleneck(r: SimResult) -> str:
@@ -144,6 +177,7 @@ class Figure:
     ladder: tuple[tuple[str, Shape], ...] = ()
     batch: int = 1  # largest: the batch (with a throughput bar: `batches`, the best of them; CI: `ci_batch`)
     min_tflops: float = 0.0  # largest: a throughput bar (PatrickStar §9.2.1)
+    metric: str = MODEL_FLOPS  # how the paper counts TFLOPS (MODEL_FLOPS, PAPER_8PBS: see `reported_tflops`)
     of: tuple[str, str] = ("", "")  # trend: the keys of numerator and denominator
     assumption: str = ""
     miss: str = ""  # known miss today: the measured cause (tests/test_published.py xfails it, strict)
@@ -245,8 +279,8 @@ FIGURES: tuple[Figure, ...] = (
                  "(§6.2: 'partition ... across GPUs and CPUs') = `zero-infinity` without SSD"),
     F(key="angel-tide", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: Angel-PTM ~ tide",
       kind="largest", published="55B", policy=TIDE, hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
-      assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets only: "
-                 "seconds per size, no MIP)"),
+      assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets, else "
+                 "a plan of its rank-aware placement MIP's memory rows, materialized and replayed)"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
       kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
@@ -264,49 +298,53 @@ MISSES: dict[str, str] = {
                   "HOST bounds it: 10B at >= 30 TFLOPS, 12B over HOST with the fp32 grad partition reserved; "
                   "PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and peak non-model data must be in "
                   "GPU' (§9.2.1); pageable staging (Z3.12) and per-sub-module gathers are not modelled",
-    "ps-t3-8-ps": "b4-b64 run out of DEVICE at 6B: the packed 8-rank layout gathers a comm group of 8 chunks at once "
-                  "and the GRAD chunks are separate (PatrickStar writes the grad into the param slot, PS.2, which the "
-                  "schedule format cannot express)",
-    "ps-922-6B": "since issue 17's table prices COMPUTE is 54% busy: the V100 preset's GEMM (90/70 TFLOPS) and SDPA "
-                 "(60/45) rates are tide estimates below the 125 TFLOPS spec peak the flat price used, and CPU Adam "
-                 "after backward (4e8 params/s, also an estimate) is 42% busy: 35.3 vs 56 (x0.63)",
-    "ps-922-12B": "CI subset (batch 16): 23.8 vs 34 (x0.70): CPU Adam after backward 58% busy at the preset's estimated "
-                  "4e8 params/s and COMPUTE at the estimated V100 GEMM/SDPA table rates (issue 17); batch 32 (the full "
-                  "run) is inside at 34.4",
-    "fy-f4-4090-128": "params + OS live on the SSDs and Fuyou's FIFO buffer is carved from the free DEVICE, so 128 GB "
-                      "of HOST never binds: 412B fits, 805B fails on DEVICE only; FY.9's pinned activation buffers "
-                      "have no size in the paper. Note §5.2 only says Fuyou 'succeeds in training a 65B model even "
-                      "with only 128 GB': a feasibility claim the harness reads as the maximum",
-    "fy-5a-4090": "CPU Adam of 175B at the preset's 1.5e9 params/s (tide estimate) is 117 s, 50% busy, stall 67% at "
-                  "batch 8 (Eq. 1-12's swap on the SSDs, as fy-5a-a100); larger batches run out of DEVICE",
-    "fy-5b-fuyou": "Eq. 1-12 swaps 12/40 blocks to NVMe: stall 26% (NVMe writes 22% busy); checkpoints only give 147.2 "
-                   "at batch 64 (x0.73); the preset's 200 TFLOPS peak with recompute caps model FLOPs near 150",
-    "fy-5b-zero-infinity": ("too fast (x1.35): with pageable copies holding the work (ZI.7) and params re-fetched in backward (Z3.1) "
+    "fy-f4-4090-128": ("175B (+2 steps): with Fuyou §4.3's optimizer pipeline buffers on the CPU (three block-sized "
+                       "groups read / updated / written back, 40 B per parameter: 72.5 GB at 175B, 98.7 GB at 276B; "
+                       "planner/policies/fuyou.py) 276B runs out of the 108.8 GB usable HOST, 175B fits. What else the "
+                       "real system keeps in CPU memory is not in the paper: the CPU side of its FIFO prefetch queue "
+                       "has no formula (§4.4), and §5.2 only says Fuyou 'succeeds in training a 65B model even with "
+                       "only 128 GB', a feasibility claim the harness reads as the maximum"),
+    "fy-5b-zero-infinity": ("too fast (x1.90 in Fig. 5's 8 P B s metric, x1.49 in model FLOPs): with pageable copies holding the work (ZI.7) and params re-fetched in backward (Z3.1) "
                             "the iteration is serial (stall 46%: H2D 8 s, D2H 5 s, CPU Adam 9 s, NVMe 9 s beside 36 s of compute); "
                             "what is left is not modelled: the fp32 grads swapped to the SSDs during backward (ZI.4, "
                             "`swap_out_gradients`) and DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5: the preset's SSD "
                             "rates are the devices')"),
-    "fy-5b-gemini": ("too fast (x3.3) at batch 64, the best the simulator fits; its batch 8 gives 30.9 (x1.03): Colossal-AI "
-                     "with params and grads offloaded (Fuyou §5.1) is compute-bound at 64 (COMPUTE 68%). Fuyou §5.3 says "
-                     "Colossal-AI fails on the 24 GB 4090 (checkpoints on the GPU) where the simulator fits it at batch 8, "
-                     "so the real system's activation memory is larger than the trace's and its batch on the A100 "
-                     "likely smaller; the figure's batch is not in the text"),
-    "fy-5c-zero-infinity": ("too fast (x1.58), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
+    "fy-5b-gemini": ("too fast (x4.27 at batch 64, x1.32 at batch 8, in the 8 P B s metric Colossal-AI's own example "
+                     "prints: `train_gpt_demo.py` get_tflops = numel x batch x seq x 8). Not memory: batch 64 fits the "
+                     "A100 (DEVICE peak 42.7 GB; 51.4 GB with the example's written-out attention and full-logits "
+                     "loss, gpt_trace attention='math', loss='full', as HF GPT2LMHeadModel + GPTLMLoss run it), and the "
+                     "simulated run is compute-bound (COMPUTE 68%); the published 30 needs a 225 s iteration at batch "
+                     "64. The RTX 4090 check agrees with Fuyou §5.3 only above batch 16 (checkpoints on the GPU: batch "
+                     "32 and 64 run out of DEVICE, 8 and 16 fit); the example also builds the whole fp16 model on the "
+                     "GPU inside ColoInitContext(device=get_current_device()) before Gemini moves it (26 GB at 13B, over "
+                     "a 4090's 24 GB), which the simulator does not model. What makes Colossal-AI 0.3.0 this slow "
+                     "(its NVMe optimizer path, tensornvme, not overlapped) is not in the paper"),
+    "fy-5b-zero3-offload": ("too fast (x1.43) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
+                            "Fuyou §5.1 ran; x1.12 in model FLOPs): stall 38% with CPU Adam 15% busy; not re-examined "
+                            "here (DeepSpeed's rows are issue 16's deepspeed.py owner's)"),
+    "fy-5c-zero3-offload": ("too fast (x1.55) in Fig. 5's 8 P B s metric (x1.21 in model FLOPs), as fy-5b-zero3-offload"),
+    "fy-5c-zero-infinity": ("too fast (x2.20 in Fig. 5's 8 P B s metric, x1.72 in model FLOPs), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
                             "and the aio rate (ZI.5) not modelled"),
-    "fy-trend-a100": ("175B / 13B is x1.23 because its 13B row (fy-5b-fuyou) is x0.71 while the 175B row is "
-                      "inside (x0.87) since the SSDs price their measured mixed rate and DRAM is shared in its free "
-                      "time (issue 17): the miss is fy-5b-fuyou's"),
-    "fy-trend-4090": "its 175B row (fy-5a-4090) is CPU-Adam and SSD bound (x0.44), the 13B row less so",
+    "fy-trend-a100": ("175B / 13B is 1.11 (x1.29), both rows inside on their own (CI batches: 175B x1.15 at "
+                      "batch 32, 13B x0.89 at batch 32): the 175B iteration is compute-bound (COMPUTE 88%) with the "
+                      "SSDs 65% busy, the 13B one loses 12% to stalls with CPU Adam 55% busy; the published 13B/175B "
+                      "ratio needs the 175B run slower, i.e. its SSD and CPU traffic (delayed write-back of 12p + 2p, "
+                      "Eq. 7) less overlapped than the simulator's pipeline"),
+    "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
+                      "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
+                      "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),
     "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
                 "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
                 "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
-    "angel-tide": "tide's reference decision sets use the same 8-rank packed layout (17 GB comm groups) and its "
-                  "placement model is not rank-aware (planner/compare.py): nothing fits at 14B",
     "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
                   "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
                   "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
 }
-FIGURES = tuple(dataclasses.replace(f, miss=MISSES.get(f.key, "")) for f in FIGURES)
+# The TFLOPS each paper prints (`reported_tflops`): PatrickStar's and Fuyou's harnesses count 8 P B s.
+# (ZeRO-Offload's and Angel-PTM's figures here are not re-read: their rows keep the model FLOPs.)
+METRIC_OF_PAPER = {"PatrickStar": PAPER_8PBS, "Fuyou": PAPER_8PBS}
+FIGURES = tuple(dataclasses.replace(f, miss=MISSES.get(f.key, ""), metric=METRIC_OF_PAPER.get(f.paper.split()[0], MODEL_FLOPS))
+                for f in FIGURES)
 BY_KEY = {f.key: f for f in FIGURES}
 
 
@@ -332,8 +370,9 @@ def throughput(f: Figure, *, quick: bool) -> tuple[float | None, int | None, str
         if isinstance(r, str):
             reasons.append(f"batch {b}: {r.split(';')[0][:140]}")
             continue
-        if best[0] is None or r.tflops > best[0]:
-            best = (r.tflops, b, bottleneck(r))
+        t = reported_tflops(r, f.metric, f.hardware, f.shape, b)
+        if best[0] is None or t > best[0]:
+            best = (t, b, bottleneck(r) + (f", {r.tflops:.1f} model TFLOPS" if f.metric != MODEL_FLOPS else ""))
     return best if best[0] is not None else (None, None, "; ".join(reasons[:1]))
 
 
@@ -346,14 +385,14 @@ def _batches(f: Figure, *, quick: bool) -> tuple[int, ...]:
 
 
 def _fits_any(f: Figure, i: int, *, quick: bool) -> bool:
-    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops) for b in _batches(f, quick=quick))
+    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops, f.metric) for b in _batches(f, quick=quick))
 
 
 def _why_not(f: Figure, i: int, *, quick: bool) -> str:
     bs = _batches(f, quick=quick)
     if len(bs) == 1:
-        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0])}"
-    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True)}" for b in bs) + \
+        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0], metric=f.metric)}"
+    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True, metric=f.metric)}" for b in bs) + \
         (f" (bar {f.min_tflops:.0f} TFLOPS)" if f.min_tflops else "")
 
 

@@ -271,6 +271,12 @@ class StoreCollectives:
       reduce-scattered (averaged) into the owned one.
     - `wait(list, chunk)` before anything reads or writes a chunk of a group with a collective in
       flight: the moment's work, a copy, an eviction, an optimizer step.
+    - Once a REDUCE_SCATTER is waited on, the group's non-owned GRAD payloads leave this rank's DEVICE
+      (a rank keeps its own chunk's reduced grads only, PatrickStar §7; the planner counts them gone
+      from the collective on: planner.replay, planner.sim_state.scatter). `land_scatters()` at the
+      start of every moment waits for the ones issued before it, so they are gone by the next moment's
+      work as the schedule's budget assumes; the schedule's later EVICT of such a chunk from DEVICE is
+      then done here already (`scattered`).
     - `evicted(list, chunk)` after an EVICT from DEVICE: the group is released.
     - `end_iteration()` after the OPTIMIZER moment: lands what is left (grads of owned chunks
       without trainable params) and releases it.
@@ -280,6 +286,7 @@ class StoreCollectives:
         self.collectives = collectives if collectives is not None else CommGroupCollectives(layout)
         self.store = store
         self.pending: dict[tuple[ChunkList, int], CollectiveWork] = {}
+        self.scattered: set[int] = set()  # non-owned GRAD chunks dropped from DEVICE after their reduce-scatter
 
     @property
     def stats(self):  # noqa: ANN201 - executor.collectives.CollectiveStats
@@ -317,7 +324,31 @@ class StoreCollectives:
     def wait(self, lst: ChunkList, chunk: int) -> None:
         work = self.pending.pop((lst, chunk // self.collectives.world_size), None)
         if work is not None:
-            work.wait()
+            self._land(work)
+
+    def _land(self, work: CollectiveWork) -> None:
+        work.wait()
+        if work.op is not Op.REDUCE_SCATTER:
+            return
+        own = self.collectives.owned_chunk(work.comm_group)
+        for c in self.collectives.group_chunks(work.comm_group):
+            if c != own and self.store.device_tensor(ChunkList.GRAD, c) is not None:
+                self.store.evict(ChunkList.GRAD, c, Tier.DEVICE, why=f"reduce-scatter of comm group {work.comm_group} "
+                                 "landed: only the owned chunk's grads stay")
+                self.scattered.add(c)
+
+    def land_scatters(self) -> None:
+        """Wait for the reduce-scatters in flight and drop the non-owned grads they reduced."""
+        for key in [k for k, w in self.pending.items() if w.op is Op.REDUCE_SCATTER]:
+            self._land(self.pending.pop(key))
+
+    def dropped(self, action: Action) -> bool:
+        """Whether `action` is an EVICT from DEVICE of a GRAD chunk this rank already dropped at its
+        reduce-scatter (nothing left to do)."""
+        if action.op is Op.EVICT and action.list is ChunkList.GRAD and action.src is Tier.DEVICE and action.chunk in self.scattered:
+            self.scattered.discard(action.chunk)
+            return True
+        return False
 
     def evicted(self, lst: ChunkList, chunk: int) -> None:
         g = chunk // self.collectives.world_size
@@ -326,9 +357,10 @@ class StoreCollectives:
             self.collectives.release(lst, g)
 
     def end_iteration(self) -> None:
-        for work in self.pending.values():
-            work.wait()
+        for work in list(self.pending.values()):
+            self._land(work)
         self.pending.clear()
+        self.scattered.clear()
         for g in range(self.collectives.n_groups):
             if self.collectives.state(ChunkList.GRAD, g) is GroupState.REDUCED:
                 self.collectives.release(ChunkList.GRAD, g)

@@ -9,14 +9,16 @@ What is measured (each for a fraction of a second; the default run takes about a
 - DEVICE<->HOST: on a GPU, pinned and pageable host <-> device copies each way, and pinned both ways
   at once (two streams); on a CPU-only machine, chunk-sized `copy_` calls on a worker thread
   between two CPU buffers -- exactly what the emulated DEVICE does (executor/store.py) -- and two
-  such workers at once for "both ways";
+  such workers at once for "both ways"; all of it again at a few copy sizes (1, 4, 16, 64 MiB;
+  1 and 16 with --quick): `links.copy_rates`, what the planner prices a copy of a chunk at;
 - host DRAM bandwidth: a multi-threaded copy of a buffer far larger than the caches (bytes read +
   written per second);
 - CPU Adam: torch's fused AdamW kernel on one chunk-sized tensor (`--adam-chunk-mparams`, default 16M
   params; 4M with --quick) at 1, 2, 4 ... cores threads, alone and while a memcpy thread and an SSD
   writer run beside it (the DRAM contention a training step sees): `host.adam_rates`;
 - NVMe read/write alone and mixed (reads and writes at once): `executor.nvme.NvmeStore` (O_DIRECT
-  where the filesystem allows) in a temporary folder under --nvme-dir;
+  where the filesystem allows) in a temporary folder under --nvme-dir, and again at a few read/write
+  sizes (1, 4 MiB; 1 with --quick): `nvme.chunk_rates`;
 - optimizer on the GPU: fused AdamW params per second;
 - host memory (sysconf), cores (the CPUs this process may use), free disk space.
 On a CPU-only machine the DEVICE is emulated: its memory is --device-memory-gb (default 1.0), its
@@ -48,6 +50,7 @@ from schemas.hardware import (
     AdamRate,
     AttentionRate,
     ClusterSpec,
+    CopyRate,
     DeviceKind,
     DeviceSpec,
     Hardware,
@@ -55,6 +58,7 @@ from schemas.hardware import (
     LinkSpec,
     MatmulRate,
     NvmeSpec,
+    SsdRate,
 )
 from schemas.schedule import ChunkList
 from schemas.trace import DType
@@ -62,6 +66,14 @@ from schemas.trace import DType
 __all__ = ["measure", "register", "run"]
 
 _MIB = 1 << 20
+# copy sizes of the by-size tables: a chunk of tide's layouts is a few MiB to a few tens (planner.layout
+# candidates); the flat figures are measured at 256 MiB (GPU) / 16-64 MiB (emulated) and 32 MiB (SSDs)
+COPY_SIZES_MIB = (1, 4, 16, 64)
+COPY_SIZES_MIB_QUICK = (1, 16)
+SSD_SIZES_MIB = (1, 4)
+SSD_SIZES_MIB_QUICK = (1,)
+_COPY_COLUMNS = ("h2d_gb_per_s", "d2h_gb_per_s", "h2d_pageable_gb_per_s", "d2h_pageable_gb_per_s",
+                 "duplex_h2d_gb_per_s", "duplex_d2h_gb_per_s")
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -406,6 +418,9 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
         att = [(1, 16, 1024, 128)] if quick else [(b, 16, t, d) for b in (1, 8) for t in (512, 1024, 2048, 4096) for d in (64, 128)]
         figures["attention_rates"] = attention_sweep(dev, torch.bfloat16, att, seconds=0.1 * scale)
         figures.update(cuda_copy_rates(nbytes=256 * _MIB, seconds=0.5 * scale))
+        flat_copy_mib = 256
+        figures["copy_rates"] = {mib: cuda_copy_rates(nbytes=mib * _MIB, seconds=0.1 * scale)
+                                 for mib in (COPY_SIZES_MIB_QUICK if quick else COPY_SIZES_MIB)}
         torch.cuda.empty_cache()  # what the sweeps left in the caching allocator is not the context
         free_b, total_b = torch.cuda.mem_get_info()
         figures["cuda_context_gb"] = max(0, total_b - free_b - torch.cuda.memory_reserved()) / 1e9
@@ -417,10 +432,18 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
         figures["matmul_rates"] = matmul_sweep(cpu, torch.float32, shapes, seconds=0.3 * scale)
         att = [(1, 4, 256, 32)] if quick else [(1, 4, 256, 32), (4, 8, 512, 64), (2, 16, 1024, 64)]
         figures["attention_rates"] = attention_sweep(cpu, torch.float32, att, seconds=0.3 * scale)
-        figures.update(emulated_copy_rates(nbytes=(16 if quick else 64) * _MIB, seconds=0.5 * scale))
+        flat_copy_mib = 16 if quick else 64
+        figures.update(emulated_copy_rates(nbytes=flat_copy_mib * _MIB, seconds=0.5 * scale))
+        figures["copy_rates"] = {mib: emulated_copy_rates(nbytes=mib * _MIB, seconds=0.1 * scale)
+                                 for mib in (COPY_SIZES_MIB_QUICK if quick else COPY_SIZES_MIB) if mib != flat_copy_mib}
         memory_gb = 1.0 if device_memory_gb is None else device_memory_gb
         compute = figures["cpu_fp32_tflops"]
-    nvme = nvme_gb_per_s(base, total_bytes=nvme_mib * _MIB, chunk_bytes=min(32, nvme_mib) * _MIB)
+    figures["copy_rates"][flat_copy_mib] = {k: figures[k] for k in _COPY_COLUMNS}  # the flat figures' own size
+    ssd_mib = min(32, nvme_mib)
+    nvme = nvme_gb_per_s(base, total_bytes=nvme_mib * _MIB, chunk_bytes=ssd_mib * _MIB)
+    figures["ssd_rates"] = {mib: nvme_gb_per_s(base, total_bytes=max(4 * mib, 16 if quick else 64) * _MIB, chunk_bytes=mib * _MIB)
+                            for mib in (SSD_SIZES_MIB_QUICK if quick else SSD_SIZES_MIB) if mib < ssd_mib}
+    figures["ssd_rates"][ssd_mib] = nvme
     figures.update(nvme_read_gb_per_s=nvme["read"], nvme_write_gb_per_s=nvme["write"], nvme_mixed_read_gb_per_s=nvme["mixed_read"],
                    nvme_mixed_write_gb_per_s=nvme["mixed_write"], nvme_direct_io=nvme["direct"], nvme_free_gb=free_gb)
     figures["host_memory_gb"] = _host_memory_gb()
@@ -470,12 +493,18 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
                                        for r in figures["adam_rates"])),
         nvme=NvmeSpec(count=1, capacity_gb_each=_sig(max(free_gb, 1e-3)), read_gb_per_s_each=_sig(nvme["read"]),
                       write_gb_per_s_each=_sig(nvme["write"]), usable_fraction=0.9,
-                      mixed_read_gb_per_s_each=_sig(nvme["mixed_read"]), mixed_write_gb_per_s_each=_sig(nvme["mixed_write"])),
+                      mixed_read_gb_per_s_each=_sig(nvme["mixed_read"]), mixed_write_gb_per_s_each=_sig(nvme["mixed_write"]),
+                      chunk_rates=tuple(SsdRate(chunk_bytes=mib * _MIB, read_gb_per_s_each=_sig(r["read"]),
+                                                write_gb_per_s_each=_sig(r["write"]), mixed_read_gb_per_s_each=_sig(r["mixed_read"]),
+                                                mixed_write_gb_per_s_each=_sig(r["mixed_write"]))
+                                        for mib, r in sorted(figures["ssd_rates"].items()))),
         links=LinkSpec(h2d_gb_per_s=_sig(figures["h2d_gb_per_s"]), d2h_gb_per_s=_sig(figures["d2h_gb_per_s"]), inter_gpu_gb_per_s=0.0,
                        h2d_pageable_gb_per_s=_sig(figures["h2d_pageable_gb_per_s"]),
                        d2h_pageable_gb_per_s=_sig(figures["d2h_pageable_gb_per_s"]),
                        duplex_h2d_gb_per_s=_sig(figures["duplex_h2d_gb_per_s"]),
-                       duplex_d2h_gb_per_s=_sig(figures["duplex_d2h_gb_per_s"])),
+                       duplex_d2h_gb_per_s=_sig(figures["duplex_d2h_gb_per_s"]),
+                       copy_rates=tuple(CopyRate(chunk_bytes=mib * _MIB, **{k: _sig(r[k]) for k in _COPY_COLUMNS})
+                                        for mib, r in sorted(figures["copy_rates"].items()))),
         cluster=ClusterSpec(world_size=1, gpus_per_node=1),
     )
     return hw, figures
@@ -496,6 +525,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"  NVMe read {hw.nvme.read_gb_per_s_each:.2f} GB/s, write {hw.nvme.write_gb_per_s_each:.2f} GB/s, mixed "
           f"{hw.nvme.mixed_read_gb_per_s_each:.2f} + {hw.nvme.mixed_write_gb_per_s_each:.2f} GB/s "
           f"({'O_DIRECT' if figures['nvme_direct_io'] else 'buffered'})")
+    for r in hw.links.copy_rates:
+        print(f"  copies of {r.chunk_bytes / _MIB:g} MiB: H2D {r.h2d_gb_per_s:.2f} GB/s, D2H {r.d2h_gb_per_s:.2f}, pageable "
+              f"{r.h2d_pageable_gb_per_s:.2f} / {r.d2h_pageable_gb_per_s:.2f}, both ways {r.duplex_h2d_gb_per_s:.2f} + "
+              f"{r.duplex_d2h_gb_per_s:.2f}")
+    for r in hw.nvme.chunk_rates:
+        print(f"  SSD reads/writes of {r.chunk_bytes / _MIB:g} MiB: read {r.read_gb_per_s_each:.2f} GB/s, write "
+              f"{r.write_gb_per_s_each:.2f}, mixed {r.mixed_read_gb_per_s_each:.2f} + {r.mixed_write_gb_per_s_each:.2f}")
     print(f"  host DRAM {hw.host.dram_gb_per_s:.2f} GB/s ({hw.host.cores}-thread copy, read + write)")
     print(f"  AdamW CPU {hw.host.optimizer_params_per_s:.3g} params/s (4M params), device {hw.device.optimizer_params_per_s:.3g} params/s")
     for r in hw.host.adam_rates:

@@ -412,6 +412,8 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
             self._poll_steps()  # a CPU step that failed on the worker stops the replay here
         final = self.micro_step == self.accumulation_steps - 1
         comm = self.comm
+        if comm is not None:
+            comm.land_scatters()  # the grads reduce-scattered in an earlier moment leave DEVICE before this one
         for index, a in self._actions[m]:
             why = f"moment {m} action {index} ({a.op.value})"
             op = a.op
@@ -429,6 +431,8 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
                     continue
                 if a.chunk >= 0:
                     comm.wait(a.list or ChunkList.GRAD, a.chunk)
+                if comm.dropped(a):
+                    continue  # the reduce-scatter left this rank the owned chunk's grads only
             if a.list is ChunkList.GRAD and op is not Op.ALLOCATE:
                 self._fill_gaps(a.chunk)  # the chunk is read (copied) or dropped: no unset element left
             if op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):

@@ -27,8 +27,9 @@ every other entry, tensors by dtype, shape and bytes: `checkpoint_digest`) and, 
 a schedule, `schedule_digest` (that schedule's `content_digest`) and `schedule_world_size`. `load`
 refuses a file whose content digest does not match (a checkpoint without one, built by hand, loads
 unchecked), `restore` one saved under another schedule of the same world size (another world size
-is a re-shard: executor/distributed.py), and values no optimizer can step from (`check_checkpoint`):
-one line each, before anything is written.
+is a re-shard: executor/distributed.py), and values no optimizer can step from (`check_checkpoint`:
+settings out of range, NaN/Inf in a weight, master copy or Adam moment): one line each, before
+anything is written.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -313,10 +315,16 @@ def load(path: str | Path) -> dict[str, Any]:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         raise StateError(f"checkpoint {path}: expected format {CHECKPOINT_FORMAT!r}; pass a file written by executor.state.save")
     found = ckpt.get("content_digest")
+    scan = _FiniteScan(str(path))
     if found is None:
-        return ckpt  # built by hand (a plain `torch.save` with our format key) or by an older tide: nothing to check
+        # built by hand (a plain `torch.save` with our format key) or by an older tide: no digest to check,
+        # only the values (`check_checkpoint`)
+        scan.walk(ckpt)
+        return ckpt
     try:
-        expected = checkpoint_digest(ckpt)
+        h = hashlib.sha256()
+        _hash_value(h, {k: v for k, v in ckpt.items() if k != "content_digest"}, scan=scan)
+        expected = "sha256:" + h.hexdigest()
     except (TypeError, ValueError, RuntimeError) as exc:
         raise StateError(f"checkpoint {path}: holds a value tide does not save ({type(exc).__name__}); "
                          "pass a file written by executor.state.save") from None
@@ -342,20 +350,31 @@ def checkpoint_digest(ckpt: Mapping[str, Any]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _hash_value(h: Any, value: Any) -> None:
+def _hash_value(h: Any, value: Any, *, scan: _FiniteScan | None = None, path: tuple = ()) -> None:
+    """Feed `value` to the sha256 `h`; with `scan`, also look for NaN/Inf in the weight and moment
+    tensors it names, block by block while each block is in cache (`_FiniteScan`)."""
     if isinstance(value, Tensor):
         t = value.detach().to("cpu").contiguous().reshape(-1)
         h.update(f"T{t.dtype}{tuple(value.shape)}:".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        scanned = scan is not None and value.is_floating_point() and _scanned(path)
+        if scanned:
+            scan.start()
+        for begin in range(0, t.numel(), _BLOCK_ELEMENTS):
+            block = t[begin:begin + _BLOCK_ELEMENTS]
+            h.update(block.view(torch.uint8).numpy())  # the buffer itself, no copy
+            if scanned:
+                scan.check(block)
+        if scanned:
+            scan.done(value)
     elif isinstance(value, Mapping):
         h.update(f"D{len(value)}:".encode())
         for key in sorted(value, key=repr):
             _hash_value(h, key)
-            _hash_value(h, value[key])
+            _hash_value(h, value[key], scan=scan, path=(*path, key))
     elif isinstance(value, (list, tuple)):
         h.update(f"L{len(value)}:".encode())
         for item in value:
-            _hash_value(h, item)
+            _hash_value(h, item, scan=scan, path=path)
     elif value is None or isinstance(value, (bool, int, float, str, bytes)):
         h.update(f"{type(value).__name__}:{value!r};".encode())
     else:
@@ -463,8 +482,10 @@ def _check_loss_scaler(saved: Any) -> None:
             raise StateError(f"checkpoint: loss_scaler.{key}: expected {words}, found {_short(saved.get(key))}; {_STATE_FIX}")
 
 
-def check_checkpoint(ckpt: Any) -> None:
-    """The entries `restore` reads have the shape `save` gives them (one line on the first that does not).
+def check_checkpoint(ckpt: Any, *, params: set[str] | None = None) -> None:
+    """The entries `restore` reads have the shape `save` gives them (one line on the first that does not),
+    and no weight, master copy or Adam moment holds NaN or Inf (`params`: the layout's param names, so
+    that a buffer's -inf mask is not refused; None: every model entry).
 
     The per-param optimizer state is checked against the layout by `load_optimizer_state_dict`, also
     before it writes anything."""
@@ -477,6 +498,7 @@ def check_checkpoint(ckpt: Any) -> None:
         raise StateError(f"checkpoint: optimizer: expected optimizer.state_dict(), found {_short(ckpt['optimizer'])}; {_STATE_FIX}")
     if "loss_scaler" in ckpt:
         _check_loss_scaler(ckpt["loss_scaler"])
+    _check_finite(ckpt, params)
 
 
 def _world_size(schedule: Any) -> int | None:
@@ -492,7 +514,7 @@ def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | N
     A checkpoint saved under a schedule is refused by a store that runs another one (before anything
     is written): the layout may place the same names elsewhere, and resuming silently would hide it.
     """
-    check_checkpoint(ckpt)
+    check_checkpoint(ckpt, params={n for s in store.layout.tensors for n in s.names})
     saved_under = ckpt.get("schedule_digest")
     schedule = getattr(store, "schedule", None)
     if saved_under is not None and schedule is not None and hasattr(schedule, "content_digest"):
@@ -513,3 +535,93 @@ def restore(ckpt: Mapping[str, Any], store: ChunkSource, *, model: nn.Module | N
         load_optimizer_state_dict(store, optimizer, ckpt["optimizer"])
     if loss_scaler is not None and "loss_scaler" in ckpt:
         loss_scaler.load_state_dict(ckpt["loss_scaler"])
+
+
+# ------------------------------------------------------------------------------- NaN / Inf in weights and moments
+# A NaN or Inf in a weight, a fp32 master copy or an Adam moment is not something to train from: the
+# fused kernel propagates it silently to every param it touches. `check_checkpoint` refuses it with one
+# line naming the file and the tensor, before anything is written. `load` looks for it in the digest's
+# pass over each tensor (each 4 Mi-element block is hashed and its min/max taken while it is in cache)
+# and remembers each tensor's verdict by the tensor object (a weak reference: nothing is kept alive),
+# so restoring a loaded checkpoint reads no tensor again; a checkpoint built in memory is scanned once
+# by `check_checkpoint`. A tensor changed in place after `load` keeps its verdict. Model entries that
+# are not params of the layout (buffers, which may hold -inf masks) are not refused.
+
+_BLOCK_ELEMENTS = 1 << 22  # 16 MB of fp32: stays in cache between the hash and the min/max
+_VERDICTS: dict[int, tuple[weakref.ref, str, bool]] = {}  # id(tensor) -> (the tensor, its file, finite)
+
+
+def _scanned(path: tuple) -> bool:
+    """The tensors the NaN/Inf check covers: ("model" | "master", name), ("optimizer", "state", i,
+    "exp_avg" | "exp_avg_sq")."""
+    return ((len(path) == 2 and path[0] in ("model", "master"))
+            or (len(path) == 4 and path[:2] == ("optimizer", "state") and path[3] in ("exp_avg", "exp_avg_sq")))
+
+
+def _finite(block: Tensor) -> bool:
+    """No NaN and no Inf: NaN propagates into both the min and the max, +-Inf shows in one of them."""
+    if not block.numel():
+        return True
+    low, high = torch.aminmax(block)
+    return math.isfinite(float(low)) and math.isfinite(float(high))
+
+
+class _FiniteScan:
+    """Verdicts of `load`'s digest pass (`_hash_value(scan=...)`), remembered per tensor."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.ok = True
+
+    def start(self) -> None:
+        self.ok = True
+
+    def check(self, block: Tensor) -> None:
+        if self.ok:
+            self.ok = _finite(block)
+
+    def done(self, t: Tensor) -> None:
+        key = id(t)
+        _VERDICTS[key] = (weakref.ref(t, lambda _, k=key: _VERDICTS.pop(k, None)), self.source, self.ok)
+
+    def walk(self, ckpt: Mapping[str, Any]) -> None:
+        """The same verdicts for a checkpoint without a digest (one pass over each tensor)."""
+        for _, t in _weights_and_moments(ckpt):
+            self.start()
+            flat = t.detach().reshape(-1)
+            for begin in range(0, flat.numel(), _BLOCK_ELEMENTS):
+                self.check(flat[begin:begin + _BLOCK_ELEMENTS])
+            self.done(t)
+
+
+def _weights_and_moments(ckpt: Mapping[str, Any]) -> list[tuple[tuple, Tensor]]:
+    out: list[tuple[tuple, Any]] = []
+    for entry in ("model", "master"):
+        values = ckpt.get(entry)
+        if isinstance(values, Mapping):
+            out += [((entry, name), t) for name, t in values.items()]
+    opt = ckpt.get("optimizer")
+    saved = opt.get("state") if isinstance(opt, Mapping) else None
+    if isinstance(saved, Mapping):
+        out += [(("optimizer", "state", i, key), st.get(key)) for i, st in saved.items() if isinstance(st, Mapping)
+                for key in ("exp_avg", "exp_avg_sq")]
+    return [(path, t) for path, t in out if isinstance(t, Tensor) and t.is_floating_point()]
+
+
+def _check_finite(ckpt: Mapping[str, Any], params: set[str] | None) -> None:
+    """One line on the first weight / master / moment tensor holding NaN or Inf (model entries: only
+    the layout's params when `params` is given; buffers may hold -inf masks)."""
+    for path, t in _weights_and_moments(ckpt):
+        if path[0] == "model" and params is not None and path[1] not in params:
+            continue  # a buffer
+        known = _VERDICTS.get(id(t))
+        if known is not None and known[0]() is t:
+            where, finite = f"checkpoint {known[1]}", known[2]
+        else:  # built in memory: read it now, once
+            flat = t.detach().reshape(-1)
+            where = "checkpoint (in memory)"
+            finite = all(_finite(flat[b:b + _BLOCK_ELEMENTS]) for b in range(0, flat.numel(), _BLOCK_ELEMENTS))
+        if not finite:
+            what = f"{path[0]}[{path[1]!r}]" if len(path) == 2 else f"optimizer state[{path[2]!r}][{path[3]!r}]"
+            raise StateError(f"{where}: {what} holds NaN or Inf; resume from an earlier checkpoint (training from it "
+                             "would spread them to every param the optimizer steps)")

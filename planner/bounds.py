@@ -17,13 +17,13 @@ same model with that tier's capacity as the objective (the other tiers as given,
 from __future__ import annotations
 
 
-from planner.costmodel import cpu_adam_threads, nvme_seconds, optimizer_step_price
+from planner.costmodel import cpu_adam_threads, fastest_bytes_per_s, nvme_seconds, optimizer_step_price
 from planner.decisions import non_model_curve
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
 from planner.problem import Problem
 from schemas._base import format_bytes, frozen
-from schemas.schedule import ActivationMode, ChunkList, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, Tier
 
 
 def explain_infeasible(data: PlacementInput, *, stage_names: list[str] | None = None, what: str = "the model") -> InfeasibleError:
@@ -111,7 +111,8 @@ def lower_bound(problem: Problem) -> LowerBound:
     dev_free = max(0, ranks * (problem.device_bytes - max(nm)) - max(0, param_bytes - h2d // 2))
     rest = max(0.0, p - dev_free / max(1, os_item))
     # each of them: CPU Adam (grads down) or OS streamed up and down; best split by ternary search
-    rate_h2d, rate_d2h = hw.h2d_bytes_per_s, hw.d2h_bytes_per_s
+    # the fastest rate of a copy of any size (costmodel.fastest_bytes_per_s; the flat rates without a table)
+    rate_h2d, rate_d2h = fastest_bytes_per_s(hw, Channel.H2D), fastest_bytes_per_s(hw, Channel.D2H)
     # CPU Adam at the fastest rate the simulator can charge a step (costmodel.optimizer_step_price:
     # alone, at the executor's thread count of an overlapped step or of one at the OPTIMIZER moment)
     adam_per_param = min(optimizer_step_price(hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=o)).seconds

@@ -43,6 +43,15 @@ class CompareRow:
     schedule: Schedule | None
     result: SimResult | None
     speedup_vs_best_baseline: float | None  # best feasible baseline's seconds / this row's seconds
+    # bytes the system holds for its own buffers per tier (Decisions.reserved_bytes: the tier's capacity
+    # less the schedule's budget there), which the capacity check counts and the chunk replay does not
+    reserved_bytes_per_tier: dict[Tier, int] | None = None
+
+    def peak_bytes(self, tier: Tier) -> int:
+        """What the system holds on `tier` at its busiest: the simulated chunk / activation peak plus its
+        own buffers, the quantity the capacity check compares with the usable capacity."""
+        assert self.result is not None
+        return self.result.peak_bytes_per_tier[tier] + (self.reserved_bytes_per_tier or {}).get(tier, 0)
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"policy": self.policy, "feasible": self.feasible, "reason": self.reason}
@@ -51,9 +60,10 @@ class CompareRow:
             out.update(iteration_seconds=r.iteration_seconds, tflops=r.tflops,
                        gb_per_channel={k.value: v / GB for k, v in r.bytes_per_channel.items()},
                        busy_seconds_per_channel={k.value: v for k, v in r.busy_seconds_per_channel.items()},
-                       peak_device_gb=r.peak_bytes_per_tier[Tier.DEVICE] / GB,
-                       peak_host_gb=r.peak_bytes_per_tier[Tier.HOST] / GB,
-                       peak_nvme_gb=r.peak_bytes_per_tier[Tier.NVME] / GB,
+                       peak_device_gb=self.peak_bytes(Tier.DEVICE) / GB,
+                       peak_host_gb=self.peak_bytes(Tier.HOST) / GB,
+                       peak_nvme_gb=self.peak_bytes(Tier.NVME) / GB,
+                       reserved_gb={t.value: v / GB for t, v in (self.reserved_bytes_per_tier or {}).items() if v},
                        stall_seconds=r.stall_seconds, speedup_vs_best_baseline=self.speedup_vs_best_baseline,
                        notes=list(self.schedule.header.notes) if self.schedule else [])
         return out
@@ -71,6 +81,7 @@ class Comparison:
     world_size: int = 1  # ranks of data-parallel training (hardware.cluster.world_size)
     tide_true_gap: float | None = None  # (tide's simulated - tide's bound) / simulated (the header's gap)
     tide_mip_gap: float | None = None  # the chosen placement MIP's own gap (None: a reference decision set won)
+    usable_bytes_per_tier: dict[Tier, int] | None = None  # the capacities every row's peaks are checked against
 
     def row(self, policy: str) -> CompareRow:
         return next(r for r in self.rows if r.policy == policy)
@@ -86,6 +97,13 @@ class Comparison:
                 "tide_bound_seconds": self.tide_bound_seconds, "tide_true_gap": self.tide_true_gap,
                 "tide_mip_gap": self.tide_mip_gap,
                 "rows": [r.to_json() for r in self.rows]}
+
+
+def _reserved(problem: Problem, schedule: Schedule) -> dict[Tier, int]:
+    """Each tier's capacity less the schedule's budget there: the system's own buffers (materialize)."""
+    b = schedule.budgets
+    return {Tier.DEVICE: max(0, problem.device_bytes - b.device_bytes), Tier.HOST: max(0, problem.host_bytes - b.host_bytes),
+            Tier.NVME: max(0, problem.nvme_bytes - b.nvme_bytes)}
 
 
 def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Sequence[str] | None = None,
@@ -122,7 +140,8 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
         raw.append((name, schedule, simulate(schedule, hardware), ""))  # a rejected schedule raises: not a row
     best = min((r.iteration_seconds for n, _, r, _ in raw if n != TIDE and r is not None), default=None)
     rows = tuple(CompareRow(policy=n, feasible=r is not None, reason=why, schedule=s, result=r,
-                            speedup_vs_best_baseline=(best / r.iteration_seconds) if best and r is not None else None)
+                            speedup_vs_best_baseline=(best / r.iteration_seconds) if best and r is not None else None,
+                            reserved_bytes_per_tier=_reserved(problem, s) if s is not None else None)
                  for n, s, r, why in raw)
     tide = next((r for r in rows if r.policy == TIDE and r.schedule is not None), None)
     return Comparison(model_name=trace.meta.model_name, hardware_name=hardware.name, rows=rows,
@@ -130,7 +149,9 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
                       tide_bound_seconds=tide.schedule.header.lower_bound_seconds if tide is not None else None,
                       world_size=problem.world_size,
                       tide_true_gap=tide.schedule.header.gap if tide is not None else None,
-                      tide_mip_gap=mip_gap if tide is not None else None)
+                      tide_mip_gap=mip_gap if tide is not None else None,
+                      usable_bytes_per_tier={Tier.DEVICE: problem.device_bytes, Tier.HOST: problem.host_bytes,
+                                             Tier.NVME: problem.nvme_bytes})
 
 
 class _Unavailable(Exception):
@@ -191,10 +212,15 @@ def print_comparison(c: Comparison) -> None:
         table.add_row(r.policy, "yes", f"{res.iteration_seconds:.4g}", f"{res.tflops:.3g}", f"{gb[Channel.H2D]:.3g}",
                       f"{gb[Channel.D2H]:.3g}", f"{gb[Channel.NVME_READ]:.3g}", f"{gb[Channel.NVME_WRITE]:.3g}",
                       *([f"{gb[Channel.INTER_GPU]:.3g}"] if multi else []),
-                      f"{res.peak_bytes_per_tier[Tier.DEVICE] / GB:.3g}", f"{res.peak_bytes_per_tier[Tier.HOST] / GB:.3g}",
+                      f"{r.peak_bytes(Tier.DEVICE) / GB:.3g}", f"{r.peak_bytes(Tier.HOST) / GB:.3g}",
                       f"{r.speedup_vs_best_baseline:.2f}x" if r.speedup_vs_best_baseline else "-")
     console = Console(width=max(Console().width, 160))
     console.print(table)
+    if c.usable_bytes_per_tier:
+        u = c.usable_bytes_per_tier
+        console.print(f"peak DEVICE / HOST: each system's chunks and activations at their busiest plus its own buffers "
+                      f"(fp32 grad partitions, pinned pools: what the capacity check counts) against "
+                      f"{u[Tier.DEVICE] / GB:.3g} GB DEVICE / {u[Tier.HOST] / GB:.3g} GB HOST usable")
     if c.world_size > 1:
         console.print(f"{c.world_size} ranks, data parallel: TFLOPS, H2D/D2H GB are of all ranks together; GPU-GPU GB is "
                       "what each rank sends (the schedule's collective bytes); peak DEVICE is the busiest rank's, "

@@ -10,7 +10,8 @@ writes may overlap at the mixed rates (`nvme_time_rows`). The CPU optimizer over
 Prices come from what the hardware file measures (issue 17): a meta trace's FLOPs at the GEMM and
 attention rates of the shapes the model runs (`moment_seconds`), CPU Adam at the chunk size with the
 executor's thread count (and its slower rate while copies run beside it), pageable copy rates for
-systems that stage through pageable memory (`PAGEABLE_POLICIES`), the both-ways rate while H2D and
+schedules whose header says their HOST copies are pageable (`header.host_staging`, set by the policy:
+DeepSpeed and Gemini, each citing its `pin_memory` default), the both-ways rate while H2D and
 D2H run at once, the SSDs' mixed rates behind the host-side cap, and one host DRAM bandwidth that CPU
 Adam, the DMA copies and the SSD traffic share (`dram_bytes`).
 """
@@ -20,19 +21,9 @@ from __future__ import annotations
 import math
 
 from schemas._base import frozen
-from schemas.hardware import DeviceKind, Hardware
+from schemas.hardware import DeviceKind, Hardware, rate_at_size
 from schemas.schedule import Channel, Tier
 from schemas.trace import DType, Moment, Phase, Trace
-
-# DeepSpeed allocates its CPU copies in pageable memory unless `pin_memory` is set, and it is off by
-# default for offload_param and offload_optimizer (docs/baselines.md Z3.12: `offload_config.py:45,72`;
-# Fuyou §5.5: ZeRO-Infinity "uses pageable memories"). Its NVMe path goes through a pinned buffer pool
-# (ZI.1, `partitioned_param_swapper.py`), so only DEVICE <-> HOST copies are pageable. Colossal-AI
-# Gemini's CPU chunks are pageable too: GeminiPlugin `pin_memory` defaults to False
-# (`colossalai/booster/plugin/gemini_plugin.py`; docs/baselines.md GM.8). PatrickStar pins its CPU
-# chunks (`patrickstar/core/chunk_data.py:153`, `pin_memory=(device.type == "cpu")`) and Fuyou its
-# buffers (Fuyou §5.5), so neither is here.
-PAGEABLE_POLICIES = frozenset({"zero2-offload", "zero3-offload", "zero-infinity", "gemini"})
 
 # tensor-core FP16 and BF16 run at the same rate on Volta-Hopper (NVIDIA A100/H100/Ada datasheets list
 # equal dense FP16 and BF16 TFLOPS), so a table measured in one 16-bit type prices the other
@@ -52,38 +43,66 @@ def nvme_mixed(hardware: Hardware) -> bool:
     return hardware.nvme.mixed_read_gb_per_s_each > 0 and hardware.nvme.mixed_write_gb_per_s_each > 0
 
 
+def _link_gb_per_s(hardware: Hardware, name: str, nbytes: float) -> float:
+    """`links.<name>` for one copy of `nbytes` (`links.copy_rates`, where measured at sizes; else flat)."""
+    flat = getattr(hardware.links, name)
+    rows = hardware.links.copy_rates
+    return rate_at_size(rows, name, nbytes, flat) if rows and nbytes > 0 else flat
+
+
+def _ssd_gb_per_s(hardware: Hardware, name: str, nbytes: float) -> float:
+    """`nvme.<name>` (one SSD) for one read/write of `nbytes` (`nvme.chunk_rates`, where measured; else flat)."""
+    flat = getattr(hardware.nvme, name)
+    rows = hardware.nvme.chunk_rates
+    return rate_at_size(rows, name, nbytes, flat) if rows and nbytes > 0 else flat
+
+
 def channel_bytes_per_s(hardware: Hardware, channel: Channel, *, pageable: bool = False, duplex: bool = False,
-                        mixed: bool = False) -> float:
+                        mixed: bool = False, nbytes: float = 0.0) -> float:
     """Bandwidth of a byte channel (0.0 when the machine has no such path, e.g. no SSD).
 
     NVMe: count x per-SSD rate, at most the host-side cap; `mixed`: the rate while the other direction
     runs too (`nvme.mixed_*`, where measured), both directions together at most the cap. H2D/D2H:
     pinned by default; `pageable` at the pageable rate, `duplex` at the rate while the other direction
     runs too (each only where the file measured it: 0 there means "as pinned / full duplex", the
-    format's rule)."""
+    format's rule). `nbytes`: the size of one copy (a chunk of one list, a block's activations): each
+    rate is then the one the file measured at that size (`links.copy_rates`, `nvme.chunk_rates`,
+    interpolated in log size); 0 or no table: the flat fields, the same for every size."""
     if channel in (Channel.H2D, Channel.D2H):
-        links = hardware.links
-        rate = hardware.h2d_bytes_per_s if channel is Channel.H2D else hardware.d2h_bytes_per_s
+        h2d = channel is Channel.H2D
+        rate = _link_gb_per_s(hardware, "h2d_gb_per_s" if h2d else "d2h_gb_per_s", nbytes) * 1e9
         if pageable:
-            slow = links.h2d_pageable_gb_per_s if channel is Channel.H2D else links.d2h_pageable_gb_per_s
+            slow = _link_gb_per_s(hardware, "h2d_pageable_gb_per_s" if h2d else "d2h_pageable_gb_per_s", nbytes)
             rate = min(rate, slow * 1e9) if slow > 0 else rate
         if duplex:
-            both = links.duplex_h2d_gb_per_s if channel is Channel.H2D else links.duplex_d2h_gb_per_s
+            both = _link_gb_per_s(hardware, "duplex_h2d_gb_per_s" if h2d else "duplex_d2h_gb_per_s", nbytes)
             rate = min(rate, both * 1e9) if both > 0 else rate
         return rate
     if channel in (Channel.NVME_READ, Channel.NVME_WRITE):
         nv = hardware.nvme
+        read_alone = nv.count * _ssd_gb_per_s(hardware, "read_gb_per_s_each", nbytes) * 1e9
+        write_alone = nv.count * _ssd_gb_per_s(hardware, "write_gb_per_s_each", nbytes) * 1e9
         if mixed and nvme_mixed(hardware):
             # never above a direction's rate alone (a drive does not read faster because it also
             # writes: a profile's mixed figure above it is noise, e.g. a VM disk's cache); the cap holds
             # reads + writes together
-            r = min(nv.count * nv.mixed_read_gb_per_s_each * 1e9, hardware.nvme_read_bytes_per_s)
-            w = min(nv.count * nv.mixed_write_gb_per_s_each * 1e9, hardware.nvme_write_bytes_per_s)
+            r = min(nv.count * _ssd_gb_per_s(hardware, "mixed_read_gb_per_s_each", nbytes) * 1e9, read_alone)
+            w = min(nv.count * _ssd_gb_per_s(hardware, "mixed_write_gb_per_s_each", nbytes) * 1e9, write_alone)
             share = min(1.0, nvme_cap_bytes_per_s(hardware) / (r + w))
             return (r if channel is Channel.NVME_READ else w) * share
-        alone = hardware.nvme_read_bytes_per_s if channel is Channel.NVME_READ else hardware.nvme_write_bytes_per_s
+        alone = read_alone if channel is Channel.NVME_READ else write_alone
         return min(alone, nvme_cap_bytes_per_s(hardware))
     return {Channel.INTER_GPU: hardware.inter_gpu_bytes_per_s}[channel]
+
+
+def fastest_bytes_per_s(hardware: Hardware, channel: Channel) -> float:
+    """The fastest pinned, one-way rate a copy of any size gets on `channel` (`channel_bytes_per_s` at
+    each size the file's table measured; without a table the flat rate): what a lower bound may charge."""
+    rows = (hardware.links.copy_rates if channel in (Channel.H2D, Channel.D2H)
+            else hardware.nvme.chunk_rates if channel in (Channel.NVME_READ, Channel.NVME_WRITE) else ())
+    if not rows:
+        return channel_bytes_per_s(hardware, channel)
+    return max(channel_bytes_per_s(hardware, channel, nbytes=r.chunk_bytes) for r in rows)
 
 
 def two_way_rows(r: float, w: float, mr: float, mw: float, cap: float = math.inf) -> tuple[tuple[float, float], ...]:
@@ -111,25 +130,28 @@ def two_way_rows(r: float, w: float, mr: float, mw: float, cap: float = math.inf
     return tuple(x for x in rows if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in rows))
 
 
-def nvme_time_rows(hardware: Hardware) -> tuple[tuple[float, float], ...]:
+def nvme_time_rows(hardware: Hardware, *, nbytes: float = 0.0) -> tuple[tuple[float, float], ...]:
     """`two_way_rows` of the SSDs (seconds per read byte, per write byte): rates alone behind the host
-    cap, the mixed rates (`nvme.mixed_*`, both under the cap) where measured, else simplex."""
+    cap, the mixed rates (`nvme.mixed_*`, both under the cap) where measured, else simplex; each at
+    the size of one read/write `nbytes` (`channel_bytes_per_s`)."""
     mixed = nvme_mixed(hardware)
-    return two_way_rows(channel_bytes_per_s(hardware, Channel.NVME_READ), channel_bytes_per_s(hardware, Channel.NVME_WRITE),
-                        channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True) if mixed else 0.0,
-                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True) if mixed else 0.0,
+    return two_way_rows(channel_bytes_per_s(hardware, Channel.NVME_READ, nbytes=nbytes),
+                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, nbytes=nbytes),
+                        channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True, nbytes=nbytes) if mixed else 0.0,
+                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True, nbytes=nbytes) if mixed else 0.0,
                         nvme_cap_bytes_per_s(hardware))
 
 
-def pcie_time_rows(hardware: Hardware, *, pageable: bool = False) -> tuple[tuple[float, float], ...]:
+def pcie_time_rows(hardware: Hardware, *, pageable: bool = False, nbytes: float = 0.0) -> tuple[tuple[float, float], ...]:
     """`two_way_rows` of the PCIe link (seconds per H2D byte, per D2H byte): each direction at its
     rate alone, both at once at the `links.duplex_*` rates where measured; not measured: full duplex
-    (two rows, each direction on its own)."""
-    h, d = (channel_bytes_per_s(hardware, ch, pageable=pageable) for ch in (Channel.H2D, Channel.D2H))
+    (two rows, each direction on its own); each at the size of one copy `nbytes` (`channel_bytes_per_s`)."""
+    h, d = (channel_bytes_per_s(hardware, ch, pageable=pageable, nbytes=nbytes) for ch in (Channel.H2D, Channel.D2H))
     links = hardware.links
     if links.duplex_h2d_gb_per_s <= 0 or links.duplex_d2h_gb_per_s <= 0:
         return ((1 / h, 0.0), (0.0, 1 / d))
-    hb, db = (channel_bytes_per_s(hardware, ch, pageable=pageable, duplex=True) for ch in (Channel.H2D, Channel.D2H))
+    hb, db = (channel_bytes_per_s(hardware, ch, pageable=pageable, duplex=True, nbytes=nbytes)
+              for ch in (Channel.H2D, Channel.D2H))
     return two_way_rows(h, d, hb, db)
 
 
@@ -217,11 +239,12 @@ def adam_dram_bytes(hardware: Hardware, params: float) -> float:
 
 
 def transfer_seconds(hardware: Hardware, channel: Channel, nbytes: float, *, pageable: bool = False,
-                     duplex: bool = False) -> float:
-    """Seconds to move `nbytes` over `channel`; inf when there are bytes but no path."""
+                     duplex: bool = False, copy_bytes: float = 0.0) -> float:
+    """Seconds to move `nbytes` over `channel` in copies of `copy_bytes` each (0: at the flat rates);
+    inf when there are bytes but no path."""
     if nbytes <= 0:
         return 0.0
-    rate = channel_bytes_per_s(hardware, channel, pageable=pageable, duplex=duplex)
+    rate = channel_bytes_per_s(hardware, channel, pageable=pageable, duplex=duplex, nbytes=copy_bytes)
     return nbytes / rate if rate > 0 else math.inf
 
 
@@ -321,9 +344,16 @@ def optimizer_seconds(hardware: Hardware, tier: Tier, params: int, *, with_copie
 
 def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> float:
     """The least time the SSDs read and write these bytes in (`nvme_time_rows`: simplex drives add
-    reads and writes up, Fuyou Eq. 4; drives measured mixed may run both at once)."""
+    reads and writes up, Fuyou Eq. 4; drives measured mixed may run both at once). With rates by size
+    (`nvme.chunk_rates`) the copies' sizes are not known here: each direction at its fastest size's
+    rate, both under the host cap."""
     if read_bytes <= 0 and write_bytes <= 0:
         return 0.0
+    if hardware.nvme.chunk_rates:
+        r, w = fastest_bytes_per_s(hardware, Channel.NVME_READ), fastest_bytes_per_s(hardware, Channel.NVME_WRITE)
+        if r <= 0 or w <= 0:
+            return math.inf
+        return max(read_bytes / r, write_bytes / w, (read_bytes + write_bytes) / nvme_cap_bytes_per_s(hardware))
     rows = nvme_time_rows(hardware)
     if not rows:
         return math.inf
@@ -331,9 +361,9 @@ def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> f
 
 
 __all__ = [
-    "OptimizerPrice", "PAGEABLE_POLICIES", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
+    "OptimizerPrice", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
     "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
-    "dram_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
+    "dram_bytes_per_s", "fastest_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
     "nvme_time_rows", "pcie_time_rows", "two_way_rows",
     "optimizer_seconds", "optimizer_step_price", "transfer_seconds",
 ]

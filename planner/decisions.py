@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.problem import NO_MOMENTS, Problem
 from schemas._base import frozen
-from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, SolverStatus, Tier
+from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, HostStaging, SolverStatus, Tier
 from schemas.trace import Phase
 
 
@@ -70,6 +70,11 @@ class Decisions:
     # a PARAM entry leaves DEVICE after its last use in forward and again in backward, even with room
     # to keep it (sharded systems re-shard: PatrickStar Alg. 4, ZeRO-3's release, Gemini)
     release_between_phases: bool = False
+    # where the system's HOST copies live for DEVICE <-> HOST copies, carried into the schedule header
+    # and priced from there: PINNED (tide; PatrickStar pins its CPU chunks, `patrickstar/core/chunk_data.py:153`
+    # `pin_memory=(device.type == "cpu")`; Fuyou its buffers, Fuyou §5.5) or PAGEABLE (DeepSpeed and Gemini,
+    # each policy citing its `pin_memory` default beside the line that sets it)
+    host_staging: HostStaging = HostStaging.PINNED
 
 
 @frozen

@@ -48,6 +48,7 @@ class CachePlan:
     comm_group_chunks: list[range]
     trainable_chunks: list[list[int]]  # per comm group: chunks holding trainable params
     entry_bytes: np.ndarray  # per entry (2 g + kind): DEVICE bytes of the whole comm group
+    local_grad_bytes: np.ndarray  # per comm group: a rank's GRAD bytes after the reduce-scatter (its own chunk)
     chunk_bytes: dict[ChunkList, list[int]]
     persistent: list[bool]  # per comm group
     optimizer_tier: list[Tier]  # per comm group
@@ -80,12 +81,17 @@ def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
     for g, chunks in enumerate(comm_group_chunks):
         entry_bytes[2 * g + PARAM_ENTRY] = sum(pbytes[c] for c in chunks)
         entry_bytes[2 * g + GRAD_ENTRY] = sum(pbytes[c] for c in chunks if trainable[c])
+    # after the reduce-scatter a rank keeps the reduced grads of the chunk it owns only (PatrickStar §7:
+    # "each process only keeps the gradient of its own chunk"); the busiest rank holds the biggest one
+    local_grad_bytes = np.array([max((pbytes[c] for c in chunks if trainable[c]), default=0) if ws > 1
+                                 else int(entry_bytes[2 * g + GRAD_ENTRY]) for g, chunks in enumerate(comm_group_chunks)],
+                                dtype=np.int64)
     persistent = [any(c in d.persistent_chunks for c in chunks) for chunks in comm_group_chunks]
     home = list(d.param_home_tiers) or [Tier.HOST] * n_chunks
     plan = CachePlan(
         problem=problem, decisions=d, ws=ws, n_comm_groups=n_comm_groups, comm_group_chunks=comm_group_chunks,
         trainable_chunks=[[c for c in chunks if trainable[c]] for chunks in comm_group_chunks],
-        entry_bytes=entry_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
+        entry_bytes=entry_bytes, local_grad_bytes=local_grad_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
         optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in comm_group_chunks],
         os_tier=[p.os_tier for p in d.chunk_plans], home=home,
     )
@@ -137,12 +143,25 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
         plan.needs.append([2 * g + PARAM_ENTRY, 2 * g + GRAD_ENTRY])
 
 
+def scattered_bytes(plan: CachePlan, g: int) -> int:
+    """DEVICE bytes a rank frees when comm group g's grads are reduce-scattered (Note [materialize
+    ranks]): the other ranks' chunks of the GRAD entry. 0 with one rank (nothing is scattered)."""
+    return int(plan.entry_bytes[2 * g + GRAD_ENTRY] - plan.local_grad_bytes[g]) if plan.ws > 1 else 0
+
+
+def bytes_at(plan: CachePlan, e: int, tick: int) -> int:
+    """DEVICE bytes of entry e at `tick`: a GRAD entry shrinks to the local chunk from its reduce-scatter on."""
+    if e & 1 == GRAD_ENTRY and plan.ws > 1 and tick >= plan.grad_final_tick.get(e >> 1, 1 << 62):
+        return int(plan.local_grad_bytes[e >> 1])
+    return int(plan.entry_bytes[e])
+
+
 def check_budget(plan: CachePlan) -> None:
     """The entries a tick needs (and the pinned ones) must fit in its budget."""
     pinned = sum(int(plan.entry_bytes[2 * g]) for g in range(plan.n_comm_groups) if plan.persistent[g])
     worst = None
     for tick, needs in enumerate(plan.needs):
-        need = pinned + sum(int(plan.entry_bytes[e]) for e in needs
+        need = pinned + sum(bytes_at(plan, e, tick) for e in needs
                             if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
         short = need - int(plan.tick_budget[tick])
         if short > 0 and (worst is None or short > worst[0]):
@@ -155,7 +174,7 @@ def check_budget(plan: CachePlan) -> None:
     curve = non_model_curve(problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
     fixed = os_device_bytes(problem, plan.decisions.layout, plan.decisions.chunk_plans)
     smallest = max(
-        pinned + sum(int(plan.entry_bytes[e]) for e in needs if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
+        pinned + sum(bytes_at(plan, e, t) for e in needs if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
         + int(curve[plan.tick_moment[t]]) + fixed
         for t, needs in enumerate(plan.needs)
     )
@@ -244,18 +263,25 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
         i = ptr[e]
         return uses[e][i] if i < len(uses[e]) else NEVER
 
+    scatters: dict[int, list[int]] = {}  # tick -> comm groups reduce-scattered there (emitted first in the tick)
+    if plan.ws > 1:
+        for g, tick in plan.grad_final_tick.items():
+            scatters.setdefault(tick, []).append(g)
     for tick in range(n_ticks):
+        for g in scatters.get(tick, ()):
+            if 2 * g + GRAD_ENTRY in resident:
+                occupied -= scattered_bytes(plan, g)
         needs = plan.needs[tick]
         keep = set(needs)
         missing = [e for e in needs if e not in resident]
-        room = occupied + sum(int(plan.entry_bytes[e]) for e in missing) - int(plan.tick_budget[tick])
+        room = occupied + sum(bytes_at(plan, e, tick) for e in missing) - int(plan.tick_budget[tick])
         while room > 0:
             victim = victims.pop(keep)
             if victim is None:
                 raise InfeasibleError(_stuck_message(plan, tick, room))
             iv = resident.pop(victim)
             iv.end = tick
-            size = int(plan.entry_bytes[victim])
+            size = bytes_at(plan, victim, tick)
             occupied -= size
             room -= size
         for e in missing:
@@ -263,7 +289,7 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
             allocated.add(e)
             resident[e] = iv
             intervals.append(iv)
-            occupied += int(plan.entry_bytes[e])
+            occupied += bytes_at(plan, e, tick)
         for e in needs:
             iv = resident[e]
             if iv.first_use < 0:
@@ -338,6 +364,9 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         end = n_ticks if iv.end < 0 else iv.end
         delta[iv.start] += plan.entry_bytes[iv.entry]
         delta[end] -= plan.entry_bytes[iv.entry]
+        g = iv.entry >> 1
+        if iv.entry & 1 == GRAD_ENTRY and plan.ws > 1 and iv.start < plan.grad_final_tick.get(g, n_ticks) < end:
+            delta[plan.grad_final_tick[g]] -= scattered_bytes(plan, g)  # the reduce-scatter frees the others' chunks
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
     bucket = plan.decisions.prefetch_bucket_bytes

@@ -61,7 +61,8 @@ def _os_bytes(schedule: Schedule, chunk: int) -> int:
 
 def _inputs(old: Schedule, new: Schedule) -> tuple[TextChange | Change, ...]:
     out: list[TextChange | Change] = []
-    for field in ("trace_digest", "model_name", "hardware_name", "hardware_digest", "policy", "planner_version", "world_size"):
+    for field in ("trace_digest", "model_name", "hardware_name", "hardware_digest", "policy", "planner_version", "world_size",
+                  "host_staging"):
         a, b = getattr(old.header, field), getattr(new.header, field)
         if a != b:
             out.append(TextChange(name=field, old=str(a), new=str(b)))
@@ -258,7 +259,7 @@ def _prediction(old: Schedule, new: Schedule) -> PredictionDiff:
 # A schedule under version control changes when the planner, the model or the hardware changes; CI
 # shows the change as this diff. The sections, in order:
 #
-# 1. inputs (only where they differ): trace and hardware digests, hardware name, policy, planner
+# 1. inputs (only where they differ): trace and hardware digests, hardware name, policy, host staging, planner
 #    version, budgets per tier -- stated first, because everything below follows from them;
 # 2. prediction: iteration time, time per phase (sum of its stages' predicted seconds) and the
 #    stages that changed most, peak bytes per tier -- each with its delta and percentage;

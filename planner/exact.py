@@ -88,8 +88,11 @@ class ExactModel:
     # -- variables -----------------------------------------------------------------------
     def _add_variables(self) -> None:
         d, n, m = self.data, self.n, self.model
+        # seconds per SSD byte: the slowest coefficient of the SSDs' time rows (a host cap's row may be
+        # slower than writing alone)
+        ssd = max(1.0 / max(d.nvme_write_bytes_per_s, 1.0), *(max(a, b) for a, b in d.nvme_rows()))
         horizon = self._t(sum(st.compute_seconds for st in d.stages)) * 10 + self._t(
-            sum(g.param_bytes * 4 / d.h2d_bytes_per_s + g.os_bytes * 4 / max(d.nvme_write_bytes_per_s, 1.0)
+            sum(g.param_bytes * 4 / d.h2d_bytes_per_s + g.os_bytes * 4 * ssd
                 + g.elements * d.cpu_adam_seconds_per_element for g in d.chunk_classes)
             + sum(b.activation_bytes * 4 / d.h2d_bytes_per_s + b.recompute_seconds for b in d.blocks)) + 10
         self.horizon = horizon
@@ -222,11 +225,19 @@ class ExactModel:
         d, m, n = self.data, self.model, self.n
         h2d: list[list[Any]] = [[] for _ in range(n)]
         d2h: list[list[Any]] = [[] for _ in range(n)]
-        nvme: list[list[Any]] = [[] for _ in range(n)]
+        # SSD bytes per stage, read and written apart, as (boolean, bytes): priced by the same two-way
+        # rows as the placement MIP (costmodel.nvme_time_rows via PlacementInput.nvme_rows: simplex,
+        # or the mixed rates and the host cap where measured): t >= a*R + b*W for each row (a, b)
+        nvme_r: list[list[tuple[Any, float]]] = [[] for _ in range(n)]
+        nvme_w: list[list[tuple[Any, float]]] = [[] for _ in range(n)]
         compute: list[list[Any]] = [[self._t(st.compute_seconds)] for st in d.stages]
         cpu_rel: list[list[Any]] = [[] for _ in range(n)]
-        os_rel: list[list[Any]] = [[] for _ in range(n)]
-        rd, wr = d.nvme_read_bytes_per_s or 1.0, d.nvme_write_bytes_per_s or 1.0
+        os_r: list[list[tuple[Any, float]]] = [[] for _ in range(n)]  # the CPU steps' OS traffic, by release stage
+        os_w: list[list[tuple[Any, float]]] = [[] for _ in range(n)]
+        rows = d.nvme_rows()
+
+        def ssd(reads: list[tuple[Any, float]], writes: list[tuple[Any, float]], a: float, b: float) -> list[Any]:
+            return [x * self._t(nbytes * a) for x, nbytes in reads] + [x * self._t(nbytes * b) for x, nbytes in writes]
         for gi, g in enumerate(d.chunk_classes):
             up = self._t(g.param_bytes / d.h2d_bytes_per_s)
             for s in range(n):
@@ -237,7 +248,8 @@ class ExactModel:
             grads_at = g.last_backward_stage if g.last_backward_stage >= 0 else d.optimizer_stage
             d2h[grads_at].append((1 - self.od[gi]) * self._t(g.param_bytes / d.d2h_bytes_per_s))
             cpu_rel[release].append((1 - self.od[gi]) * self._t(g.elements * d.cpu_adam_seconds_per_element))
-            os_rel[release].append(self.on[gi] * self._t(g.os_bytes / rd + g.os_bytes / wr))
+            os_r[release].append((self.on[gi], g.os_bytes))
+            os_w[release].append((self.on[gi], g.os_bytes))
             compute[d.optimizer_stage].append(self.od[gi] * self._t(g.elements * d.gpu_adam_seconds_per_element))
         for b, choice in zip(d.blocks, self.act):
             if b.forward_stage < 0 or b.backward_stage < 0:
@@ -246,26 +258,33 @@ class ExactModel:
             swapped = choice[ActivationMode.SWAP_HOST] + choice[ActivationMode.SWAP_NVME]
             d2h[offload].append(swapped * self._t(b.activation_bytes / d.d2h_bytes_per_s))
             h2d[reload].append(swapped * self._t(b.activation_bytes / d.h2d_bytes_per_s))
-            nvme[offload].append(choice[ActivationMode.SWAP_NVME] * self._t(b.activation_bytes / wr))
-            nvme[reload].append(choice[ActivationMode.SWAP_NVME] * self._t(b.activation_bytes / rd))
+            nvme_w[offload].append((choice[ActivationMode.SWAP_NVME], b.activation_bytes))
+            nvme_r[reload].append((choice[ActivationMode.SWAP_NVME], b.activation_bytes))
             compute[b.backward_stage].append(choice[ActivationMode.RECOMPUTE] * self._t(b.recompute_seconds))
         for s in range(n):
             t = self.stage_time[s]
-            for terms in (compute[s], h2d[s], d2h[s], nvme[s]):
+            for terms in (compute[s], h2d[s], d2h[s]):
                 m.Add(t >= sum(terms))
+            for a, b in rows:
+                if nvme_r[s] or nvme_w[s]:
+                    m.Add(t >= sum(ssd(nvme_r[s], nvme_w[s], a, b)))
         # the CPU optimizer and its SSD traffic: every suffix long enough for what it releases
         for s in range(n):
             suffix = sum(self.stage_time[s:])
             cpu = [x for r in range(s, n) for x in cpu_rel[r]]
-            io = [x for r in range(s, n) for x in os_rel[r] + nvme[r]]
             if cpu:
                 m.Add(suffix >= sum(cpu))
-            if io:
-                m.Add(suffix >= sum(io))
+            reads = [x for r in range(s, n) for x in os_r[r] + nvme_r[r]]
+            writes = [x for r in range(s, n) for x in os_w[r] + nvme_w[r]]
+            if reads or writes:
+                for a, b in rows:
+                    m.Add(suffix >= sum(ssd(reads, writes, a, b)))
         if not d.optimizer_overlap:
             o = d.optimizer_stage
             m.Add(self.stage_time[o] >= sum(cpu_rel[o]))
-            m.Add(self.stage_time[o] >= sum(os_rel[o] + nvme[o]))
+            if os_r[o] or os_w[o] or nvme_r[o] or nvme_w[o]:
+                for a, b in rows:
+                    m.Add(self.stage_time[o] >= sum(ssd(os_r[o] + nvme_r[o], os_w[o] + nvme_w[o], a, b)))
 
     def _add_objective(self) -> None:
         self.model.Minimize(sum(self.stage_time))

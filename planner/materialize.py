@@ -226,7 +226,7 @@ def _check_capacity(problem: Problem, replay: ResidencyReplay, budgets: Budgets,
         if peak > capacity:
             m = problem.moments[int(np.argmax(per_moment))]
             buffers = sum(r.bytes for r in reserved if r.tier is tier)
-            held = (f" (after {buffers} bytes of the system's own buffers: "
+            held = (f" ({capacity + buffers} usable less {buffers} bytes of the system's own buffers: "
                     + ", ".join(r.what.split(";")[0] for r in reserved if r.tier is tier) + ")") if buffers else ""
             raise InfeasibleError(
                 f"{tier.value} runs out at moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'}): "
@@ -253,6 +253,7 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
         lower_bound_seconds=stats.lower_bound_seconds,
         gap=stats.gap,
         notes=d.notes,
+        host_staging=d.host_staging,
     )
 
 

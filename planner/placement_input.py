@@ -206,6 +206,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         if st.phase is Phase.OPTIMIZER:
             optimizer_stage = st.id
     os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
+    pcie_copy = layout.chunk_elements * param_item  # one PARAM/GRAD chunk: the size PCIe copies are priced at
+    ssd_copy = layout.chunk_elements * 4 if os_item else pcie_copy  # one chunk of an fp32 OS list
     # with several ranks a comm group's chunks (consecutive, one capacity: planner.layout) move and
     # step together (materialize's cache entries are comm groups): classes are sets of comm groups,
     # keyed by the union of their chunks' uses (a padding chunk has none)
@@ -241,19 +243,24 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
         # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
-        # that step on the CPU stream grads and OS over PCIe/SSDs while it runs (costmodel)
-        h2d_bytes_per_s=channel_bytes_per_s(hw, Channel.H2D), d2h_bytes_per_s=channel_bytes_per_s(hw, Channel.D2H),
-        nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ),
-        nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE),
+        # that step on the CPU stream grads and OS over PCIe/SSDs while it runs (costmodel). The chunk
+        # size is this model's input: PCIe priced at one PARAM chunk per copy, the SSDs at one chunk of
+        # an OS list per read/write (what the simulator's copies of this layout move; the by-size tables
+        # of the hardware file, none: the flat rates)
+        h2d_bytes_per_s=channel_bytes_per_s(hw, Channel.H2D, nbytes=pcie_copy),
+        d2h_bytes_per_s=channel_bytes_per_s(hw, Channel.D2H, nbytes=pcie_copy),
+        nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ, nbytes=ssd_copy),
+        nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=ssd_copy),
         # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
         cpu_adam_seconds_per_element=optimizer_step_price(
             hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
-        duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True) + channel_bytes_per_s(hw, Channel.D2H, duplex=True)
+        duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True, nbytes=pcie_copy)
+                            + channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=pcie_copy)
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),
         dram_bytes_per_s=0.0 if math.isinf(dram_bytes_per_s(hw)) else dram_bytes_per_s(hw),
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
-        nvme_time_rows=nvme_time_rows(hw), pcie_time_rows=pcie_time_rows(hw),
+        nvme_time_rows=nvme_time_rows(hw, nbytes=ssd_copy), pcie_time_rows=pcie_time_rows(hw, nbytes=pcie_copy),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
         ranks=ws, ranks_per_node=problem.ranks_per_node if ws > 1 else 1,
         **_collective_rates(hw, ws),

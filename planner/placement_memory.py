@@ -103,14 +103,15 @@ class MemoryRows:
                     grads.append((g.last_backward_stage + 1, n - 1, self.os_device[gi] * g.param_bytes))
                 else:
                     # with p ranks every rank holds the comm group's t trainable chunks' grads until the
-                    # reduce-scatter after the last backward use (PatrickStar §7), and materialize keeps
-                    # the GRAD entry of every DEVICE-stepped comm group (streamed OS too) until its step,
-                    # never written back in between (planner.device_cache: a GRAD entry is unevictable
-                    # while ws > 1; its bytes are the trainable chunks')
+                    # reduce-scatter after the last backward use (PatrickStar §7); from then on a rank
+                    # keeps its own chunk's reduced grads only, and materialize keeps that local GRAD of
+                    # every DEVICE-stepped comm group (streamed OS too) until its step, never written back
+                    # in between (planner.device_cache: a GRAD entry is unevictable while ws > 1 and
+                    # shrinks to the local chunk at its reduce-scatter, `bytes_at`)
                     t = g.trainable_chunks
                     grads.append((g.first_backward_stage, g.last_backward_stage, g.count * g.param_bytes * t))
                     stepped = self.os_device[gi] + self.os_stream[gi] + self.os_nvme_stream[gi]
-                    grads.append((g.last_backward_stage + 1, n - 1, stepped * (g.param_bytes * t)))
+                    grads.append((g.last_backward_stage + 1, n - 1, stepped * g.param_bytes))
                 # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)
                 last = g.last_backward_stage if d.optimizer_overlap else n - 1
                 streamed = self.os_stream[gi] + self.os_nvme_stream[gi]

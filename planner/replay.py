@@ -42,25 +42,48 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     copies = ValidCopies(lists, n_chunks)
     li = copies.index
     tier_bytes = [0, 0, 0]
-    # With several ranks a chunk's OS on DEVICE is its owner's only (PARAM and GRAD copies there are
-    # every rank's once gathered): DEVICE bytes = the chunks' plus the busiest rank's OS
+    # With several ranks DEVICE is per rank (Note [simulator memory per rank and node], the same rules):
+    # a copy there is its owner's only (a FETCH/PREFETCH/WRITE_BACK, which the owner does, and the
+    # OS) or every rank's (PARAM and GRAD at the start, after an ALL_GATHER or an ALLOCATE); a
+    # reduce-scatter leaves each rank its own chunk's grads (PatrickStar §7). DEVICE bytes: the
+    # busiest rank's
     os_lists = [x for x in lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V)]
-    per_owner = schedule.header.world_size > 1
-    os_device = [0] * schedule.header.world_size
+    ws = schedule.header.world_size
+    per_owner = ws > 1
+    rank_bytes = [0] * ws
+    everyone: set[tuple[ChunkList, int]] = set()  # (list, chunk) whose DEVICE copy every rank holds
+    group_chunks: dict[int, list[int]] = {}
+    for ch in layout.chunks:
+        group_chunks.setdefault(ch.comm_group, []).append(ch.id)
 
-    def count(x: ChunkList, c: int, t: int, sign: int) -> None:
-        if per_owner and t == 0 and x in os_lists:
-            os_device[layout.chunks[c].owner_rank] += sign * size[x][c]
-        else:
+    def count(x: ChunkList, c: int, t: int, sign: int, *, everywhere: bool = False) -> None:
+        """A copy of (x, c) on tier t appeared (+1: the caller checked it is new) or left (-1)."""
+        if not per_owner or t != 0:
             tier_bytes[t] += sign * size[x][c]
+        elif sign < 0:
+            for r in (range(ws) if (x, c) in everyone else (layout.chunks[c].owner_rank,)):
+                rank_bytes[r] -= size[x][c]
+            everyone.discard((x, c))
+        else:
+            rank_bytes[layout.chunks[c].owner_rank] += size[x][c]
+            if everywhere:
+                spread(x, c)
+
+    def spread(x: ChunkList, c: int) -> None:
+        """A DEVICE copy held by its owner is now every rank's (gathered, or allocated everywhere)."""
+        if (x, c) not in everyone:
+            everyone.add((x, c))
+            for r in range(ws):
+                if r != layout.chunks[c].owner_rank:
+                    rank_bytes[r] += size[x][c]
 
     def totals() -> list[int]:
-        return [tier_bytes[0] + max(os_device), tier_bytes[1], tier_bytes[2]]
+        return [tier_bytes[0] + max(rank_bytes), tier_bytes[1], tier_bytes[2]]
 
     for r in schedule.initial_residency:
         for tier in r.tiers:
             if copies.start(li[r.list], r.chunk, TIER_INDEX[tier]):
-                count(r.list, r.chunk, TIER_INDEX[tier], 1)
+                count(r.list, r.chunk, TIER_INDEX[tier], 1, everywhere=r.list in (ChunkList.PARAM, ChunkList.GRAD))
     chunk_of = {t.tensor: t.chunk for t in layout.tensors}
     trainable = {t.tensor for t in layout.tensors if t.trainable}
     by_moment: list[list[int]] = [[] for _ in schedule.moments]
@@ -105,7 +128,9 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                 count(a.list, a.chunk, s, -1)
             elif a.op is Op.ALLOCATE:
                 if copies.allocate(li[a.list], a.chunk, TIER_INDEX[a.dst]):
-                    count(a.list, a.chunk, TIER_INDEX[a.dst], 1)
+                    count(a.list, a.chunk, TIER_INDEX[a.dst], 1, everywhere=True)
+                elif per_owner and a.dst is Tier.DEVICE:
+                    spread(a.list, a.chunk)  # every rank allocates its own
             elif a.op is Op.OPTIMIZER_STEP:
                 try:  # afterwards PARAM and the OS valid on dst only, GRAD dead (its copies freed by EVICTs)
                     copies.step(a.chunk, TIER_INDEX[a.dst], [li[x] for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists)])
@@ -121,11 +146,20 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
                 act_bytes[TIER_INDEX[a.src]] -= a.bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
+            elif a.op is Op.REDUCE_SCATTER and per_owner and len(group_chunks.get(a.chunk, ())) == ws:
+                # a sharded comm group (a DDP all-reduce's half acts on a chunk in a comm group of its own):
+                # every rank keeps its own chunk's reduced grads, the others' leave its DEVICE
+                for c in group_chunks[a.chunk]:
+                    if (a.list, c) in everyone and copies.holds(li[a.list], c, 0):
+                        count(a.list, c, 0, -1)
+                        count(a.list, c, 0, 1)
             elif a.op is Op.ALL_GATHER and a.list is not ChunkList.GRAD:  # a GRAD one: DDP's all-reduce, in place
                 for c in range(a.chunk * schedule.header.world_size,
                                min((a.chunk + 1) * schedule.header.world_size, n_chunks)):
                     if copies.gather(li[a.list], c):
-                        count(a.list, c, 0, 1)
+                        count(a.list, c, 0, 1, everywhere=True)
+                    elif per_owner:
+                        spread(a.list, c)
             peak_model = [max(p, now) for p, now in zip(peak_model, totals())]
         for b in range(len(modes)):
             if bwd_first[b] == m.id:

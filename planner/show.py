@@ -220,6 +220,10 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("nvme.mixed_read_gb_per_s_each", n.mixed_read_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.mixed_write_gb_per_s_each", n.mixed_write_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.host_cap_gb_per_s", n.host_cap_gb_per_s, "GB/s", "", None, ""),
+        *((f"nvme.chunk_rates[{i}]", r.read_gb_per_s_each,
+           f"GB/s read at {r.chunk_bytes / 2**20:g} MiB per read/write (write {r.write_gb_per_s_each:g}, mixed "
+           f"{r.mixed_read_gb_per_s_each:g} + {r.mixed_write_gb_per_s_each:g})", "", None, "")
+          for i, r in enumerate(n.chunk_rates)),
         ("links.h2d_gb_per_s", link.h2d_gb_per_s, "GB/s", "H2D", hw.h2d_bytes_per_s, "bytes/s"),
         ("links.d2h_gb_per_s", link.d2h_gb_per_s, "GB/s", "D2H", hw.d2h_bytes_per_s, "bytes/s"),
         ("links.inter_gpu_gb_per_s", link.inter_gpu_gb_per_s, "GB/s", "INTER_GPU", hw.inter_gpu_bytes_per_s, "bytes/s"),
@@ -228,6 +232,10 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("links.duplex_h2d_gb_per_s", link.duplex_h2d_gb_per_s, "GB/s", "", None, ""),
         ("links.duplex_d2h_gb_per_s", link.duplex_d2h_gb_per_s, "GB/s", "", None, ""),
         ("links.inter_node_gb_per_s", link.inter_node_gb_per_s, "GB/s", "", None, ""),
+        *((f"links.copy_rates[{i}]", r.h2d_gb_per_s,
+           f"GB/s H2D at {r.chunk_bytes / 2**20:g} MiB per copy (D2H {r.d2h_gb_per_s:g}, pageable {r.h2d_pageable_gb_per_s:g} / "
+           f"{r.d2h_pageable_gb_per_s:g}, both ways {r.duplex_h2d_gb_per_s:g} + {r.duplex_d2h_gb_per_s:g})", "", None, "")
+          for i, r in enumerate(link.copy_rates)),
         ("cluster.world_size", c.world_size, "ranks", "", None, ""),
         ("cluster.gpus_per_node", c.gpus_per_node, "GPUs", "", None, ""),
     ]
@@ -285,6 +293,7 @@ def summarize_schedule(s: Schedule) -> dict[str, Any]:
             "hardware_name": hd.hardware_name, "world_size": hd.world_size, "solver_status": hd.solver_status.value,
             "objective_seconds": hd.objective_seconds, "lower_bound_seconds": hd.lower_bound_seconds, "gap": hd.gap,
             "trace_digest": hd.trace_digest, "hardware_digest": hd.hardware_digest, "notes": list(hd.notes),
+            "host_staging": hd.host_staging.value,
         },
         "budgets": {"DEVICE": s.budgets.device_bytes, "HOST": s.budgets.host_bytes, "NVME": s.budgets.nvme_bytes},
         "layout": {
@@ -387,7 +396,7 @@ def _print_schedule(console: Console, s: dict[str, Any]) -> None:
     hd, lay, pred = s["header"], s["layout"], s["prediction"]
     top = _kv_table(f"schedule {s['file']} (format {s['format_version']})")
     top.add_row("policy", f"{hd['policy']} (planner {hd['planner_version']}) for {hd['model_name']} on {hd['hardware_name']}, "
-                          f"world size {hd['world_size']}")
+                          f"world size {hd['world_size']}, {hd['host_staging'].lower()} HOST copies")
     top.add_row("solver", f"{hd['solver_status']}: objective {hd['objective_seconds']:.6g} s, lower bound "
                           f"{hd['lower_bound_seconds']:.6g} s, gap {hd['gap']:.2%}")
     tflops = f", {pred['tflops']:.3g} TFLOPS" if pred["tflops"] is not None else ""

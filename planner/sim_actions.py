@@ -27,7 +27,7 @@ from schemas.trace import Phase
 
 from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes, optimizer_step_price
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, tier_bit
+from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, scatter, tier_bit
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
@@ -37,9 +37,11 @@ from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Si
 # (`nvme.mixed_*`), a read server and a write server instead, each at its rate alone, or at the
 # mixed rate (both together at most the cap) when the other one is still busy as it starts
 # (`costmodel.channel_bytes_per_s(mixed=True)`; `costmodel.nvme_time_rows` is the least time any
-# interleaving needs, the rows the placement model charges). H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
+# interleaving needs, the rows the placement model charges). Each copy runs at the rates the hardware
+# file measured at its size (`links.copy_rates`, `nvme.chunk_rates`; none: the flat rates, issue 17).
+# H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
 # when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
-# policy that stages through pageable memory (`costmodel.PAGEABLE_POLICIES`) at the pageable rates;
+# schedule whose header says its HOST copies are pageable (`header.host_staging`) at the pageable rates;
 # such a copy also holds the work of the moment that issued it until it is done (pageable
 # cudaMemcpyAsync blocks the issuing thread: `blocks_host`), so those systems' copies and compute
 # run in series, as Fuyou §3 measured DeepSpeed's.
@@ -79,12 +81,14 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
     for ch in channels:
         if ch in other:  # both ways at once: the other direction still busy as this copy starts
             duplex = sim.servers[(other[ch], rank)].free_at > start
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex)
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex, nbytes=nbytes)
         elif ch in other_ssd and sim.nvme_mixed:
             # reads and writes overlap on the SSDs: the mixed rates (nvme.mixed_*, both under the host
             # cap) while the other direction's server is still busy as this transfer starts
             mixed = sim.servers[(other_ssd[ch], rank)].free_at > start
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, mixed=mixed)
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, mixed=mixed, nbytes=nbytes)
+        elif ch in other_ssd and sim.hardware.nvme.chunk_rates:  # the SSDs' rate at this read/write's size
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes)
         else:
             rates[ch] = sim.rate[ch]
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
@@ -205,6 +209,8 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                 sim.ready[li][c][DEVICE_INDEX] = end
             elif sim.copies.is_valid(li, c, DEVICE_INDEX):
                 sim.ready[li][c][DEVICE_INDEX] = end
+        if a.op is Op.REDUCE_SCATTER and len(comm_group) == sim.world > 1:
+            scatter(sim, li, comm_group)  # (a DDP all-reduce's half acts on a comm group of one chunk)
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
 

@@ -11,12 +11,12 @@ from enum import StrEnum
 
 from schemas import Hardware, Schedule
 from schemas.hardware import DeviceKind
-from schemas.schedule import TIER_INDEX, TIERS, ActivationMode, Channel, ChunkList, Tier
+from schemas.schedule import TIER_INDEX, TIERS, ActivationMode, Channel, ChunkList, HostStaging, Tier
 from schemas.trace import DTYPE_BYTES, Phase
 
 from schemas.residency import ValidCopies
 
-from planner.costmodel import PAGEABLE_POLICIES, channel_bytes_per_s, dram_bytes_per_s, nvme_mixed
+from planner.costmodel import channel_bytes_per_s, dram_bytes_per_s, nvme_mixed
 from planner.sim_result import Interval
 
 # ----------------------------------------------------------------------------- state
@@ -128,7 +128,7 @@ class SimState:
     comm_groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
-    pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (costmodel.PAGEABLE_POLICIES)
+    pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (the header's host_staging)
     nvme_mixed: bool = False  # separate NVMe read and write servers at the mixed rates while both run
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
     dram_rate: float = float("inf")
@@ -200,7 +200,7 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                place_bytes=[[[0] * len(lists) for _ in range(places[t])] for t in TIER_INDEX.values()],
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, comm_groups=_comm_groups(layout),
-               pageable=schedule.header.policy in PAGEABLE_POLICIES, dram_rate=dram_bytes_per_s(hardware),
+               pageable=schedule.header.host_staging is HostStaging.PAGEABLE, dram_rate=dram_bytes_per_s(hardware),
                nvme_mixed=nvme_mixed(hardware))
     for r in schedule.initial_residency:
         li = list_index[r.list]
@@ -264,6 +264,19 @@ def drop(sim: SimState, li: int, c: int, t: int) -> None:
     for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
         _add(sim, t, r, li, -size)
     sim.replicated[li][c] = False
+
+
+def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
+    """A comm group's grads were reduce-scattered: each rank keeps its own chunk's reduced grads, the
+    others' copies leave its DEVICE (PatrickStar §7; Note [materialize ranks]). Counted when the
+    collective is issued, as the schedule's residency replay does."""
+    for c in chunks:
+        if sim.replicated[li][c] and sim.copies.holds(li, c, DEVICE_INDEX):
+            size = sim.chunk_bytes[li][c]
+            for r in range(sim.world):
+                if r != sim.owner[c]:
+                    _add(sim, DEVICE_INDEX, r, li, -size)
+            sim.replicated[li][c] = False
 
 
 def busiest(sim: SimState, t: int) -> int:

@@ -142,9 +142,8 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds = search
-    # With several ranks the placement model is rank-aware (issue 18 item 1) but not yet a bound of
-    # the replays (it follows materialize's whole comm-group entries, keeps no local-only chunk):
-    # the reference decision sets run even where it finds no plan, and the bound is the physical one
+    # With several ranks the placement model is rank-aware (issue 18 item 1) but keeps no local-only
+    # chunk (docs/rank-aware-placement.md §7): the reference decision sets run even where it finds no plan
     if not solved and problem.world_size == 1:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     by_size = {c.chunk_elements: c for c in candidates}
@@ -216,11 +215,12 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
     # 2-block GPT on rtx4090-768g-12ssd with everything on DEVICE replays 3.8% under the LP) and
     # the header falls back to the physical limit, saying so in the notes.
     physical = lower_bound(problem).seconds
-    relaxation_bound = min(bounds.values()) if problem.world_size == 1 and bounds else 0.0
+    # (with several ranks too, issue 18 item 3: the rank-aware rows count what materialize replays per rank)
+    relaxation_bound = min(bounds.values()) if bounds else 0.0
     fastest_replay = min(e.simulated_seconds for e in evaluated)
     model_bound_valid = relaxation_bound <= fastest_replay
     root_above = ""
-    if not model_bound_valid and problem.world_size == 1 and lp_bounds:
+    if not model_bound_valid and lp_bounds:
         # the root nodes' cuts can prove more than the simulator charges where the model is pessimistic
         # about a plan (32 blocks x 4096 on a100-80g-12ssd: root 2.5092 s, a replay 2.4987 s, the LPs
         # 2.4004 / 2.4949 s): the LPs alone are still below every replay, so they are the model's bound
@@ -317,14 +317,16 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     # with several ranks the systems' packing (tensors across block boundaries, only the last comm
-    # group padded: planner.policies.policy_layout) is a candidate too: tide's layout pads every
-    # block to whole comm groups (issue 18 item 1, measured in bench/RESULTS.md "Rank-aware placement")
+    # group padded: planner.policies.policy_layout) is a candidate too (issue 18 item 1, measured in
+    # bench/RESULTS.md "Rank-aware placement"), and tide's own layouts let comm groups span blocks
+    # instead of padding every block to whole comm groups (Note [layout comm groups]; measured on
+    # v100-32g-240g-8gpu, simulated: 4B 3.491 -> 3.430 s, 12B 10.84 -> 10.76 s, 1.3B unchanged)
     packed = policy_layout(problem) if problem.world_size > 1 else None
     if packed is not None and packed.chunk_elements in sizes:
         packed = None
     for size in sizes + ([packed.chunk_elements] if packed is not None else []):
         say(f"chunk size {size}: LP relaxation")
-        layout = packed if packed is not None and size == packed.chunk_elements else build_layout(problem, chunk_elements=size)
+        layout = packed if packed is not None and size == packed.chunk_elements else build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
@@ -373,7 +375,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # physical limit does not already close the gap
     best = min((x.objective_seconds for x in solved.values()), default=math.inf)
     lp_bounds = dict(bounds)  # the LPs alone, before any root node (solve_report's fallback)
-    if problem.world_size == 1 and math.isfinite(best):
+    if math.isfinite(best):
         physical, done = lower_bound(problem).seconds, set()
         while max(physical, min(bounds.values())) < best * (1 - ROOT_BOUND_GAP):
             size = min((x for x in bounds if x not in done), key=lambda x: (bounds[x], x), default=None)
@@ -467,10 +469,26 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
             polished = PlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(
                 time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
         except PlacementInfeasible:
-            return sol
+            polished = None
         # a tie goes to the pinned MIP's plan: alternative optima of the model replay differently
         # (pstar-gpt-1b on v100-32g-240g: both 0.524382 s in the model, 0.523796 vs 0.525377 s simulated)
-        return polished if polished.objective_seconds <= sol.objective_seconds else sol
+        best = polished if polished is not None and polished.objective_seconds <= sol.objective_seconds else sol
+        if data.ranks > 1:
+            # With p ranks a switch on costs DEVICE the plan may not use: `any_stream` charges the optimizer
+            # stage a streamed step's transient of O + p·P (a whole gathered comm group), where the LP
+            # streams a fraction. So the switches the LP turned on are released one at a time too (the
+            # later pin sets), polished alike, the best model objective kept (a tie to the earlier). Measured:
+            # PatrickStar's 4B on v100-32g-240g-8gpu, packed layout: any_stream pinned 3.644 s, released
+            # 3.487 s (model), every OS on DEVICE. One rank keeps the first pin set (its goldens).
+            for later, later_modes in tries[tries.index((flags, modes)) + 1:]:
+                try:
+                    other = PlacementModel(data, fixed_flags=later, fixed_modes=later_modes).solve(
+                        time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
+                except PlacementInfeasible:
+                    continue
+                if other.objective_seconds < best.objective_seconds * (1 - 1e-9):
+                    best = other
+        return best
     for flags, modes in tries:
         try:
             return SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(

@@ -89,6 +89,52 @@ class AdamRate:
 
 
 @frozen
+class CopyRate:
+    """DEVICE <-> HOST copy rates measured with copies of `chunk_bytes` each (a row of `links.copy_rates`);
+    each column means what the `links` field of the same name means, 0: not measured at this size."""
+
+    chunk_bytes: int = constrained(minimum=1)
+    h2d_gb_per_s: float = constrained(exclusiveMinimum=0)
+    d2h_gb_per_s: float = constrained(exclusiveMinimum=0)
+    h2d_pageable_gb_per_s: float = constrained(minimum=0, default=0.0)
+    d2h_pageable_gb_per_s: float = constrained(minimum=0, default=0.0)
+    duplex_h2d_gb_per_s: float = constrained(minimum=0, default=0.0)
+    duplex_d2h_gb_per_s: float = constrained(minimum=0, default=0.0)
+
+
+@frozen
+class SsdRate:
+    """One SSD's rates measured with reads/writes of `chunk_bytes` each (a row of `nvme.chunk_rates`);
+    each column means what the `nvme` field of the same name means, 0: not measured at this size."""
+
+    chunk_bytes: int = constrained(minimum=1)
+    read_gb_per_s_each: float = constrained(exclusiveMinimum=0)
+    write_gb_per_s_each: float = constrained(exclusiveMinimum=0)
+    mixed_read_gb_per_s_each: float = constrained(minimum=0, default=0.0)
+    mixed_write_gb_per_s_each: float = constrained(minimum=0, default=0.0)
+
+
+def rate_at_size(rows: tuple, column: str, nbytes: float, flat: float) -> float:
+    """GB/s of `column` for one copy of `nbytes`: linear in log(size) between the rows that measured it
+    (value > 0), clamped to the first/last such row outside them; `flat` (the field without a size)
+    when no row measured it or no size is given (nbytes <= 0)."""
+    pts = sorted((r.chunk_bytes, getattr(r, column)) for r in rows if getattr(r, column) > 0)
+    if not pts or nbytes <= 0:
+        return flat
+    if nbytes <= pts[0][0]:
+        return pts[0][1]
+    if nbytes >= pts[-1][0]:
+        return pts[-1][1]
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if s0 <= nbytes <= s1:
+            if s1 == s0:
+                return max(v0, v1)
+            w = (math.log(nbytes) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return v0 + w * (v1 - v0)
+    return pts[-1][1]  # unreachable: the loop covers [first, last]
+
+
+@frozen
 class DeviceSpec:
     """The accelerator (one per rank)."""
 
@@ -146,6 +192,9 @@ class NvmeSpec:
     host_cap_gb_per_s: float = constrained(minimum=0, default=0.0)
     """all SSDs together, reads + writes, through the host (PCIe lanes, root complex, RAID/striping,
     page cache); 0: no cap beyond count x per-SSD rates"""
+    chunk_rates: tuple[SsdRate, ...] = constrained(default=())
+    """the per-SSD rates by the size of one read/write (`rate_at_size`: a copy of that size is priced at
+    the interpolated rate instead of the flat field); empty: every size at the flat rates"""
 
 
 @frozen
@@ -168,6 +217,10 @@ class LinkSpec:
     """one node's network bandwidth to the other nodes, one direction (its NIC: 100 Gb/s = 12.5 GB/s),
     shared by the node's `cluster.gpus_per_node` GPUs; 0: one node (required > 0 when
     cluster.world_size > cluster.gpus_per_node)"""
+    copy_rates: tuple[CopyRate, ...] = constrained(default=())
+    """the DEVICE <-> HOST rates by the size of one copy (`rate_at_size`: a copy of that size is priced
+    at the interpolated rate instead of the flat field; small copies pay the per-copy latency);
+    empty: every size at the flat rates"""
 
 
 @frozen
@@ -323,6 +376,11 @@ class Hardware:
         if not self.links.inter_node_gb_per_s:
             # a one-node profile keeps the digest it had before the field existed (schedules name it)
             plain["links"] = {k: v for k, v in plain["links"].items() if k != "inter_node_gb_per_s"}
+        # likewise a profile without the by-size tables (every preset today)
+        if not self.links.copy_rates:
+            plain["links"] = {k: v for k, v in plain["links"].items() if k != "copy_rates"}
+        if not self.nvme.chunk_rates:
+            plain["nvme"] = {k: v for k, v in plain["nvme"].items() if k != "chunk_rates"}
         return digest_bytes(pack_msgpack(plain))
 
     # -- IO ---------------------------------------------------------------------------------
@@ -405,6 +463,15 @@ def validate_hardware(hw: Hardware, *, source: str) -> None:
     if hw.cluster.world_size > 1:
         req(hw.links.inter_gpu_gb_per_s > 0, "links.inter_gpu_gb_per_s",
             f"a positive bandwidth when cluster.world_size={hw.cluster.world_size}, found {hw.links.inter_gpu_gb_per_s}")
+    for table, rows in (("links.copy_rates", hw.links.copy_rates), ("nvme.chunk_rates", hw.nvme.chunk_rates)):
+        sizes = [r.chunk_bytes for r in rows]
+        req(len(set(sizes)) == len(sizes), table, f"one row per chunk_bytes, found sizes {sizes}")
+        for i, r in enumerate(rows):
+            for name in r.__slots__:
+                value = getattr(r, name)
+                if isinstance(value, float) and value != 0:
+                    req(_RATE_GB_PER_S[0] <= value <= _RATE_GB_PER_S[1], f"{table}[{i}].{name}",
+                        f"a value between {_RATE_GB_PER_S[0]:g} and {_RATE_GB_PER_S[1]:g} GB/s, found {value:g}")
     threads = [r.threads for r in hw.host.adam_rates]
     req(len(set(threads)) == len(threads), "host.adam_rates", f"one row per thread count, found threads {threads}")
     req(not hw.host.adam_rates or hw.host.adam_chunk_params > 0, "host.adam_chunk_params",
@@ -454,5 +521,5 @@ def estimated_fields(text: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-__all__ = ["AdamRate", "AttentionRate", "DeviceKind", "Hardware", "HARDWARE_FORMAT", "HARDWARE_VERSION",
+__all__ = ["AdamRate", "AttentionRate", "CopyRate", "DeviceKind", "SsdRate", "rate_at_size", "Hardware", "HARDWARE_FORMAT", "HARDWARE_VERSION",
            "MatmulRate", "estimated_fields", "validate_hardware"]

@@ -49,7 +49,9 @@ from schemas._base import (
 from schemas.trace import DType, MomentKind, Phase
 
 SCHEDULE_FORMAT = "tide.schedule"
-SCHEDULE_VERSION = 2  # 2: the `content_digest` field (issue 21)
+# 2: the `content_digest` field (issue 21); `header.host_staging` was added to format 2 as an optional
+# field (absent: PINNED, what every earlier file meant), so earlier format-2 files still read
+SCHEDULE_VERSION = 2
 _KIND = "schedule"
 _FIX = "re-run `python -m planner solve TRACE --hardware HW -o SCHEDULE`"
 
@@ -138,6 +140,16 @@ class ActivationMode(StrEnum):
     SWAP_NVME = "SWAP_NVME"  # same, through HOST to the SSDs
 
 
+class HostStaging(StrEnum):
+    """How the system that made the schedule holds its HOST copies of chunks for DEVICE <-> HOST copies."""
+
+    PINNED = "PINNED"  # page-locked host memory: DMA at the pinned rates, the issuing thread goes on (tide)
+    # pageable host memory: the driver stages each copy through its own pinned buffer, at the pageable
+    # rates (`links.*_pageable_gb_per_s`), and the issuing thread waits for it (CUDA Runtime API, "API
+    # synchronization behavior"); a baseline's property (DeepSpeed, Gemini: `pin_memory` off by default)
+    PAGEABLE = "PAGEABLE"
+
+
 class SolverStatus(StrEnum):
     OPTIMAL = "OPTIMAL"  # proven optimal for the model solved
     FEASIBLE = "FEASIBLE"  # feasible, gap to the bound in the header
@@ -170,6 +182,12 @@ class ScheduleHeader:
     # the true gap (objective - lower bound) / objective, never clipped (the MIP's own gap is in the notes)
     gap: float = constrained(minimum=0)
     notes: tuple[str, ...]  # why the policy did what it did, and anything infeasible
+    # DEVICE <-> HOST copies through pinned or pageable host memory (the simulator prices them so; the
+    # executor always pins, PAGEABLE is a baseline's property it need not emulate). Optional in format 2
+    # and written only when PAGEABLE (`_plain`): a file without it is PINNED, which every format-2 file
+    # written before the field meant (only `planner solve` writes schedules, and tide pins), so those
+    # files, the golden schedules among them, keep their bytes and digests
+    host_staging: HostStaging = HostStaging.PINNED
 
 
 @frozen
@@ -339,7 +357,7 @@ class Schedule:
     # -- IO ---------------------------------------------------------------------------------
     def to_msgpack(self) -> bytes:
         validate_schedule(self, source="(schedule being written)")
-        return pack_msgpack(seal({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)}))
+        return pack_msgpack(seal({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **_plain(self)}))
 
     def write(self, path: str | Path) -> None:
         atomic_write_bytes(path, self.to_msgpack())
@@ -361,7 +379,15 @@ class Schedule:
 
     def content_digest(self) -> str:
         """The `content_digest` its file carries (a checkpoint names the schedule it belongs to with it)."""
-        return content_digest({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **to_plain(self)})
+        return content_digest({"format": SCHEDULE_FORMAT, "format_version": SCHEDULE_VERSION, **_plain(self)})
+
+
+def _plain(s: Schedule) -> dict:
+    """The schedule's plain data as its file holds it: `header.host_staging` only when not PINNED."""
+    plain = to_plain(s)
+    if s.header.host_staging is HostStaging.PINNED:
+        plain["header"] = {k: v for k, v in plain["header"].items() if k != "host_staging"}
+    return plain
 
 
 DIGEST_FIELD = "content_digest"
@@ -492,7 +518,7 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
 
 __all__ = [
     "Action", "ActivationMode", "ActivationPlan", "BYTE_CHANNELS", "Budgets", "Channel", "Chunk", "ChunkLayout",
-    "ChunkList", "ChunkPlan", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
+    "ChunkList", "ChunkPlan", "HostStaging", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
     "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
     "COPY_CHANNEL", "COPY_PATH", "TIERS", "TIER_INDEX", "action_channels", "copy_channel", "validate_schedule",
     "DIGEST_FIELD", "check_content_digest", "content_digest", "seal",

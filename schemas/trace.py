@@ -204,6 +204,16 @@ def trace_digest(payload: bytes) -> str:
     return digest_bytes(payload)
 
 
+# The longest a recorded piece of work may plausibly take: one day. A moment's work is one module's
+# forward or backward, and the longest such piece tide can meet is a GPT-3 175B block on a CPU-emulated
+# DEVICE (about 7.5 TFLOP forward at batch 1 x 2048 tokens, 6 x 1.75e11 / 96 x 2048 FLOPs per block;
+# 15 GFLOPS on the 2-core CI machine's fp32 matmul, traces/hardware/cpu-emulated.toml: ~500 s forward,
+# ~1000 s backward), two orders of magnitude below. Beyond it the number is a clock in the wrong unit
+# or a corrupted file, and the placement model's rows lose their precision (a block at 1e7 s made the
+# MIP find no integral plan, issue 21's leftovers): refused here with the field named.
+MAX_RECORDED_SECONDS = 86_400.0
+
+
 def validate_trace(trace: Trace, *, source: str) -> None:
     """Semantic rules the JSON Schema cannot express."""
 
@@ -223,6 +233,7 @@ def validate_trace(trace: Trace, *, source: str) -> None:
     for i, b in enumerate(trace.blocks):
         req(b.id == i, f"blocks[{i}].id", f"ids dense and in order, expected {i}, found {b.id}")
         req(math.isfinite(b.forward_seconds), f"blocks[{i}].forward_seconds", "a finite number")
+        req(b.forward_seconds <= MAX_RECORDED_SECONDS, f"blocks[{i}].forward_seconds", _plausible(b.forward_seconds))
     n_tensors, n_blocks, n_moments = len(trace.tensors), len(trace.blocks), len(trace.moments)
     phase_rank = {Phase.FORWARD: 0, Phase.BACKWARD: 1, Phase.OPTIMIZER: 2}
     last_rank = 0
@@ -230,6 +241,8 @@ def validate_trace(trace: Trace, *, source: str) -> None:
         req(m.id == i, f"moments[{i}].id", f"ids dense and in order, expected {i}, found {m.id}")
         req(m.block < n_blocks, f"moments[{i}].block", f"a block id below {n_blocks} or -1, found {m.block}")
         req(math.isfinite(m.compute_seconds), f"moments[{i}].compute_seconds", f"a finite number, found {m.compute_seconds}")
+        req(m.compute_seconds <= MAX_RECORDED_SECONDS, f"moments[{i}].compute_seconds",
+            _plausible(m.compute_seconds) + f" ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'})")
         for j, tid in enumerate(m.tensors):
             req(0 <= tid < n_tensors, f"moments[{i}].tensors[{j}]", f"a tensor id below {n_tensors}, found {tid}")
         rank = phase_rank[m.phase]
@@ -243,10 +256,16 @@ def validate_trace(trace: Trace, *, source: str) -> None:
             req(a.produced_at < c < n_moments, f"activations[{i}].consumed_at[{j}]",
                 f"a moment after produced_at={a.produced_at} and below {n_moments}, found {c}")
         req(math.isfinite(a.recompute_seconds), f"activations[{i}].recompute_seconds", "a finite number")
+        req(a.recompute_seconds <= MAX_RECORDED_SECONDS, f"activations[{i}].recompute_seconds", _plausible(a.recompute_seconds))
+
+
+def _plausible(seconds: float) -> str:
+    return (f"at most {MAX_RECORDED_SECONDS:g} s (one day for one piece of work; a clock in the wrong unit?), "
+            f"found {seconds:g}")
 
 
 __all__ = [
     "Activation", "Block", "DType", "DTYPE_BYTES", "FormatError", "Moment", "MomentKind", "OptimizerKind",
-    "Phase", "Recording", "TensorInfo", "TimeSource", "Trace", "TraceMeta", "TRACE_FORMAT", "TRACE_VERSION",
+    "MAX_RECORDED_SECONDS", "Phase", "Recording", "TensorInfo", "TimeSource", "Trace", "TraceMeta", "TRACE_FORMAT", "TRACE_VERSION",
     "trace_digest", "validate_trace",
 ]

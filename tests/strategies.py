@@ -76,6 +76,8 @@ texts = st.text(max_size=12)
 names = st.text(min_size=1, max_size=12)
 counts = st.integers(min_value=0, max_value=MAX_INT)
 seconds = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
+# what a trace may record for one piece of work (schemas.trace.MAX_RECORDED_SECONDS: one day)
+recorded_seconds = st.floats(min_value=0.0, max_value=86_400.0, allow_nan=False, allow_infinity=False)
 positive = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
 # params/s: schemas.hardware.PLAUSIBLE refuses less than 1 param/s
 params_rate = st.floats(min_value=1.0, max_value=1e12, allow_nan=False, allow_infinity=False)
@@ -147,7 +149,7 @@ def traces(draw: Any, *, max_tensors: int = 6, max_blocks: int = 3, max_moments:
         ))
     n_blocks = draw(_ints(0, max_blocks))
     blocks = [
-        Block(id=i, module=draw(names), forward_flops=draw(counts), forward_seconds=draw(seconds), input_bytes=draw(counts))
+        Block(id=i, module=draw(names), forward_flops=draw(counts), forward_seconds=draw(recorded_seconds), input_bytes=draw(counts))
         for i in range(n_blocks)
     ]
     n_moments = draw(_ints(1, max_moments))
@@ -157,7 +159,7 @@ def traces(draw: Any, *, max_tensors: int = 6, max_blocks: int = 3, max_moments:
         Moment(
             id=i, phase=phase, kind=draw(_pick(MomentKind)), module=draw(texts),
             block=draw(_ints(-1, n_blocks - 1)), tensors=tuple(draw(tensor_lists)),
-            compute_seconds=draw(seconds), flops=draw(counts), non_model_bytes=draw(counts),
+            compute_seconds=draw(recorded_seconds), flops=draw(counts), non_model_bytes=draw(counts),
         )
         for i, phase in enumerate(phases)
     ]
@@ -168,7 +170,7 @@ def traces(draw: Any, *, max_tensors: int = 6, max_blocks: int = 3, max_moments:
             consumed = draw(st.lists(st.integers(produced + 1, n_moments - 1), min_size=1, max_size=3))
             activations.append(Activation(
                 id=i, block=draw(_ints(-1, n_blocks - 1)), bytes=draw(counts), produced_at=produced,
-                consumed_at=tuple(consumed), recompute_flops=draw(counts), recompute_seconds=draw(seconds),
+                consumed_at=tuple(consumed), recompute_flops=draw(counts), recompute_seconds=draw(recorded_seconds),
             ))
     return Trace(meta=draw(trace_metas()), tensors=tuple(tensors), blocks=tuple(blocks), moments=tuple(moments),
                  activations=tuple(activations))

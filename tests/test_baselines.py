@@ -14,7 +14,7 @@ from planner.families import gpt_trace
 from planner.problem import build_problem
 from planner.simulate import simulate
 from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
-from schemas.schedule import ActivationMode, Channel, ChunkList, Op, Schedule, SolverStatus, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Op, Schedule, SolverStatus, Tier
 from schemas.trace import Phase
 
 DIGEST = "sha256:" + "0" * 64
@@ -135,7 +135,8 @@ def test_pageable_copies_hold_the_work_of_their_moment() -> None:
     blocks the issuing thread): the same schedule replayed as pinned overlaps them and is faster."""
     p = problem()
     s = baseline("zero3-offload", p)
-    pinned = dataclasses.replace(s, header=dataclasses.replace(s.header, policy="tide"))
+    assert s.header.host_staging is HostStaging.PAGEABLE  # the policy's decision, carried in the header
+    pinned = dataclasses.replace(s, header=dataclasses.replace(s.header, host_staging=HostStaging.PINNED))
     slow, fast = simulate(s, p.hardware), simulate(pinned, p.hardware)
     # box() gives no pageable rates (copies at the pinned rate), so the difference is the waiting alone
     assert slow.bytes_per_channel == fast.bytes_per_channel
@@ -379,3 +380,36 @@ def test_every_baseline_note_says_it_is_the_systems_own() -> None:
     for name in POLICIES:
         first = baseline(name, p).header.notes[0]
         assert first.startswith(name.split("-")[0]) and "(the system's)" in first
+
+
+def test_patrickstar_comm_groups_are_its_one_rank_chunks_and_the_embedding_does_not_size_them() -> None:
+    """PatrickStar §7 (Fig. 8): a comm group is world_size consecutive chunks of the one chunk list,
+    whose size the one-GPU chunk-size search picks; the vocabulary embedding is kept out of the chunks
+    (PS.8), so it must not set the comm groups' size (it did: 8 x 512 Mi-element groups ran a 6B model
+    out of a V100 at 8 ranks)."""
+    from planner.policies.patrickstar import patrickstar_layout
+
+    p = problem(ranks_box())
+    one = patrickstar_layout(problem())
+    lay = patrickstar_layout(p)
+    emb = max(p.trace.tensors, key=lambda t: t.numel).id  # wte: 8192 x 1024, larger than any block tensor
+    emb_chunk = next(t.chunk for t in lay.tensors if t.tensor == emb)
+    for g in range(len(lay.chunks) // RANKS):
+        caps = {c.elements for c in lay.chunks[g * RANKS:(g + 1) * RANKS]}
+        assert caps == ({p.trace.tensors[emb].numel} if g == emb_chunk // RANKS else {one.chunk_elements})
+    # the embedding's group holds nothing else, so no other tensor is gathered in 4 x its size
+    assert [t.tensor for t in lay.tensors if t.chunk // RANKS == emb_chunk // RANKS] == [emb]
+    s = baseline("patrickstar", p)
+    assert simulate(s, p.hardware).iteration_seconds > 0
+
+
+def test_fuyou_reserves_its_optimizer_pipeline_buffers_on_host() -> None:
+    """Fuyou §4.3: read, update and write-back of three parameter groups overlap (delayed write-back):
+    3 x 12 B of fp32 state + 2 B of fp16 grads + 2 B of fp16 params per parameter of a group (a block)."""
+    p = problem()
+    block = max(sum(p.trace.tensors[t].numel for t in b.tensors) for b in p.blocks)
+    s = baseline("fuyou", p)
+    assert s.budgets.host_bytes == p.host_bytes - 40 * block
+    # a HOST that holds the model's chunks in flight but not the pipeline's buffers runs out
+    with pytest.raises(InfeasibleError, match="HOST"):
+        baseline("fuyou", problem(box(host_gb=40 * block / 1e9 + 0.05)))

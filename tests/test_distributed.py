@@ -218,6 +218,31 @@ def test_inter_gpu_bytes_against_patrickstar_formula(tmp_path) -> None:
     assert simulate(schedule, hw).bytes_per_channel[Channel.INTER_GPU] == predicted  # the judge agrees
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_reduce_scatter_leaves_each_rank_its_own_grads(tmp_path, world) -> None:
+    """Issue 18 item 1 (PatrickStar §7): after a comm group's reduce-scatter a rank keeps its own
+    chunk's grads only. GPU Adam keeps the grads on DEVICE until the step: at the OPTIMIZER moment
+    the replay counts each rank's own chunks, below the same schedule without its reduce-scatters
+    (where every rank holds every chunk's grads), and the simulator's per-rank peak is the replay's."""
+    from planner.replay import replay_residency
+    from planner.simulate import simulate
+    from schemas.schedule import Tier
+
+    trace = Trace.read(TRACES / "gpt-small.msgpack")
+    trace = dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, world_size=world))
+    hw = hardware(tmp_path, world)
+    problem = build_problem(trace, hw, trace_digest=DIGEST)
+    layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
+    schedule = materialize(problem, uniform_decisions(problem, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE))
+    reduces = [a for a in schedule.actions if a.op is Op.REDUCE_SCATTER]
+    kept = dataclasses.replace(schedule, actions=tuple(a for a in schedule.actions if a.op is not Op.REDUCE_SCATTER))
+    opt = problem.optimizer_moment
+    freed = replay_residency(kept).device_bytes[opt] - replay_residency(schedule).device_bytes[opt]
+    grad_chunk = min(c.elements for c in layout.chunks) * 4  # fp32 grads
+    assert reduces and freed >= (world - 1) * grad_chunk
+    assert simulate(schedule, hw).peak_bytes_per_tier[Tier.DEVICE] == max(replay_residency(schedule).device_bytes)
+
+
 # ----------------------------------------------------------------------------- two ranks (gloo)
 
 

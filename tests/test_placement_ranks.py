@@ -49,13 +49,15 @@ def test_several_ranks_count_comm_groups_and_price_collectives() -> None:
     assert sol.objective_seconds > 0
 
 def test_four_ranks_small_device_the_mip_plans_and_the_simulator_agrees() -> None:
-    """4 ranks, 0.5 GB: the MIP's plan wins and the simulator's replay is within 5% of the model's
+    """4 ranks, 0.5 GB: the MIP's plan wins and the simulator's replay is within 7% of the model's
     time (measured: 0.08538 s simulated vs 0.08374 s modelled, 2.0%, on the systems' packed layout;
-    0.0915 vs 0.0903 s, 1.3%, on tide's own. The model charges each stage its busiest channel, the
+    0.0915 vs 0.0903 s, 1.3%, on tide's own; since a rank keeps only its own grads after the
+    reduce-scatter, issue 18 item 1, the plan on the packed layout keeps more on DEVICE: 0.05807 s
+    simulated vs 0.05470 s modelled, 6.2%. The model charges each stage its busiest channel, the
     simulator queues per moment and overlaps across stage boundaries: a few % either way)."""
     r = solve_report(small_trace(), ranks_box(device_gb=0.5), trace_digest=DIGEST)
     assert r.chosen.startswith("placement MIP"), r.evaluated
-    assert r.simulated_seconds == pytest.approx(r.model_objective_seconds, rel=0.05)
+    assert r.simulated_seconds == pytest.approx(r.model_objective_seconds, rel=0.07)
 
 
 def test_four_ranks_035_gb_tide_is_feasible() -> None:
@@ -89,3 +91,30 @@ def test_two_nodes_the_mip_prices_the_nic_and_the_simulator_agrees(tmp_path) -> 
     r = solve_report(trace, hw, trace_digest=DIGEST, device_bytes=DEVICE_BYTES)
     assert r.chosen.startswith("placement MIP"), r.evaluated
     assert r.simulated_seconds == pytest.approx(r.model_objective_seconds, rel=0.05)
+
+
+def test_several_ranks_the_header_bound_is_the_models_and_holds_for_every_replay() -> None:
+    """Issue 18 item 3: with p ranks the header's bound is the placement model's (its LP or root node,
+    above the physical limit here), no more than any plan the solve replayed nor the baselines' own."""
+    from planner.bounds import lower_bound
+    from planner.errors import InfeasibleError, PlannerError
+    from planner.policies import POLICIES, baseline
+    from planner.simulate import simulate
+
+    hw = ranks_box(device_gb=0.5)
+    r = solve_report(small_trace(), hw, trace_digest=DIGEST)
+    bound = r.schedule.header.lower_bound_seconds
+    problem = build_problem(small_trace(), hw, trace_digest=DIGEST)
+    assert bound > lower_bound(problem).seconds
+    assert 0 <= r.schedule.header.gap < 0.25
+    for what, seconds in r.evaluated:
+        assert bound <= seconds * (1 + 1e-9), what
+    replayed = 0
+    for name in POLICIES:
+        try:
+            schedule = baseline(name, problem)
+        except (InfeasibleError, PlannerError):
+            continue
+        assert bound <= simulate(schedule, hw).iteration_seconds * (1 + 1e-9), name
+        replayed += 1
+    assert replayed >= 1

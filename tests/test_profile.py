@@ -37,6 +37,13 @@ def test_profile_writes_a_valid_measured_hardware_file(tmp_path, capsys) -> None
                   hw.links.duplex_h2d_gb_per_s, hw.links.duplex_d2h_gb_per_s, hw.nvme.mixed_read_gb_per_s_each,
                   hw.nvme.mixed_write_gb_per_s_each):
         assert value > 0
+    # the same rates by copy size (issue 17: what a chunk's copy is priced at): --quick's 1 and 16 MiB
+    # copies (and the flat figures' own size), SSD reads/writes of 1 MiB and the flat 32 MiB
+    sizes = [r.chunk_bytes >> 20 for r in hw.links.copy_rates]
+    assert sizes == sorted(sizes) and {1, 16} <= set(sizes)
+    assert all(r.h2d_gb_per_s > 0 and r.d2h_gb_per_s > 0 and r.duplex_h2d_gb_per_s > 0 for r in hw.links.copy_rates)
+    assert [r.chunk_bytes >> 20 for r in hw.nvme.chunk_rates] == [1, 32]
+    assert all(r.read_gb_per_s_each > 0 and r.mixed_write_gb_per_s_each > 0 for r in hw.nvme.chunk_rates)
     assert "measured by `python -m executor profile`" in hw.description
     # the NVMe probe cleaned up; only the directory lock stays (executor/nvme.py: removing it would race a next run)
     assert [p.name for p in (tmp_path / "ssd").iterdir()] in ([], ["tide-nvme.lock"])

@@ -43,3 +43,19 @@ def test_tolerances_can_fail() -> None:
     big = published.BY_KEY["zo-largest"]  # 13B published; claiming 4B must fail (13B fits: two steps above)
     assert not published.evaluate([published.Figure(**{**big.__dict__, "key": "wrong-l", "published": "4B"})],
                                   quick=True)[0].ok
+
+
+def test_patrickstar_and_fuyou_figures_count_tflops_as_their_harnesses_print_them() -> None:
+    """8 x params x batch x seq per iteration (PatrickStar's pretrain_demo.py, DeepSpeedExamples'
+    flops_calculator that Fuyou's baselines ran): recompute counted, so above the model-FLOPs rate."""
+    from planner.families import gpt_param_count
+
+    assert {published.BY_KEY[k].metric for k in ("ps-922-6B", "ps-t3-8-ps", "fy-5b-fuyou", "fy-5b-zero3-offload")} \
+        == {published.PAPER_8PBS}
+    assert published.BY_KEY["zo-10b"].metric == published.MODEL_FLOPS
+    f = published.BY_KEY["fy-5b-fuyou"]
+    r = published.run(f.policy, f.hardware, f.shape, f.ci_batch)
+    layers, hidden, _ = f.shape
+    expected = 8 * gpt_param_count(layers=layers, hidden=hidden) * f.ci_batch * published.SEQ / r.iteration_seconds / 1e12
+    reported = published.reported_tflops(r, f.metric, f.hardware, f.shape, f.ci_batch)
+    assert reported == expected and reported > r.tflops

@@ -13,7 +13,7 @@ from planner.cli import main
 from planner.errors import PlannerError
 from planner.simulate import ScheduleViolation, ViolationKind, simulate
 from schemas.hardware import DeviceKind
-from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, Op, Schedule, SolverStatus, Tier
+from schemas.schedule import Action, ActivationMode, Budgets, Channel, ChunkList, HostStaging, Op, Schedule, SolverStatus, Tier
 from strategies import hardwares, schedules
 from test_simulate_builders import ELEMENTS as ELEMENTS_
 from test_simulate_builders import (
@@ -449,8 +449,11 @@ def test_prices_pageable_policy_and_shared_dram() -> None:
     hw = resolve_hardware("rtx4090-768g-12ssd")
     pinned = simulate(s, hw)
     assert pinned.bytes_per_channel[Channel.H2D] > 0
-    pageable = simulate(dc.replace(s, header=dc.replace(s.header, policy="zero3-offload")), hw)
+    pageable = simulate(dc.replace(s, header=dc.replace(s.header, host_staging=HostStaging.PAGEABLE)), hw)
     assert pageable.iteration_seconds > pinned.iteration_seconds
+    # the header's field decides, not the policy's name (issue 16/17: a decision the schedule carries)
+    renamed = simulate(dc.replace(s, header=dc.replace(s.header, policy="zero3-offload")), hw)
+    assert renamed.iteration_seconds == pinned.iteration_seconds
     moved = sum(pinned.bytes_per_channel[ch] for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
     slow = dc.replace(hw, host=dc.replace(hw.host, dram_gb_per_s=2.0, adam_dram_bytes_per_param=0.0))  # copies alone
     narrow = simulate(s, slow)

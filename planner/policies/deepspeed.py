@@ -4,7 +4,7 @@
 Config defaults quoted from DeepSpeed `38327e07`: `deepspeed/runtime/zero/config.py`,
 `offload_config.py`. Pageable copies (Z3.12, pin_memory false) and the serial fetch/compute dataflow
 Fuyou measured (ZI.7) are the simulator's: a copy through pageable memory runs at the preset's pageable
-rate and holds its moment's work (`planner.costmodel.PAGEABLE_POLICIES`, `planner.sim_actions.blocks_host`).
+rate and holds its moment's work (`Decisions.host_staging`, `planner.sim_actions.blocks_host`).
 Not modelled (each listed in docs/baselines.md): per-sub-module gathers (a chunk of the layout is the
 unit that moves), the reuse distance (Z3.4), the fp32 grads swapped to the SSDs in backward (ZI.4).
 """
@@ -21,7 +21,7 @@ from planner.policies._common import (
     policy_layout,
 )
 from planner.problem import Problem
-from schemas.schedule import ActivationMode, ChunkList, Tier
+from schemas.schedule import ActivationMode, ChunkList, HostStaging, Tier
 
 PREFETCH_BUCKET_ELEMENTS = 50_000_000  # stage3_prefetch_bucket_size default 5e7 (config.py:208; Z3.2)
 MAX_LIVE_PARAMETERS = 1_000_000_000  # stage3_max_live_parameters default 1e9 (config.py:231; Z3.3)
@@ -72,6 +72,7 @@ def zero2_offload(problem: Problem, *, cpu_checkpointing: bool = False, delayed_
                       param_device_budget_bytes=budget(problem, layout, plans, modes, ckpt, reserved=reserved),
                       persistent_chunks=everything(layout), optimizer_overlap=delayed_update, prefetch=False,
                       eviction=EvictionRule.FARTHEST_NEXT_USE, checkpoint_tier=ckpt, reserved_bytes=reserved,
+                      host_staging=HostStaging.PAGEABLE,  # offload_optimizer pin_memory default false (offload_config.py:72; Z3.12)
                       notes=notes),)
 
 
@@ -107,6 +108,7 @@ def _zero3(problem: Problem, name: str, home: Tier, *, offload_ratio: float, cpu
         persistent_chunks=_persistent_small(layout), optimizer_overlap=False, prefetch=True,
         prefetch_bucket_bytes=PREFETCH_BUCKET_ELEMENTS * item, eviction=EvictionRule.FARTHEST_NEXT_USE,
         checkpoint_tier=ckpt, param_home_tiers=homes, reserved_bytes=reserved,
+        host_staging=HostStaging.PAGEABLE,  # offload_param/optimizer pin_memory default false (offload_config.py:45,72; Z3.12)
         # a gathered param is freed after its sub-module's post-hook (Z3.1: `release_sub_module`), also with
         # one rank: with offload_param the partition's home is the CPU (or the SSDs) and the GPU copy goes;
         # only a reuse within stage3_max_reuse_distance would keep it (Z3.4, not modelled)

@@ -6,7 +6,7 @@ import math
 
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError
-from planner.materialize import Decisions, EvictionRule
+from planner.materialize import Decisions, EvictionRule, Reservation
 from planner.policies._common import budget, chunk_plans, has_nvme, policy_layout
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, ChunkLayout, ChunkList, Tier
@@ -44,6 +44,30 @@ def decide(problem: Problem, layout: ChunkLayout | None = None) -> tuple[Decisio
     return tuple(out)
 
 
+# Fuyou's optimizer pipeline buffers on the CPU (FY.9), derived from §4.3 (the paper gives no formula):
+# the CPU Adam steps parameter groups, a group being the parameters of the operator the GPU has just
+# finished ("the corresponding operator's optimizer state is asynchronously prefetched to the CPU";
+# tide's operator is its trace unit, the block); with the delayed write-back "step 2 [update] can be
+# overlapped with steps 1 [read] and 3 [write back]", so three groups are in CPU memory at once: one
+# being read from the SSDs (fp32 param, m, v: 12 B/param), one being updated (12 B, plus its fp16
+# grads offloaded from the GPU, 2 B: Eq. 6's 2p GPU -> CPU) and one being written back (12 B, plus the
+# fp16 params produced for the SSDs, 2 B: Eq. 7's "12p + 2p" written). 3 x 12 + 2 + 2 = 40 B per
+# parameter of the largest group, held as fixed pinned buffers (Fuyou keeps its CPU buffers pinned,
+# §5.5). The materializer's own HOST copy of the chunk being stepped is counted on top of it (at most one
+# chunk's OS counted twice). Not derived: the CPU side of the FIFO prefetch queue (§4.4 "based on the
+# ratio of the GPU-CPU bandwidth to the SSD-CPU bandwidth", no formula; docs/baselines.md §6).
+PIPELINE_BYTES_PER_PARAM = 3 * 12 + 2 + 2
+
+
+def pipeline_buffers(problem: Problem) -> Reservation:
+    """FY.9: the CPU optimizer's read / update / write-back buffers of three parameter groups (§4.3)."""
+    tensors = problem.trace.tensors
+    group = max((sum(tensors[t].numel for t in b.tensors if tensors[t].trainable) for b in problem.blocks), default=0)
+    return Reservation(tier=Tier.HOST, bytes=PIPELINE_BYTES_PER_PARAM * group,
+                       what=f"Fuyou §4.3's optimizer pipeline: read, update and write-back buffers of three "
+                            f"{group / 1e6:.0f} M-parameter groups (fp32 param, m, v; fp16 grad in, fp16 param out), pinned")
+
+
 def _decisions(problem, layout, home, modes, act_tier, note) -> Decisions:
     plans = chunk_plans(layout, home, Tier.HOST)
     homes = (home,) * len(layout.chunks) if home is not Tier.HOST else ()
@@ -51,7 +75,7 @@ def _decisions(problem, layout, home, modes, act_tier, note) -> Decisions:
         policy=NAME, layout=layout, chunk_plans=plans, activation_modes=modes,
         param_device_budget_bytes=budget(problem, layout, plans, modes, act_tier),
         persistent_chunks=frozenset(), optimizer_overlap=True, prefetch=True, eviction=EvictionRule.LRU,
-        checkpoint_tier=act_tier, param_home_tiers=homes,
+        checkpoint_tier=act_tier, param_home_tiers=homes, reserved_bytes=(pipeline_buffers(problem),),
         notes=(f"fuyou (the system's): params and OS on {home.value}, CPU Adam overlapped with backward, delayed "
                "write-back, FIFO prefetch into the free DEVICE budget (LRU)", note))
 
@@ -77,7 +101,8 @@ def activation_plan(problem: Problem, home: Tier) -> tuple[tuple[ActivationMode,
     # activations go to HOST when they fit next to what HOST must hold anyway, else to the SSDs (FY.5)
     host_model = 0 if ssd else param_bytes + os_bytes + param_bytes  # params, OS and grads live on HOST without SSDs
     all_acts = sum(b.activation_bytes for b in blocks)
-    act_tier = Tier.HOST if host_model + all_acts + inputs <= problem.host_bytes or not ssd else Tier.NVME
+    act_tier = (Tier.HOST if host_model + all_acts + inputs <= problem.host_bytes - pipeline_buffers(problem).bytes or not ssd
+                else Tier.NVME)
     act_ssd = act_tier is Tier.NVME
 
     def t_iter(swapped: list[int]) -> tuple[float, float, float]:

@@ -15,7 +15,7 @@ from planner.policies._common import (
     policy_layout,
 )
 from planner.problem import Problem
-from schemas.schedule import ActivationMode, Tier
+from schemas.schedule import ActivationMode, HostStaging, Tier
 
 NAME = "gemini"
 STEADY_CUDA_CAP_RATIO = 0.9  # AutoPlacementPolicy steady_cuda_cap_ratio (placement_policy.py; GM.4)
@@ -52,6 +52,7 @@ def decide(problem: Problem, *, placement: str = "auto", os_on_nvme: bool = Fals
             param_device_budget_bytes=tuple(min(r, n) for r, n in zip(room, moment_need_bytes(problem, layout))),
             persistent_chunks=frozenset(), optimizer_overlap=False, prefetch=False,
             eviction=EvictionRule.FARTHEST_NEXT_USE, release_between_phases=True,
+            host_staging=HostStaging.PAGEABLE,  # GeminiPlugin pin_memory defaults to False (gemini_plugin.py:456; GM.8)
             notes=((f"gemini static, every frac 1.0 (the system's, as Fuyou §5.1 ran it): each chunk fetched on access "
                     f"and moved back to the CPU after it, grads and OS on {os_tier.value}, HybridAdam on the CPU after "
                     "backward, pageable copies"), "activation checkpoints kept on DEVICE")),)
@@ -61,6 +62,7 @@ def decide(problem: Problem, *, placement: str = "auto", os_on_nvme: bool = Fals
                           param_device_budget_bytes=budget(problem, layout, plans, modes, None),
                           persistent_chunks=everything(layout), optimizer_overlap=False, prefetch=False,
                           eviction=EvictionRule.FARTHEST_NEXT_USE,
+                          host_staging=HostStaging.PAGEABLE,  # GeminiPlugin pin_memory defaults to False (gemini_plugin.py:456; GM.8)
                           notes=("gemini static (the system's default, GM.2): everything on DEVICE, checkpoints there",)),)
     if placement != "auto":
         raise PlannerError(f"gemini: placement {placement!r} is not one of Colossal-AI's: 'auto' or 'static'")
@@ -71,6 +73,7 @@ def decide(problem: Problem, *, placement: str = "auto", os_on_nvme: bool = Fals
         policy=NAME, layout=layout, chunk_plans=plans, activation_modes=modes,
         param_device_budget_bytes=budget(problem, layout, plans, modes, None, device_limit_bytes=limit),
         persistent_chunks=frozenset(), optimizer_overlap=False, prefetch=False, eviction=EvictionRule.FARTHEST_NEXT_USE,
+        host_staging=HostStaging.PAGEABLE,  # GeminiPlugin pin_memory defaults to False (gemini_plugin.py:456; GM.8)
         release_between_phases=problem.world_size > 1,  # re-shard after forward and backward (PatrickStar Alg. 4, ZeRO-3 release_sub_module, Gemini)
         notes=(f"gemini auto (the system's): chunks on access within 0.9 of the GPU, farthest-next-compute eviction, "
                f"OS on {os_tier.value}, CPU Adam after backward", "activation checkpoints kept on DEVICE")),)
