@@ -14,6 +14,8 @@ of 4..64, ours is the trace's):
   - §9.2.3: 377 TFLOPS for the 12B model on 8 GPUs (all GPUs together);
   - Table 4, speedup of 8 GPUs over 1: 4B 8.32x, 12B 11.18x (superlinear: PCIe traffic moves to NVLink).
 The simulator is NOT tuned to them; the differences are explained in the report.
+Every `planner.policies` system is a row, the Angel-PTM-like baseline (`angel`, papers/004 §4) included; its own
+testbed's figure (Table 5: 55B on 8x A100 40 GB) is `angel-ptm` in bench/published.py.
 """
 
 from __future__ import annotations

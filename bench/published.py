@@ -192,6 +192,10 @@ PS_T3_CI = 32  # the CI subset's one batch for Table 3 (the full run tries 4-64)
 PS_TABLE3 = ("best of batch 4-64 per GPU (§9.2), seq 1024, 16 heads, activation "
              "checkpointing (§9.1: 'for all the three software'); the bar: >= 30 TFLOPS (§9.2.1's definition of "
              "max scale)")
+PS_DS_1 = ("DeepSpeed = `zero3-offload[gpu_params]`: v0.4.3 ZeRO-3 with the DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3 "
+           "config PatrickStar §9.1 names (no offload_param: fp16 params on the GPU, §9.2.1 'overall param fp16 and peak "
+           "non-model data must be in GPU'; optimizer offloaded, §2 'grad fp16 and OS data are stored in CPU'; "
+           "--checkpoint-in-cpu)")
 PS_DS = ("DeepSpeed = `zero-infinity` with no SSD (PatrickStar §9.1: DeepSpeed v0.4.3 'zero3 stage', ZeRO-Offload/"
          "Infinity, CPU offload)")
 
@@ -202,8 +206,8 @@ FIGURES: tuple[Figure, ...] = (
       ci_batch=PS_T3_CI, min_tflops=30.0,
       assumption=PS_TABLE3),
     F(key="ps-t3-1-ds", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: DeepSpeed",
-      kind="largest", published="4B", policy="zero-infinity", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
-      ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS),
+      kind="largest", published="4B", policy="zero3-offload[gpu_params]", hardware=PS1, ladder=PSTAR_LADDER,
+      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS_1),
     F(key="ps-t3-1-ps", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3),
@@ -281,10 +285,17 @@ FIGURES: tuple[Figure, ...] = (
       kind="largest", published="55B", policy=TIDE, hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
       assumption="batch 1 (Table 5); Angel-PTM's page scheduler stands for tide (its reference decision sets, else "
                  "a plan of its rank-aware placement MIP's memory rows, materialized and replayed)"),
+    F(key="angel-ptm", paper="Angel-PTM §6.2 Table 5", label="largest GPT, 8x A100 40 GB + 1 TB: Angel-PTM (policy)",
+      kind="largest", published="55B", policy="angel", hardware=ANGEL, ladder=ANGEL_LADDER, batch=1,
+      assumption="batch 1 (Table 5), seq 1024 (assumed), hidden 8192, 128 heads; `angel` = papers/004 §4's rules "
+                 "(planner/policies/angel.py: OS on the CPU with a GPU cache, Algorithm 1's prefetch, Algorithm 2 "
+                 "as CPU steps within backward, tide's one-rank chunks grouped over the ranks), no SSDs in the preset"),
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
-      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=10,
-      assumption="batch 10, 32 heads, checkpointing (DeepSpeed docs/_tutorials/zero-offload.md, the 10B run), seq 1024"),
+      kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=1,
+      assumption="largest trainable = fits at some batch: §1 names none, so batch 1 (feasibility is monotone in the "
+                 "batch; the tutorial's batch 10 is its 10B run's); 32 heads, checkpointing "
+                 "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
     F(key="zo-10b", paper="ZeRO-Offload (Ren et al. 2021) §1", label="ZeRO-Offload 10B on 1x V100, TFLOPS",
       kind="throughput", published=40.0, policy="zero2-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
       ci_batch=10, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
@@ -294,21 +305,22 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": "zero-infinity without SSDs (ZeRO-3, params on the CPU) keeps no fp16 params on the GPU, so only "
-                  "HOST bounds it: 10B at >= 30 TFLOPS, 12B over HOST with the fp32 grad partition reserved; "
-                  "PatrickStar's DeepSpeed v0.4.3 stopped at 4B where 'param fp16 and peak non-model data must be in "
-                  "GPU' (§9.2.1); pageable staging (Z3.12) and per-sub-module gathers are not modelled",
+    "ps-t3-1-ds": ("8B (+2 steps): DeepSpeed v0.4.3 as PatrickStar ran it (`zero3-offload[gpu_params]`: fp16 params on "
+                   "the GPU, its gathered copies, temp grad and ipg buffers reserved) fits 8B at batch 32 above the 30 "
+                   "TFLOPS bar, 10B only up to batch 16 (27.5); its OOM above 4B (§9.2.1: 'param fp16 and peak "
+                   "non-model data must be in GPU') needs more non-model memory at batch 32-64 than tide's GPT trace "
+                   "records, or a v0.4.3 GPU allocation not found in its stage3.py/partition_parameters.py"),
     "fy-f4-4090-128": ("175B (+2 steps): with Fuyou §4.3's optimizer pipeline buffers on the CPU (three block-sized "
                        "groups read / updated / written back, 40 B per parameter: 72.5 GB at 175B, 98.7 GB at 276B; "
                        "planner/policies/fuyou.py) 276B runs out of the 108.8 GB usable HOST, 175B fits. What else the "
                        "real system keeps in CPU memory is not in the paper: the CPU side of its FIFO prefetch queue "
                        "has no formula (§4.4), and §5.2 only says Fuyou 'succeeds in training a 65B model even with "
                        "only 128 GB', a feasibility claim the harness reads as the maximum"),
-    "fy-5b-zero-infinity": ("too fast (x1.90 in Fig. 5's 8 P B s metric, x1.49 in model FLOPs): with pageable copies holding the work (ZI.7) and params re-fetched in backward (Z3.1) "
-                            "the iteration is serial (stall 46%: H2D 8 s, D2H 5 s, CPU Adam 9 s, NVMe 9 s beside 36 s of compute); "
-                            "what is left is not modelled: the fp32 grads swapped to the SSDs during backward (ZI.4, "
-                            "`swap_out_gradients`) and DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5: the preset's SSD "
-                            "rates are the devices')"),
+    "fy-5b-zero-infinity": ("too fast (x1.52 in Fig. 5's 8 P B s metric, 70.5 model TFLOPS, x1.19): the fp32 grads "
+                            "swapped to the SSDs and back (ZI.4, `swap_out_gradients`), the sub-groups stepped one at a "
+                            "time (pipeline_read/write false) and partition_grads' grad round trip (Z3.10) are modelled "
+                            "since issue 16's third pass (x1.90 before); DeepSpeed's one-thread aio rate on 12 SSDs "
+                            "(ZI.5) is not (no measurement of it on Fuyou's testbed)"),
     "fy-5b-gemini": ("too fast (x4.79 at batch 64, x1.80 at batch 8, in the 8 P B s metric Colossal-AI's own example "
                      "prints: `train_gpt_demo.py` get_tflops = numel x batch x seq x 8). Not memory: batch 64 fits the "
                      "A100 (DEVICE peak 42.7 GB; 51.4 GB with the example's written-out attention and full-logits "
@@ -319,12 +331,16 @@ MISSES: dict[str, str] = {
                      "GPU inside ColoInitContext(device=get_current_device()) before Gemini moves it (26 GB at 13B, over "
                      "a 4090's 24 GB), which the simulator does not model. What makes Colossal-AI 0.3.0 this slow "
                      "(its NVMe optimizer path, tensornvme, not overlapped) is not in the paper"),
-    "fy-5b-zero3-offload": ("too fast (x1.43) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
-                            "Fuyou §5.1 ran; x1.12 in model FLOPs): stall 38% with CPU Adam 15% busy; not re-examined "
-                            "here (DeepSpeed's rows are issue 16's deepspeed.py owner's)"),
-    "fy-5c-zero3-offload": ("too fast (x1.55) in Fig. 5's 8 P B s metric (x1.21 in model FLOPs), as fy-5b-zero3-offload"),
-    "fy-5c-zero-infinity": ("too fast (x2.20 in Fig. 5's 8 P B s metric, x1.72 in model FLOPs), as fy-5b-zero-infinity: serial now (stall 41%), the grad swap to the SSDs (ZI.4) "
-                            "and the aio rate (ZI.5) not modelled"),
+    "fy-5b-zero3-offload": ("too fast (x1.31) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
+                            "Fuyou §5.1 ran; 84.1 model TFLOPS, x1.02): partition_grads' grad round trip (2 + 2 + 2 "
+                            "B/param over pageable PCIe, Z3.10) and the 1 GB ipg bucket are modelled since issue 16's "
+                            "third pass (x1.43 before); stall 43%, H2D 17% busy"),
+    "fy-5c-zero3-offload": ("too fast (x1.44) in Fig. 5's 8 P B s metric (74.4 model TFLOPS, x1.13), as "
+                            "fy-5b-zero3-offload (x1.55 before)"),
+    "fy-5c-zero-infinity": ("too fast (x1.80 in Fig. 5's 8 P B s metric, 63.5 model TFLOPS, x1.41; x2.20 before), as "
+                            "fy-5b-zero-infinity: of its 83 s the 4090 and A100 rows differ only in compute (44.0 vs 35.8 "
+                            "s; H2D/D2H 10.5 s each, NVMe 6.3 + 5.7 s, CPU Adam 8.6 s on both) where Fuyou measured 113 "
+                            "vs 86 s: the 4090 server's own host is not modelled"),
     "fy-trend-a100": ("175B / 13B is 1.11 (x1.29), both rows inside on their own (CI batches: 175B x1.15 at "
                       "batch 32, 13B x0.89 at batch 32): the 175B iteration is compute-bound (COMPUTE 88%) with the "
                       "SSDs 65% busy, the 13B one loses 12% to stalls with CPU Adam 55% busy; the published 13B/175B "
@@ -333,12 +349,10 @@ MISSES: dict[str, str] = {
     "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
                       "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
                       "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),
-    "angel-ds": "zero-infinity with 8 ranks gathers a packed comm group of 8 x 1 Gi-element chunks (17.2 GB fp16) "
-                "per moment: DEVICE runs out at 14B; DeepSpeed gathers per sub-module under "
-                "stage3_max_live_parameters (docs/baselines.md Z3.1-Z3.3)",
-    "zo-largest": "10B: 12B runs out of DEVICE at batch 10 with the checkpoints on the GPU (Megatron-DeepSpeed's "
-                  "default, cpu_checkpointing false, Z2.8): 24 GB of fp16 params + checkpoints; with "
-                  "cpu_checkpointing it reached 12B (bench/RESULTS.md before issue 16's rewrite)",
+    "zo-10b": ("batch 10 runs out of DEVICE by 35 MB (0.1 %): fp16 params 20.6 GB + ZeRO-2's two 5e8-element ipg "
+               "buckets and temp grad buffer (Z2.9, since issue 16's third pass) + the recompute peak of h.49 at batch 10 "
+               "(6.4 GB) against 29.65 GB usable (34.06 GB x the preset's usable_fraction 0.9 - its 1 GB margin, both tide "
+               "estimates); batch 8 fits. Before the buckets were counted it was inside"),
 }
 # The TFLOPS each paper prints (`reported_tflops`): PatrickStar's and Fuyou's harnesses count 8 P B s.
 # (ZeRO-Offload's and Angel-PTM's figures here are not re-read: their rows keep the model FLOPs.)

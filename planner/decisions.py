@@ -75,6 +75,16 @@ class Decisions:
     # `pin_memory=(device.type == "cpu")`; Fuyou its buffers, Fuyou §5.5) or PAGEABLE (DeepSpeed and Gemini,
     # each policy citing its `pin_memory` default beside the line that sets it)
     host_staging: HostStaging = HostStaging.PINNED
+    # a HOST step's NVMe OS goes back right after the step and the next step's reads wait for it
+    # (DeepSpeed offload_optimizer pipeline_read/pipeline_write false); False: tide's delayed write-back
+    serial_optimizer_swap: bool = False
+    # final grads leave HOST for the SSDs at this many bytes per element and come back for the HOST step
+    # (DeepSpeed's fp32 grads of NVMe sub-groups, `swap_out_gradients`); 0: they wait on HOST (tide)
+    grad_swap_bytes_per_element: int = 0
+    # final grads that cross to HOST (the GRAD chunk's copy) come back to DEVICE and cross again at this
+    # many bytes per element (DeepSpeed ZeRO-3 `partition_grads`: fp16 partition into the CPU grad
+    # buffer, `.to(device)`, `.float()` sent to the CPU fp32 grads or the swap buffers); 0: once (tide)
+    grad_recopy_bytes_per_element: int = 0
 
 
 @frozen

@@ -39,9 +39,10 @@ class _Emitter:
         moment = self.plan.tick_moment[min(tick, len(self.plan.tick_moment) - 1)]
         self.per_tick[tick].append((Action(moment=moment, **fields), moment if deadline is None else deadline))
 
-    def copy(self, tick: int, op: Op, lst: ChunkList, chunk: int, src: Tier, dst: Tier, *, deadline: int | None = None) -> None:
+    def copy(self, tick: int, op: Op, lst: ChunkList, chunk: int, src: Tier, dst: Tier, *, deadline: int | None = None,
+             nbytes: int | None = None) -> None:
         self.add(tick, op=op, list=lst, chunk=chunk, src=src, dst=dst, channel=COPY_CHANNEL[(src, dst)],
-                 bytes=self.plan.chunk_bytes[lst][chunk], deadline=deadline)
+                 bytes=self.plan.chunk_bytes[lst][chunk] if nbytes is None else nbytes, deadline=deadline)
 
     def evict(self, tick: int, lst: ChunkList, chunk: int, tier: Tier) -> None:
         self.add(tick, op=Op.EVICT, list=lst, chunk=chunk, src=tier)
@@ -119,6 +120,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             _host_step(out, plan, g, tick)
             if paced or not any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g]):
                 continue  # paced: written back at its tick below; no NVMe OS: nothing to write back
+            if plan.decisions.serial_optimizer_swap:
+                _host_step_write_back(out, plan, g, tick)  # before the next step's reads (which wait for it)
+                continue
             # delayed write-back (Fuyou §4.3): group i's OS goes down after group i+1's step is issued,
             # so the SSDs never wait on the CPU with the next group's reads queued behind them
             for previous in written_back_later:
@@ -261,9 +265,17 @@ def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> N
                     out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
             out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)
         return
+    final = g in plan.grad_final_tick and tick >= plan.grad_final_tick[g]
     for c in plan.trainable_chunks[g]:
         if iv.write_back:
             out.copy(tick, Op.WRITE_BACK, ChunkList.GRAD, c, Tier.DEVICE, Tier.HOST)
+            recopy = plan.decisions.grad_recopy_bytes_per_element
+            if final and recopy:  # Decisions.grad_recopy_bytes_per_element: back up, then down again wider
+                out.copy(tick, Op.FETCH, ChunkList.GRAD, c, Tier.HOST, Tier.DEVICE)
+                out.copy(tick, Op.WRITE_BACK, ChunkList.GRAD, c, Tier.DEVICE, Tier.HOST,
+                         nbytes=plan.decisions.layout.chunks[c].used_elements * recopy)
+            if final and _grad_swapped(plan, c):
+                _grad_swap_out(out, plan, c, tick)
         out.evict(tick, ChunkList.GRAD, c, Tier.DEVICE)
 
 
@@ -297,8 +309,28 @@ def _host_step_reads(out: _Emitter, plan: CachePlan, g: int, tick: int, *, os_st
         if os_state and plan.os_tier[c] is Tier.NVME:
             for lst in plan.problem.os_lists:
                 out.copy(tick, Op.PREFETCH, lst, c, Tier.NVME, Tier.HOST, deadline=deadline)
+            if _grad_swapped(plan, c) and g in plan.grad_final_tick:  # the swapped grads come back with the OS
+                out.copy(tick, Op.PREFETCH, ChunkList.GRAD, c, Tier.NVME, Tier.HOST, deadline=deadline,
+                         nbytes=_grad_swap_bytes(plan, c))
         if params and not plan.persistent[g] and plan.home[c] is Tier.NVME:
             out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.NVME, Tier.HOST)
+
+
+def _grad_swapped(plan: CachePlan, c: int) -> bool:
+    """Final grads of a HOST-stepped chunk whose OS lives on NVME go to the SSDs until the step
+    (`Decisions.grad_swap_bytes_per_element`; DeepSpeed stage3.py `partition_grads` ->
+    `optimizer_swapper.swap_out_gradients` for swappable sub-groups)."""
+    return (plan.decisions.grad_swap_bytes_per_element > 0 and plan.os_tier[c] is Tier.NVME
+            and plan.problem.hardware.nvme.count > 0)
+
+
+def _grad_swap_bytes(plan: CachePlan, c: int) -> int:
+    return plan.decisions.layout.chunks[c].used_elements * plan.decisions.grad_swap_bytes_per_element
+
+
+def _grad_swap_out(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
+    out.copy(tick, Op.WRITE_BACK, ChunkList.GRAD, c, Tier.HOST, Tier.NVME, nbytes=_grad_swap_bytes(plan, c))
+    out.evict(tick, ChunkList.GRAD, c, Tier.HOST)
 
 
 def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
@@ -308,6 +340,8 @@ def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
             out.add(tick, op=Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.HOST)
         out.add(tick, op=Op.OPTIMIZER_STEP, chunk=c, dst=Tier.HOST, channel=Channel.CPU_OPTIMIZER)
         out.evict(tick, ChunkList.GRAD, c, Tier.HOST)
+        if _grad_swapped(plan, c) and g in plan.grad_final_tick:
+            out.evict(tick, ChunkList.GRAD, c, Tier.NVME)  # the swapped grads are consumed
         if plan.persistent[g]:
             out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)  # stale now
             # nothing this iteration needs it again: the work of this moment must not wait for it

@@ -53,6 +53,7 @@ from planner.simulate import simulate
 from schemas.schedule import (
     ActivationMode,
     Budgets,
+    OptimizerSwap,
     Prediction,
     Schedule,
     ScheduleHeader,
@@ -254,6 +255,7 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
         gap=stats.gap,
         notes=d.notes,
         host_staging=d.host_staging,
+        optimizer_swap=OptimizerSwap.SERIAL if d.serial_optimizer_swap else OptimizerSwap.PIPELINED,
     )
 
 

@@ -161,7 +161,11 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                                     f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
                                     moment=m, action_index=i, list_=a.list, chunk=c)
         nbytes = a.bytes or sim.chunk_bytes[li][c]
-        end = _transfer(sim, path, nbytes, issue, sim.ready[li][c][s], f"{a.op.value.lower()} {a.list.value} {c}",
+        ready = sim.ready[li][c][s]
+        if sim.serial_swap and a.src is Tier.NVME and sim.schedule.moments[m].phase is Phase.OPTIMIZER:
+            # one sub-group at a time (the header's optimizer_swap SERIAL): after the SSD writes before it
+            ready = max(ready, sim.servers[(Channel.NVME_WRITE, sim.schedule.layout.chunks[c].owner_rank)].free_at)
+        end = _transfer(sim, path, nbytes, issue, ready, f"{a.op.value.lower()} {a.list.value} {c}",
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
         hold(sim, li, c, d)
         sim.copies.copy(li, c, s, d)

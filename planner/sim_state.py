@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from schemas import Hardware, Schedule
 from schemas.hardware import DeviceKind
-from schemas.schedule import TIER_INDEX, TIERS, ActivationMode, Channel, ChunkList, HostStaging, Tier
+from schemas.schedule import TIER_INDEX, TIERS, ActivationMode, Channel, ChunkList, HostStaging, OptimizerSwap, Tier
 from schemas.trace import DTYPE_BYTES, Phase
 
 from schemas.residency import ValidCopies
@@ -130,6 +130,7 @@ class SimState:
     rate: dict[Channel, float]
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (the header's host_staging)
     nvme_mixed: bool = False  # separate NVMe read and write servers at the mixed rates while both run
+    serial_swap: bool = False  # NVMe reads of the OPTIMIZER moment wait for earlier NVMe writes (the header's optimizer_swap)
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
     dram_rate: float = float("inf")
     dram_busy: float = 0.0
@@ -201,7 +202,8 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, comm_groups=_comm_groups(layout),
                pageable=schedule.header.host_staging is HostStaging.PAGEABLE, dram_rate=dram_bytes_per_s(hardware),
-               nvme_mixed=nvme_mixed(hardware))
+               nvme_mixed=nvme_mixed(hardware),
+               serial_swap=schedule.header.optimizer_swap is OptimizerSwap.SERIAL)
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:

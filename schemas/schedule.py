@@ -49,8 +49,9 @@ from schemas._base import (
 from schemas.trace import DType, MomentKind, Phase
 
 SCHEDULE_FORMAT = "tide.schedule"
-# 2: the `content_digest` field (issue 21); `header.host_staging` was added to format 2 as an optional
-# field (absent: PINNED, what every earlier file meant), so earlier format-2 files still read
+# 2: the `content_digest` field (issue 21); `header.host_staging` and `header.optimizer_swap` were added to
+# format 2 as optional fields (absent: PINNED, PIPELINED, what every earlier file meant), so earlier format-2
+# files still read
 SCHEDULE_VERSION = 2
 _KIND = "schedule"
 _FIX = "re-run `python -m planner solve TRACE --hardware HW -o SCHEDULE`"
@@ -150,6 +151,15 @@ class HostStaging(StrEnum):
     PAGEABLE = "PAGEABLE"
 
 
+class OptimizerSwap(StrEnum):
+    """How the system that made the schedule steps chunks whose optimizer state lives on NVME on HOST."""
+
+    PIPELINED = "PIPELINED"  # reads of the next step may run while this one computes and writes back (tide)
+    # one at a time: a step's NVMe reads start after the SSD writes issued before them (DeepSpeed
+    # offload_optimizer pipeline_read/pipeline_write false: swap in, wait, step, swap out, wait)
+    SERIAL = "SERIAL"
+
+
 class SolverStatus(StrEnum):
     OPTIMAL = "OPTIMAL"  # proven optimal for the model solved
     FEASIBLE = "FEASIBLE"  # feasible, gap to the bound in the header
@@ -188,6 +198,9 @@ class ScheduleHeader:
     # written before the field meant (only `planner solve` writes schedules, and tide pins), so those
     # files, the golden schedules among them, keep their bytes and digests
     host_staging: HostStaging = HostStaging.PINNED
+    # HOST steps of NVMe optimizer state pipelined or one at a time (the simulator prices them so; the
+    # executor pipelines). Optional in format 2 as `host_staging`, written only when SERIAL (`_plain`)
+    optimizer_swap: OptimizerSwap = OptimizerSwap.PIPELINED
 
 
 @frozen
@@ -383,10 +396,13 @@ class Schedule:
 
 
 def _plain(s: Schedule) -> dict:
-    """The schedule's plain data as its file holds it: `header.host_staging` only when not PINNED."""
+    """The schedule's plain data as its file holds it: `header.host_staging` only when not PINNED,
+    `header.optimizer_swap` only when not PIPELINED."""
     plain = to_plain(s)
     if s.header.host_staging is HostStaging.PINNED:
         plain["header"] = {k: v for k, v in plain["header"].items() if k != "host_staging"}
+    if s.header.optimizer_swap is OptimizerSwap.PIPELINED:
+        plain["header"] = {k: v for k, v in plain["header"].items() if k != "optimizer_swap"}
     return plain
 
 
@@ -518,7 +534,7 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
 
 __all__ = [
     "Action", "ActivationMode", "ActivationPlan", "BYTE_CHANNELS", "Budgets", "Channel", "Chunk", "ChunkLayout",
-    "ChunkList", "ChunkPlan", "HostStaging", "COPY_OPS", "MomentRef", "Op", "OS_LISTS", "Prediction", "Residency", "Schedule",
+    "ChunkList", "ChunkPlan", "HostStaging", "COPY_OPS", "MomentRef", "Op", "OptimizerSwap", "OS_LISTS", "Prediction", "Residency", "Schedule",
     "ScheduleHeader", "SCHEDULE_FORMAT", "SCHEDULE_VERSION", "SolverStatus", "Stage", "TensorSlot", "Tier",
     "COPY_CHANNEL", "COPY_PATH", "TIERS", "TIER_INDEX", "action_channels", "copy_channel", "validate_schedule",
     "DIGEST_FIELD", "check_content_digest", "content_digest", "seal",

@@ -14,7 +14,7 @@ from planner.families import gpt_trace
 from planner.problem import build_problem
 from planner.simulate import simulate
 from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
-from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Op, Schedule, SolverStatus, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Op, OptimizerSwap, Schedule, SolverStatus, Tier
 from schemas.trace import Phase
 
 DIGEST = "sha256:" + "0" * 64
@@ -107,8 +107,9 @@ def test_zero3_offload_keeps_params_on_the_cpu_prefetches_within_the_bucket_and_
     assert any(r.tiers == (Tier.HOST,) for r in params)  # params on the CPU (Z3.1), small ones persistent (Z3.5)
     assert all(a.dst is Tier.HOST and _phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
     assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
-    # ZeRO-3 Offload fits a GPU where ZeRO-2's fp16 params do not
-    small = problem(box(device_gb=0.2))
+    # ZeRO-3 Offload fits a GPU where ZeRO-2's fp16 params and its two 1 GB ipg grad buckets (Z2.3) do not;
+    # ZeRO-3's own bucket is one (stage3.py __ipg_bucket_flat_buffer)
+    small = problem(box(device_gb=1.5))
     with pytest.raises(InfeasibleError):
         baseline("zero2-offload", small)
     assert baseline("zero3-offload", small).header.policy == "zero3-offload"
@@ -167,8 +168,9 @@ def test_zero_infinity_streams_from_nvme_and_needs_host_memory() -> None:
     # DeepSpeed prefetches by default (stage3_prefetch_bucket_size 5e7, Z3.2)
     assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE for a in s.actions)
     assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in _steps(s))
-    # its pinned NVMe swap pool (ZI.1: 5 x 1e8 fp16 elements) and the fp32 grad partition are HOST reservations
-    assert s.budgets.host_bytes == problem().host_bytes - 2 * problem().trace.param_count - 5 * 10**8 * 2
+    # its pinned NVMe swap pool (ZI.1: 5 x 1e8 fp16 elements) and the CPU grad buffers are HOST reservations
+    # (4 B/param: the GRAD chunks themselves go to the SSDs, ZI.4)
+    assert s.budgets.host_bytes == problem().host_bytes - 4 * problem().trace.param_count - 5 * 10**8 * 2
     with pytest.raises(InfeasibleError, match="HOST runs out"):
         baseline("zero-infinity", problem(box(host_gb=0.05)))
 
@@ -312,9 +314,12 @@ def test_chunk_scheme_moves_6_p_minus_1_over_p_m_between_gpus(name: str) -> None
     gathers = [a for a in s.actions if a.op is Op.ALL_GATHER]
     reduces = [a for a in s.actions if a.op is Op.REDUCE_SCATTER]
     n_groups = len(s.layout.chunks) // RANKS
-    assert len(gathers) == 2 * n_groups and len(reduces) == n_groups  # every group: fwd + bwd gather, one reduce
+    # every group: fwd + bwd gather, one reduce; ZeRO-3 keeps a group of only small params (Z3.5) gathered
+    kept = {c // RANKS for c in decisions(name, p)[0].persistent_chunks}
+    assert len(gathers) == 2 * n_groups - len(kept) and len(reduces) == n_groups
     m_padded = _padded_param_bytes(s) // 2  # params the chunks hold, padding included
-    assert _inter_gpu(s) == 6 * (RANKS - 1) * m_padded // RANKS
+    full = 6 * (RANKS - 1) * m_padded // RANKS
+    assert _inter_gpu(s) == full if not kept else _inter_gpu(s) < full
     # and the paper's formula with the model's own M: more only by the chunks' unused room
     m = p.trace.param_count
     assert 6 * (RANKS - 1) / RANKS * m <= _inter_gpu(s) and m_padded < 2 * m
@@ -353,7 +358,7 @@ def test_zero_infinity_host_counts_every_rank_checkpoints_and_swap_pool_on_the_n
     (d,) = decisions("zero-infinity", problem())
     one_peak = materialize(problem(), d).prediction.peak_bytes_per_tier[Tier.HOST]
     pool = 5 * 10**8 * 2  # ZI.1, per rank
-    need_one = one_peak + 2 * small_trace().param_count + pool  # schedule peak + reservations, one rank
+    need_one = one_peak + 4 * small_trace().param_count + pool  # schedule peak + reservations, one rank (ZI.4: 4 B/param)
     one = build_problem(small_trace(), box(), trace_digest=DIGEST, host_bytes=need_one)
     baseline("zero-infinity", one)  # fits exactly
     between = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST, host_bytes=need_one)
@@ -380,6 +385,100 @@ def test_every_baseline_note_says_it_is_the_systems_own() -> None:
     for name in POLICIES:
         first = baseline(name, p).header.notes[0]
         assert first.startswith(name.split("-")[0]) and "(the system's)" in first
+
+
+def test_zero2_reserves_its_grad_buckets_on_the_gpu() -> None:
+    """ZeRO-2 with contiguous_gradients + overlap_comm allocates two reduce_bucket_size (5e8) fp16 buckets
+    on the GPU (stage_1_and_2.py backward) and a temp grad buffer of the largest param: 0.22 GB of fp16
+    params fit a 2 GB GPU, ZeRO-2 does not."""
+    (d,) = decisions("zero2-offload", problem())
+    device = sum(r.bytes for r in d.reserved_bytes if r.tier is Tier.DEVICE)
+    assert 1.5e9 < device < 2.2e9
+    with pytest.raises(InfeasibleError, match="DEVICE"):
+        baseline("zero2-offload", problem(box(device_gb=2.0)))
+    assert baseline("zero2-offload", problem(box(device_gb=3.0))).header.policy == "zero2-offload"
+
+
+def test_zero3_with_ranks_gathers_about_one_tensor_at_a_time() -> None:
+    """DeepSpeed gathers per sub-module (Z3.1, Z3.13): with several ranks its comm groups are tide's one-rank
+    chunks (a block's largest tensor) grouped, the oversize embedding alone, not a packing whose every chunk
+    is the embedding's size (8 x 412M elements per gather on Angel-PTM's testbed)."""
+    p = build_problem(small_trace(), ranks_box(), trace_digest=DIGEST)
+    (d,) = decisions("zero3-offload", p)
+    emb = max(p.trace.tensors, key=lambda t: t.numel)
+    block_largest = max(p.trace.tensors[t].numel for b in p.blocks for t in b.tensors)
+    assert emb.numel > block_largest
+    emb_chunk = next(t.chunk for t in d.layout.tensors if t.tensor == emb.id)
+    assert all(c.elements < emb.numel for c in d.layout.chunks if c.id // RANKS != emb_chunk // RANKS)
+    assert [t.tensor for t in d.layout.tensors if t.chunk // RANKS == emb_chunk // RANKS] == [emb.id]
+
+
+def test_zero3_gpu_params_keeps_fp16_on_the_gpu_with_its_gathered_copies() -> None:
+    """PatrickStar's DeepSpeed (v0.4.3, no offload_param): every fp16 param on DEVICE all iteration, plus the
+    gathered copies of one moment beside them (partition_parameters.py _allgather_param, one rank)."""
+    p = problem()
+    s = baseline("zero3-offload", p, gpu_params=True)
+    params = [r for r in s.initial_residency if r.list is ChunkList.PARAM]
+    assert params and all(Tier.DEVICE in r.tiers for r in params)
+    (d,) = decisions("zero3-offload", p, gpu_params=True)
+    (off,) = decisions("zero3-offload", p)
+    assert any("gathered copies" in r.what for r in d.reserved_bytes)
+    assert d.persistent_chunks and not off.persistent_chunks.issuperset(d.persistent_chunks)
+    with pytest.raises(PlannerError, match="one rank"):
+        decisions("zero3-offload", build_problem(small_trace(), ranks_box(), trace_digest=DIGEST), gpu_params=True)
+
+
+def test_angel_caches_os_on_the_gpu_steps_as_grads_arrive_and_spills_os_to_the_ssds() -> None:
+    """Angel-PTM (papers/004): OS chunks in the GPU room the lifetimes leave (§4.2), CPU steps during
+    backward (Algorithm 2), prefetch as early as memory allows (Algorithm 1), OS on the SSDs when the CPU
+    does not hold it."""
+    roomy = baseline("angel", problem(box(device_gb=8.0)))
+    tight = baseline("angel", problem(box(device_gb=1.0)))
+    on_gpu = lambda s: sum(pl.os_tier is Tier.DEVICE for pl in s.chunk_plans)
+    assert on_gpu(roomy) > on_gpu(tight) >= 0
+    assert any(a.dst is Tier.HOST and _phase(tight, a.moment) is Phase.BACKWARD for a in _steps(tight))
+    assert any(a.op is Op.PREFETCH and a.list is ChunkList.PARAM for a in tight.actions)
+    small_host = baseline("angel", problem(box(device_gb=1.0, host_gb=0.6)))
+    assert any(pl.os_tier is Tier.NVME for pl in small_host.chunk_plans)
+    assert all(pl.os_tier is not Tier.NVME for pl in tight.chunk_plans)
+
+
+def test_zero_infinity_swaps_fp32_grads_to_the_ssds_and_steps_one_sub_group_at_a_time() -> None:
+    """ZI.4: final grads go to the SSDs as fp32 in backward (stage3.py partition_grads -> swap_out_gradients)
+    and come back with the OS for the step; the NVMe sub-groups are stepped one after another
+    (pipeline_read/write false): the same schedule replayed with the reads free to run ahead is faster."""
+    hw = box()  # SSDs measured reading and writing at once: separate read and write servers (sim_actions)
+    p = problem(dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, mixed_read_gb_per_s_each=1.5,
+                                                                 mixed_write_gb_per_s_each=0.8)))
+    s = baseline("zero-infinity", p)
+    out = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.NVME]
+    back = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.NVME and a.dst is Tier.HOST]
+    trainable = {t.chunk for t in s.layout.tensors if t.trainable}
+    assert {a.chunk for a in out} == {a.chunk for a in back} == trainable
+    assert all(_phase(s, a.moment) is Phase.BACKWARD for a in out)
+    assert all(_phase(s, a.moment) is Phase.OPTIMIZER for a in back)
+    assert all(a.bytes == 4 * s.layout.chunks[a.chunk].used_elements for a in out + back)
+    assert s.header.optimizer_swap is OptimizerSwap.SERIAL
+    pipelined = dataclasses.replace(s, header=dataclasses.replace(s.header, optimizer_swap=OptimizerSwap.PIPELINED))
+    serial, free = simulate(s, p.hardware), simulate(pipelined, p.hardware)
+    assert serial.bytes_per_channel == free.bytes_per_channel
+    assert serial.iteration_seconds > free.iteration_seconds
+
+
+def test_zero3_grads_cross_pcie_three_times_as_partition_grads_copies_them() -> None:
+    """Z3.10: DeepSpeed 0.9.3's partition_grads copies the fp16 grad partition to the CPU buffer, back to the
+    GPU, then to the CPU fp32 grads (a CPU-converting copy_, 2 B/param) or, on NVMe, as fp32 to the swapper."""
+    p = problem()
+    s = baseline("zero3-offload", p)
+    up = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.DEVICE
+          and _phase(s, a.moment) is Phase.BACKWARD]
+    down = [a for a in s.actions if a.list is ChunkList.GRAD and a.src is Tier.DEVICE and a.dst is Tier.HOST]
+    trainable = {t.chunk for t in s.layout.tensors if t.trainable}
+    assert {a.chunk for a in up} == trainable and len(down) >= 2 * len(trainable)
+    zi = baseline("zero-infinity", p)
+    wide = [a for a in zi.actions if a.list is ChunkList.GRAD and a.src is Tier.DEVICE and a.dst is Tier.HOST
+            and a.bytes == 4 * zi.layout.chunks[a.chunk].used_elements]
+    assert {a.chunk for a in wide} == trainable
 
 
 def test_patrickstar_comm_groups_are_its_one_rank_chunks_and_the_embedding_does_not_size_them() -> None:

@@ -33,14 +33,14 @@ def test_published_figure_inside_tolerance(figure) -> None:
 
 def test_tolerances_can_fail() -> None:
     """The checks reject a wrong value: a throughput 2x off, a trend 1.5x off, a ladder 2 steps off."""
-    f = published.BY_KEY["zo-10b"]
+    f = published.BY_KEY["fy-5b-zero3-offload"]  # a row inside its tolerance
     wrong = published.Figure(**{**f.__dict__, "key": "wrong", "published": 2 * f.published})
     assert not published.evaluate([wrong], quick=True)[0].ok
-    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("zo-10b", "zo-10b"))
+    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("fy-5b-zero3-offload", "fy-5b-zero3-offload"))
     assert published.evaluate([same], quick=True)[0].ok  # a figure over itself: 1.0
     wrong_t = published.Figure(**{**same.__dict__, "key": "wrong-t", "published": 1.5})
     assert not published.evaluate([wrong_t], quick=True)[0].ok
-    big = published.BY_KEY["zo-largest"]  # 13B published; claiming 4B must fail (13B fits: two steps above)
+    big = published.BY_KEY["zo-largest"]  # 13B published; claiming 4B must fail (12B fits: more than a step above)
     assert not published.evaluate([published.Figure(**{**big.__dict__, "key": "wrong-l", "published": "4B"})],
                                   quick=True)[0].ok
 

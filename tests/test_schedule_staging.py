@@ -22,7 +22,7 @@ from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, Host
 from schemas.schedule import HostStaging, seal
 
 GOLDEN = REPO / "traces" / "golden" / "gpt-small.cpu-emulated-0.05gb.schedule.msgpack"
-PAGEABLE_POLICIES = {"zero2-offload", "zero3-offload", "zero-infinity", "gemini"}  # DeepSpeed and Gemini
+PIN_MEMORY_OFF_BY_DEFAULT = {"zero2-offload", "zero3-offload", "zero-infinity", "gemini"}  # DeepSpeed and Gemini
 
 
 def _box() -> Hardware:
@@ -93,7 +93,7 @@ def test_each_policy_sets_its_staging(name: str) -> None:
     p = build_problem(gpt_trace(layers=4, hidden=512, heads=8, seq=128, batch=2, vocab=8192), _box(),
                       trace_digest="sha256:" + "0" * 64)
     s = baseline(name, p)
-    want = HostStaging.PAGEABLE if name in PAGEABLE_POLICIES else HostStaging.PINNED
+    want = HostStaging.PAGEABLE if name in PIN_MEMORY_OFF_BY_DEFAULT else HostStaging.PINNED
     assert s.header.host_staging is want
 
 

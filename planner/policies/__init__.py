@@ -18,7 +18,7 @@ from planner.materialize import (
     materialize_replayed,
     with_simulated_prediction,
 )
-from planner.policies import deepspeed, fuyou, gemini, patrickstar, pytorch
+from planner.policies import angel, deepspeed, fuyou, gemini, patrickstar, pytorch
 from planner.policies._common import policy_layout
 from planner.problem import Problem
 from planner.simulate import ScheduleViolation, ViolationKind
@@ -33,6 +33,7 @@ POLICIES: dict[str, Callable[..., tuple[Decisions, ...]]] = {
     "patrickstar": patrickstar.decide,
     "gemini": gemini.decide,
     "fuyou": fuyou.decide,
+    "angel": angel.decide,
 }
 
 
