@@ -52,6 +52,15 @@ def check_attach(model: nn.Module, schedule: Schedule, *, precision: str | None,
 
 def check_schedule_supported(schedule: Schedule, *, grad_clip_norm: float | None, compute: DType,
                               nvme_dir: str | Path | None) -> None:
+    # PatrickStar's grad in the param slot (PS.2) is a baseline's decision the simulator prices; tide's
+    # own plans never set it, and the executor keeps separate GRAD chunk buffers, so it refuses the schedule
+    # rather than allocate memory the plan did not count (issue 16)
+    slotted = [p.chunk for p in schedule.chunk_plans if p.grad_in_param_slot]
+    if slotted:
+        raise ExecutorError(f"chunk_plans[{slotted[0]}].grad_in_param_slot is true ({len(slotted)} chunks): the executor "
+                            "keeps grads in their own GRAD chunks and cannot replay a schedule that counts them in the "
+                            f"param chunk's slot (policy {schedule.header.policy!r}, a baseline's decision); run a tide "
+                            "schedule from `python -m planner solve TRACE --hardware HW -o SCHEDULE`")
     nvme_blocks = [p.block for p in schedule.activation_plans if p.mode is ActivationMode.SWAP_NVME]
     if nvme_blocks and nvme_dir is None:
         raise ExecutorError(f"the schedule swaps the activations of blocks {nvme_blocks} to NVME: pass nvme_dir= "

@@ -39,7 +39,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
     lists = tuple(layout.lists)
     n_chunks = len(layout.chunks)
     size = {x: [c.elements * DTYPE_BYTES[layout.list_dtypes[x]] for c in layout.chunks] for x in lists}
-    copies = ValidCopies(lists, n_chunks)
+    copies = ValidCopies(lists, n_chunks, slotted=[p.grad_in_param_slot for p in schedule.chunk_plans])
     li = copies.index
     tier_bytes = [0, 0, 0]
     # With several ranks DEVICE is per rank (Note [simulator memory per rank and node], the same rules):
@@ -68,6 +68,8 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             rank_bytes[layout.chunks[c].owner_rank] += size[x][c]
             if everywhere:
                 spread(x, c)
+        if t == 0 and x in (ChunkList.PARAM, ChunkList.GRAD):
+            resync_slot(c)
 
     def spread(x: ChunkList, c: int) -> None:
         """A DEVICE copy held by its owner is now every rank's (gathered, or allocated everywhere)."""
@@ -76,6 +78,29 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             for r in range(ws):
                 if r != layout.chunks[c].owner_rank:
                     rank_bytes[r] += size[x][c]
+            if x in (ChunkList.PARAM, ChunkList.GRAD):
+                resync_slot(c)
+
+    slot_saved: dict[int, list[int]] = {}
+
+    def resync_slot(c: int) -> None:
+        """A chunk whose grad lives in its param's slot (PatrickStar PS.2): a rank holding both its PARAM
+        and its GRAD on DEVICE pays for one chunk (GRAD's bytes taken off, at most PARAM's); the same rule
+        as the simulator's `sim_state._resync_slot`."""
+        if not copies.slotted[c]:
+            return
+        both = copies.slot_overlap(c)
+        saved = min(size[ChunkList.PARAM][c], size[ChunkList.GRAD][c])
+        owner = layout.chunks[c].owner_rank
+        spread_both = (ChunkList.PARAM, c) in everyone and (ChunkList.GRAD, c) in everyone
+        now = [saved if both and (not per_owner or r == owner or spread_both) else 0 for r in range(ws)]
+        before = slot_saved.get(c, [0] * ws)
+        for r in range(ws):
+            if per_owner:
+                rank_bytes[r] -= now[r] - before[r]
+            else:
+                tier_bytes[0] -= now[r] - before[r]
+        slot_saved[c] = now
 
     def totals() -> list[int]:
         return [tier_bytes[0] + max(rank_bytes), tier_bytes[1], tier_bytes[2]]
@@ -102,6 +127,12 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                                  f"chunk {schedule.actions[i].chunk})" if i is not None else "")
         return ReplayError(f"residency replay of policy {schedule.header.policy!r}: {where}: {what}")
 
+    last_write = [-1] * n_chunks  # per chunk: the moment of its last backward grad write
+    for m in schedule.moments:
+        if m.phase is Phase.BACKWARD:
+            for t in m.tensors:
+                if t in trainable:
+                    last_write[chunk_of[t]] = m.id
     for m in schedule.moments:
         for b in range(len(modes)):
             if fwd_last[b] == m.id:
@@ -172,10 +203,12 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                 c = chunk_of[t]
                 if not copies.is_valid(li[ChunkList.PARAM], c, 0):
                     raise fail(m.id, None, f"the work of {m.module or '(root)'} needs PARAM chunk {c} on DEVICE")
+            for t in m.tensors:  # after every PARAM check: a slotted chunk's last write makes its PARAM stale
+                c = chunk_of[t]
                 if m.phase is Phase.BACKWARD and t in trainable:
                     if not copies.is_valid(li[ChunkList.GRAD], c, 0):
                         raise fail(m.id, None, f"the backward of {m.module or '(root)'} writes GRAD chunk {c}, not on DEVICE")
-                    copies.write_grads(c)
+                    copies.write_grads(c, final=m.id == last_write[c])
         # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
         non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
         now = totals()

@@ -138,6 +138,9 @@ class SimState:
     busy: dict[Channel, float] = field(default_factory=dict)
     timeline: list[Interval] = field(default_factory=list)
     last_end: float = 0.0
+    # per slotted chunk (ChunkPlan.grad_in_param_slot): the GRAD bytes each rank does not pay on DEVICE
+    # because its PARAM copy's slot holds them (Note [simulator memory per rank and node])
+    slot_saved: dict[int, list[int]] = field(default_factory=dict)
 
 
 def tier_bit(t: int) -> int:
@@ -194,7 +197,7 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
     rate = {ch: channel_bytes_per_s(hardware, ch)  # pinned; NVMe behind the host-side cap
             for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE, Channel.INTER_GPU)}
     sim = SimState(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
-               copies=ValidCopies(lists, n), ready=ready, stepped=[0] * n, world=world,
+               copies=ValidCopies(lists, n, slotted=[p.grad_in_param_slot for p in schedule.chunk_plans]), ready=ready, stepped=[0] * n, world=world,
                owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
                ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
                replicated=[[False] * n for _ in lists],
@@ -235,7 +238,27 @@ def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:
 # ALL_GATHER, an ALLOCATE on DEVICE or a backward write); the DEVICE peak is the busiest rank's.
 # HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
 # there counts on its owner's node, and swapped activations once per rank of the node (each rank
-# swaps its own). With one rank all of this is the plain sum.
+# swaps its own). With one rank all of this is the plain sum. A chunk whose grad lives in its param's
+# slot (PatrickStar PS.2) counts once on a rank holding both its PARAM and its GRAD on DEVICE
+# (`_resync_slot`: the GRAD bytes are taken off again, as `planner.replay` does).
+
+
+def _resync_slot(sim: SimState, c: int) -> None:
+    """Re-count slotted chunk c's DEVICE slot after its PARAM or GRAD copy there changed: a rank that
+    holds both pays for one chunk (the larger list's bytes: GRAD's are taken off, at most PARAM's)."""
+    if not sim.copies.slotted[c]:
+        return
+    pi, gi = sim.list_index[ChunkList.PARAM], sim.list_index[ChunkList.GRAD]
+    both = sim.copies.slot_overlap(c)
+    saved = min(sim.chunk_bytes[pi][c], sim.chunk_bytes[gi][c])
+    owner = sim.owner[c]
+    now = [saved if both and (r == owner or (sim.replicated[pi][c] and sim.replicated[gi][c])) else 0
+           for r in range(sim.world)]
+    before = sim.slot_saved.get(c, [0] * sim.world)
+    for r in range(sim.world):
+        if now[r] != before[r]:
+            _add(sim, DEVICE_INDEX, r, gi, before[r] - now[r])
+    sim.slot_saved[c] = now
 
 
 def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) -> None:
@@ -254,6 +277,7 @@ def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) ->
         for r in range(sim.world):
             if r != owner:
                 _add(sim, t, r, li, size)
+    _resync_slot(sim, c)
 
 
 def drop(sim: SimState, li: int, c: int, t: int) -> None:
@@ -266,6 +290,7 @@ def drop(sim: SimState, li: int, c: int, t: int) -> None:
     for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
         _add(sim, t, r, li, -size)
     sim.replicated[li][c] = False
+    _resync_slot(sim, c)
 
 
 def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
@@ -279,6 +304,7 @@ def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
                 if r != sim.owner[c]:
                     _add(sim, DEVICE_INDEX, r, li, -size)
             sim.replicated[li][c] = False
+            _resync_slot(sim, c)
 
 
 def busiest(sim: SimState, t: int) -> int:

@@ -188,7 +188,9 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         for c in writes[m]:
             if sim.world > 1:
                 hold(sim, gi, c, DEVICE_INDEX, everywhere=True)  # every rank accumulates its own grads
-            sim.copies.write_grads(c)  # DEVICE only: copies elsewhere are stale now
+            # DEVICE only: copies elsewhere are stale now (the last write of a chunk whose grad lives in its
+            # param's slot also makes its DEVICE PARAM copy stale: schemas.residency)
+            sim.copies.write_grads(c, final=m == last_grad_write[c])
             sim.ready[gi][c][DEVICE_INDEX] = end
 
         # Note [simulator memory per moment]:

@@ -9,6 +9,10 @@ the planner's materializer step through it, and the executor can refuse at attac
 - the backward's grad writes leave GRAD valid on DEVICE only;
 - OPTIMIZER_STEP needs its inputs valid (and GRAD live) on its tier and leaves them valid there only;
   GRAD is dead afterwards.
+- a chunk whose grad lives in its param's slot (`ChunkPlan.grad_in_param_slot`, PatrickStar PS.2): its
+  final grad write (the backward of its last use) overwrites the DEVICE PARAM copy, which is stale from
+  then on, and its step does not read PARAM (it writes it back from the fp32 master). Callers count the
+  DEVICE bytes of PARAM and GRAD of such a chunk once (`slot_overlap`).
 Tiers are bits by `schemas.schedule.TIER_INDEX` (bit 0: DEVICE), lists are indices into `lists`.
 The state machine only says yes or no (`ResidencyRefused` names the rule broken); each caller words
 its own error and counts its own bytes (`hold`, `copy`, `allocate` and `gather` say when a tier
@@ -44,15 +48,18 @@ class ResidencyRefused(Exception):
 class ValidCopies:
     """held[list][chunk] and valid[list][chunk] as tier bitmasks, and which GRAD chunks are live."""
 
-    __slots__ = ("lists", "index", "held", "valid", "grad_live", "_grad")
+    __slots__ = ("lists", "index", "held", "valid", "grad_live", "slotted", "_grad", "_param")
 
-    def __init__(self, lists: Sequence[ChunkList], n_chunks: int) -> None:
+    def __init__(self, lists: Sequence[ChunkList], n_chunks: int, *, slotted: Sequence[bool] = ()) -> None:
         self.lists = tuple(lists)
         self.index = {x: i for i, x in enumerate(self.lists)}
         self.held = [[0] * n_chunks for _ in self.lists]
         self.valid = [[0] * n_chunks for _ in self.lists]
         self.grad_live = [False] * n_chunks
+        # per chunk: its grad lives in its PARAM chunk's DEVICE slot (`ChunkPlan.grad_in_param_slot`)
+        self.slotted = tuple(slotted) if slotted else (False,) * n_chunks
         self._grad = self.index.get(ChunkList.GRAD, -1)
+        self._param = self.index.get(ChunkList.PARAM, -1)
 
     def is_valid(self, li: int, c: int, t: int) -> bool:
         return bool(self.valid[li][c] >> t & 1)
@@ -104,14 +111,23 @@ class ValidCopies:
         self.valid[li][c] |= DEVICE_BIT
         return new
 
-    def write_grads(self, c: int) -> None:
-        """The backward accumulated into GRAD chunk c on DEVICE (the caller checked a valid copy was there)."""
+    def write_grads(self, c: int, *, final: bool = False) -> None:
+        """The backward accumulated into GRAD chunk c on DEVICE (the caller checked a valid copy was there);
+        `final`: the chunk's last backward write, which in a param slot overwrites the DEVICE PARAM copy."""
         self.valid[self._grad][c] = DEVICE_BIT
         self.grad_live[c] = True
+        if final and self.slotted[c]:
+            self.valid[self._param][c] &= ~DEVICE_BIT
+
+    def slot_overlap(self, c: int) -> bool:
+        """DEVICE holds both PARAM and GRAD of a slotted chunk c: one chunk's bytes, not two."""
+        return self.slotted[c] and bool(self.held[self._param][c] & self.held[self._grad][c] & DEVICE_BIT)
 
     def step(self, c: int, t: int, inputs: Sequence[int]) -> None:
         """OPTIMIZER_STEP of chunk c on tier t over the lists `inputs` (PARAM, GRAD, the OS lists)."""
         for li in inputs:
+            if li == self._param and self.slotted[c]:
+                continue  # written back from the master into the slot (PatrickStar PS.9), not read
             if not self.valid[li][c] >> t & 1 or (li == self._grad and not self.grad_live[c]):
                 raise ResidencyRefused(Refusal.STEP_INPUT, list_index=li, chunk=c, tier=t)
         for li in inputs:

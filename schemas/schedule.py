@@ -46,12 +46,12 @@ from schemas._base import (
     to_plain,
     unpack_msgpack,
 )
-from schemas.trace import DType, MomentKind, Phase
+from schemas.trace import DTYPE_BYTES, DType, MomentKind, Phase
 
 SCHEDULE_FORMAT = "tide.schedule"
 # 2: the `content_digest` field (issue 21); `header.host_staging` and `header.optimizer_swap` were added to
 # format 2 as optional fields (absent: PINNED, PIPELINED, what every earlier file meant), so earlier format-2
-# files still read
+# files still read; `chunk_plans[i].grad_in_param_slot` likewise (absent: false)
 SCHEDULE_VERSION = 2
 _KIND = "schedule"
 _FIX = "re-run `python -m planner solve TRACE --hardware HW -o SCHEDULE`"
@@ -255,6 +255,14 @@ class ChunkPlan:
     chunk: int = constrained(minimum=0)
     os_tier: Tier
     optimizer_tier: Tier  # DEVICE (GPU Adam) or HOST (CPU Adam)
+    # PatrickStar's grad in the param chunk's slot (PS.2: `patrickstar/core/hook.py`
+    # `post_sub_module_backward_function`, "The memory space of the last updated param fp16 is covered
+    # by grad fp16"; paper §6.2): the backward write of the chunk's last use puts its final GRAD into the
+    # DEVICE bytes of its PARAM copy (that PARAM copy is dead from then on), so DEVICE holds one chunk's
+    # worth for PARAM and GRAD together; the partial grads before it are the moment's non-model temporaries;
+    # the optimizer step writes PARAM back into the slot. Optional in format 2, written only when true
+    # (`_plain`): a file without it is false, what every earlier file meant, so they keep their bytes
+    grad_in_param_slot: bool = False
 
 
 @frozen
@@ -397,8 +405,10 @@ class Schedule:
 
 def _plain(s: Schedule) -> dict:
     """The schedule's plain data as its file holds it: `header.host_staging` only when not PINNED,
-    `header.optimizer_swap` only when not PIPELINED."""
+    `header.optimizer_swap` only when not PIPELINED, `chunk_plans[i].grad_in_param_slot` only when true."""
     plain = to_plain(s)
+    plain["chunk_plans"] = [p if p.get("grad_in_param_slot") else {k: v for k, v in p.items() if k != "grad_in_param_slot"}
+                            for p in plain["chunk_plans"]]
     if s.header.host_staging is HostStaging.PINNED:
         plain["header"] = {k: v for k, v in plain["header"].items() if k != "host_staging"}
     if s.header.optimizer_swap is OptimizerSwap.PIPELINED:
@@ -493,6 +503,17 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
     for i, p in enumerate(s.chunk_plans):
         req(p.chunk == i, f"chunk_plans[{i}].chunk", f"plans in chunk order, expected {i}, found {p.chunk}")
         req(p.optimizer_tier in (Tier.DEVICE, Tier.HOST), f"chunk_plans[{i}].optimizer_tier", f"DEVICE or HOST, found {p.optimizer_tier}")
+        if p.grad_in_param_slot:  # the final grad is written into the PARAM chunk's bytes: it must have a GRAD list and fit
+            req(ChunkList.MASTER in lay.lists, f"chunk_plans[{i}].grad_in_param_slot",
+                "false without a MASTER list: with PARAM the master copy the step reads it, so the grad cannot "
+                "overwrite it (PatrickStar keeps fp32 masters, PS.9), found true")
+            req(ChunkList.GRAD in lay.lists, f"chunk_plans[{i}].grad_in_param_slot",
+                "false for a layout without a GRAD list (no grad to put in the param slot), found true")
+            req(ChunkList.GRAD not in lay.lists
+                or DTYPE_BYTES[lay.list_dtypes[ChunkList.GRAD]] <= DTYPE_BYTES[lay.list_dtypes[ChunkList.PARAM]],
+                f"chunk_plans[{i}].grad_in_param_slot",
+                f"false when GRAD's dtype ({lay.list_dtypes.get(ChunkList.GRAD)}) is wider than PARAM's "
+                f"({lay.list_dtypes.get(ChunkList.PARAM)}): the grad would not fit the param's slot, found true")
     for i, m in enumerate(s.moments):
         req(m.id == i, f"moments[{i}].id", f"ids dense and in order, expected {i}, found {m.id}")
         for j, tid in enumerate(m.tensors):
