@@ -54,6 +54,9 @@ class CachePlan:
     optimizer_tier: list[Tier]  # per comm group
     os_tier: list[Tier]  # per chunk
     home: list[Tier]  # per chunk: HOST or NVME home of a non-persistent PARAM
+    # per comm group: its grads live in its PARAM entry's slot (every chunk's ChunkPlan.grad_in_param_slot,
+    # PatrickStar PS.2): its PARAM and GRAD entries on DEVICE together take the larger one's bytes
+    slotted: list[bool] = field(default_factory=list)
     tick_moment: list[int] = field(default_factory=list)
     tick_budget: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     needs: list[list[int]] = field(default_factory=list)  # per tick: entries needed on DEVICE
@@ -94,6 +97,7 @@ def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
         entry_bytes=entry_bytes, local_grad_bytes=local_grad_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
         optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in comm_group_chunks],
         os_tier=[p.os_tier for p in d.chunk_plans], home=home,
+        slotted=[all(d.chunk_plans[c].grad_in_param_slot for c in chunks) for chunks in comm_group_chunks],
     )
     _ticks(plan, chunk_of, trainable)
     return plan
@@ -156,13 +160,43 @@ def bytes_at(plan: CachePlan, e: int, tick: int) -> int:
     return int(plan.entry_bytes[e])
 
 
+def group_bytes(plan: CachePlan, g: int, entries, tick: int) -> int:
+    """DEVICE bytes of comm group g's entries among `entries` at `tick`: their sum, or for a slotted group
+    (its grads in its PARAM's slot, PS.2) the larger one's (the replay's and the simulator's rule)."""
+    sizes = [bytes_at(plan, e, tick) for e in (2 * g + PARAM_ENTRY, 2 * g + GRAD_ENTRY) if e in entries]
+    return (max(sizes) if plan.slotted[g] else sum(sizes)) if sizes else 0
+
+
+def added_bytes(plan: CachePlan, resident, new: Sequence[int], tick: int) -> int:
+    """DEVICE bytes that entries `new` (not resident) add to the `resident` ones at `tick`."""
+    total = 0
+    for g in sorted({e >> 1 for e in new}):
+        if not plan.slotted[g]:
+            total += sum(bytes_at(plan, e, tick) for e in new if e >> 1 == g)
+            continue
+        both = {e for e in (2 * g, 2 * g + 1) if e in resident} | {e for e in new if e >> 1 == g}
+        total += group_bytes(plan, g, both, tick) - group_bytes(plan, g, resident, tick)
+    return total
+
+
+def _needed_bytes(plan: CachePlan, needs: Sequence[int], tick: int) -> int:
+    """DEVICE bytes of a tick's entries beyond the pinned PARAMs (a slotted group's GRAD in its PARAM's slot)."""
+    total = 0
+    for g in sorted({e >> 1 for e in needs}):
+        mine = {e for e in needs if e >> 1 == g}
+        if plan.persistent[g] and 2 * g + PARAM_ENTRY in mine:  # the pinned PARAM is counted already
+            total += group_bytes(plan, g, mine, tick) - int(plan.entry_bytes[2 * g + PARAM_ENTRY])
+        else:
+            total += group_bytes(plan, g, mine, tick)
+    return total
+
+
 def check_budget(plan: CachePlan) -> None:
     """The entries a tick needs (and the pinned ones) must fit in its budget."""
     pinned = sum(int(plan.entry_bytes[2 * g]) for g in range(plan.n_comm_groups) if plan.persistent[g])
     worst = None
     for tick, needs in enumerate(plan.needs):
-        need = pinned + sum(bytes_at(plan, e, tick) for e in needs
-                            if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
+        need = pinned + _needed_bytes(plan, needs, tick)
         short = need - int(plan.tick_budget[tick])
         if short > 0 and (worst is None or short > worst[0]):
             worst = (short, tick, need)
@@ -174,8 +208,7 @@ def check_budget(plan: CachePlan) -> None:
     curve = non_model_curve(problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
     fixed = os_device_bytes(problem, plan.decisions.layout, plan.decisions.chunk_plans)
     smallest = max(
-        pinned + sum(bytes_at(plan, e, t) for e in needs if not (e & 1 == PARAM_ENTRY and plan.persistent[e >> 1]))
-        + int(curve[plan.tick_moment[t]]) + fixed
+        pinned + _needed_bytes(plan, needs, t) + int(curve[plan.tick_moment[t]]) + fixed
         for t, needs in enumerate(plan.needs)
     )
     where = f"moment {m.id} ({m.phase.value.lower()} {m.kind.value} {m.module or '(root)'})"
@@ -270,26 +303,30 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
     for tick in range(n_ticks):
         for g in scatters.get(tick, ()):
             if 2 * g + GRAD_ENTRY in resident:
-                occupied -= scattered_bytes(plan, g)
+                if plan.slotted[g]:  # the slot shrinks to the larger of PARAM and the local grads
+                    held = [e for e in (2 * g, 2 * g + 1) if e in resident]
+                    occupied -= max(int(plan.entry_bytes[e]) for e in held) - group_bytes(plan, g, held, tick)
+                else:
+                    occupied -= scattered_bytes(plan, g)
         needs = plan.needs[tick]
         keep = set(needs)
         missing = [e for e in needs if e not in resident]
-        room = occupied + sum(bytes_at(plan, e, tick) for e in missing) - int(plan.tick_budget[tick])
+        room = occupied + added_bytes(plan, resident, missing, tick) - int(plan.tick_budget[tick])
         while room > 0:
             victim = victims.pop(keep)
             if victim is None:
                 raise InfeasibleError(_stuck_message(plan, tick, room))
+            size = added_bytes(plan, {e for e in resident if e != victim and e >> 1 == victim >> 1}, [victim], tick)
             iv = resident.pop(victim)
             iv.end = tick
-            size = bytes_at(plan, victim, tick)
             occupied -= size
             room -= size
         for e in missing:
             iv = CacheInterval(entry=e, start=tick, first_use=tick, last_use=tick, allocate=e & 1 == GRAD_ENTRY and e not in allocated)
             allocated.add(e)
+            occupied += added_bytes(plan, resident, [e], tick)
             resident[e] = iv
             intervals.append(iv)
-            occupied += bytes_at(plan, e, tick)
         for e in needs:
             iv = resident[e]
             if iv.first_use < 0:
@@ -330,10 +367,10 @@ def _release_at_phase_end(plan: CachePlan, tick: int, needs: list[int], resident
         nxt = next_use(e)
         if nxt < len(plan.tick_moment) and plan.problem.moments[plan.tick_moment[nxt]].phase is phase:
             continue
+        freed += added_bytes(plan, {x for x in resident if x != e and x >> 1 == e >> 1}, [e], tick)
         iv = resident.pop(e)
         iv.end = tick + 1
         victims.drop(e)
-        freed += int(plan.entry_bytes[e])
     return freed
 
 

@@ -106,3 +106,25 @@ def test_the_executor_refuses_it_at_attach() -> None:
         check_schedule_supported(s, grad_clip_norm=None, compute=s.layout.list_dtypes[P], nvme_dir=None)
     assert "chunk_plans[1].grad_in_param_slot" in str(exc.value) and "planner solve" in str(exc.value)
     check_schedule_supported(_slotted(s, set()), grad_clip_norm=None, compute=s.layout.list_dtypes[P], nvme_dir=None)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_patrickstar_schedules_carry_the_flag_and_hold_less_on_device(ranks: int) -> None:
+    """PatrickStar puts every grad in its param chunk's slot (PS.2); the replay and the simulator agree on
+    its DEVICE peak, and the same decisions without the slot need more DEVICE (backward: PARAM + GRAD)."""
+    from planner.materialize import materialize
+    from planner.policies import decisions
+    from test_baselines import box, problem, ranks_box
+
+    hw = box(device_gb=8.0) if ranks == 1 else ranks_box(ranks, device_gb=8.0)
+    p = problem(hw)
+    (d,) = decisions("patrickstar", p)
+    assert all(plan.grad_in_param_slot for plan in d.chunk_plans)
+    s = materialize(p, d)
+    assert all(plan.grad_in_param_slot for plan in s.chunk_plans)
+    assert Schedule.from_msgpack(s.to_msgpack()) == s
+    peak = simulate(s, hw).peak_bytes_per_tier[Tier.DEVICE]
+    assert replay_residency(s).peak_bytes_per_tier[Tier.DEVICE] == peak
+    plain = materialize(p, dataclasses.replace(d, chunk_plans=tuple(
+        dataclasses.replace(x, grad_in_param_slot=False) for x in d.chunk_plans)))
+    assert simulate(plain, hw).peak_bytes_per_tier[Tier.DEVICE] > peak

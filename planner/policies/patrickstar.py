@@ -22,13 +22,12 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
     world_size fp16 chunks (PS.4); OS chunks in the GPU margin (0.8 x GPU - peak non-model - the
     rank's fp16 chunks and p-1 remote ones) x margin_use_ratio 0.8, stepped there by GPU Adam, the rest
     on the CPU (PS.6); Adam after backward (PS.9); activation checkpointing, checkpoints on the GPU
-    (PS.10).
+    (PS.10); every chunk's fp16 grad in its param chunk's slot (PS.2, `ChunkPlan.grad_in_param_slot`:
+    DEVICE holds one chunk for a chunk's PARAM and GRAD).
 
-    Not modelled (docs/baselines.md): the grad written into the param chunk's slot (PS.2: tide's
-    GRAD chunks are separate, so backward holds up to both on DEVICE, HOST holds 16 B/param where
-    PatrickStar needs 14, and with several ranks a margin comm group's GRAD entry stays whole on
-    DEVICE until its step, which the margin pays for here), the embedding computed on the CPU (PS.8),
-    the Adam-time budget (PS.5).
+    Not modelled (docs/baselines.md): HOST still holds a GRAD chunk beside each PARAM chunk once the grad
+    is written back (16 B/param where PatrickStar needs 14: the format's HOST copies are per list), the
+    embedding computed on the CPU (PS.8), the Adam-time budget (PS.5).
 
     Chunks: `patrickstar_layout` (PS.1, the chunk-size search's criterion); the embedding in a chunk
     of its own stands for PS.8: PatrickStar keeps it out of the chunks, on the CPU (`use_cpu_embedding`),
@@ -58,18 +57,18 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
     on_gpu: set[int] = set()
     for g in range(0, len(layout.chunks), ws):  # chunk order: each rank fills its margin with its own chunks' OS
         group = layout.chunks[g:g + ws]
+        # the grads of a DEVICE-stepped chunk wait for the step in its param chunk's slot (PS.2), already
+        # counted in `param_bytes` (the rank's own fp16 chunks)
         cost = max(c.elements for c in group) * per_element
-        if ws > 1:
-            # tide's format, not PatrickStar's: a DEVICE-stepped chunk's grads wait on DEVICE for the
-            # step in a GRAD chunk of their own, the rank's own chunk after the reduce-scatter
-            # (planner/device_cache.py), where PatrickStar writes them into the param chunk's slot (PS.2,
-            # already counted in the margin). Counted here so the margin's OS chunks and their grads fit.
-            cost += max(c.elements for c in group) * item
         if cost <= os_room:
             on_gpu.update(c.id for c in group)
             os_room -= cost
     plans = chunk_plans(layout, lambda c: Tier.DEVICE if c in on_gpu else Tier.HOST,
                         lambda c: Tier.DEVICE if c in on_gpu else Tier.HOST)
+    # PS.2: every chunk's final fp16 grad overwrites its param chunk's memory ("The memory space of the
+    # last updated param fp16 is covered by grad fp16", `patrickstar/core/hook.py`
+    # `post_sub_module_backward_function`; paper §6.2), and the step copies the fp32 result back (PS.9)
+    plans = tuple(dataclasses.replace(p, grad_in_param_slot=True) for p in plans)
     # the comm buffer comes out of the chunk budget only (PS.4), inside the 0.8 share
     return (Decisions(
         policy=NAME, layout=layout, chunk_plans=plans, activation_modes=modes,
@@ -80,7 +79,7 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
         notes=(f"patrickstar (the system's): fp16 chunks on access, farthest-next-use eviction, "
                f"{len(on_gpu)}/{len(layout.chunks)} OS chunks in the GPU margin ({margin / GB:.2f} GB x "
                f"{MARGIN_USE_RATIO}), chunk budget 0.8 x GPU minus non-model and the comm buffer",
-               "Adam after backward, activation checkpointing on DEVICE")),)
+               "Adam after backward, activation checkpointing on DEVICE, each grad in its param chunk's slot (PS.2)")),)
 
 
 def patrickstar_layout(problem: Problem) -> ChunkLayout:
