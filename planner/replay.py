@@ -68,7 +68,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             rank_bytes[layout.chunks[c].owner_rank] += size[x][c]
             if everywhere:
                 spread(x, c)
-        if t == 0 and x in (ChunkList.PARAM, ChunkList.GRAD):
+        if x in (ChunkList.PARAM, ChunkList.GRAD):
             resync_slot(c)
 
     def spread(x: ChunkList, c: int) -> None:
@@ -81,26 +81,29 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             if x in (ChunkList.PARAM, ChunkList.GRAD):
                 resync_slot(c)
 
-    slot_saved: dict[int, list[int]] = {}
+    slot_saved: dict[tuple[int, int], list[int]] = {}  # (tier, chunk) -> bytes not paid, per rank (DEVICE)
 
     def resync_slot(c: int) -> None:
-        """A chunk whose grad lives in its param's slot (PatrickStar PS.2): a rank holding both its PARAM
-        and its GRAD on DEVICE pays for one chunk (GRAD's bytes taken off, at most PARAM's); the same rule
-        as the simulator's `sim_state._resync_slot`."""
+        """A chunk whose grad lives in its param's slot (PatrickStar PS.2): a place holding both its PARAM
+        and its GRAD in one slot (`ValidCopies.slot_overlap`) pays for one chunk (GRAD's bytes taken off,
+        at most PARAM's); the same rule as the simulator's `sim_state.resync_slot`."""
         if not copies.slotted[c]:
             return
-        both = copies.slot_overlap(c)
         saved = min(size[ChunkList.PARAM][c], size[ChunkList.GRAD][c])
         owner = layout.chunks[c].owner_rank
         spread_both = (ChunkList.PARAM, c) in everyone and (ChunkList.GRAD, c) in everyone
-        now = [saved if both and (not per_owner or r == owner or spread_both) else 0 for r in range(ws)]
-        before = slot_saved.get(c, [0] * ws)
-        for r in range(ws):
-            if per_owner:
-                rank_bytes[r] -= now[r] - before[r]
-            else:
-                tier_bytes[0] -= now[r] - before[r]
-        slot_saved[c] = now
+        for t in range(3):
+            both = copies.slot_overlap(c, t)
+            per_rank = per_owner and t == 0
+            now = [saved if both and (not per_rank or r == owner or spread_both) else 0
+                   for r in range(ws if per_rank else 1)]
+            before = slot_saved.get((t, c), [0] * len(now))
+            for r in range(len(now)):
+                if per_rank:
+                    rank_bytes[r] -= now[r] - before[r]
+                else:
+                    tier_bytes[t] -= now[r] - before[r]
+            slot_saved[(t, c)] = now
 
     def totals() -> list[int]:
         return [tier_bytes[0] + max(rank_bytes), tier_bytes[1], tier_bytes[2]]
@@ -165,6 +168,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             elif a.op is Op.OPTIMIZER_STEP:
                 try:  # afterwards PARAM and the OS valid on dst only, GRAD dead (its copies freed by EVICTs)
                     copies.step(a.chunk, TIER_INDEX[a.dst], [li[x] for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists)])
+                    resync_slot(a.chunk)  # a slotted chunk's grad is no longer final
                 except ResidencyRefused as exc:
                     raise fail(m.id, i, f"steps on {a.dst.value} without a valid {lists[exc.list_index].value} "
                                         "copy there") from None
@@ -209,6 +213,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     if not copies.is_valid(li[ChunkList.GRAD], c, 0):
                         raise fail(m.id, None, f"the backward of {m.module or '(root)'} writes GRAD chunk {c}, not on DEVICE")
                     copies.write_grads(c, final=m.id == last_write[c])
+                    resync_slot(c)
         # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
         non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
         now = totals()

@@ -27,7 +27,7 @@ from schemas.trace import Phase
 
 from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes, optimizer_step_price
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, scatter, tier_bit
+from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, resync_slot, scatter, tier_bit
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
@@ -169,6 +169,7 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
         hold(sim, li, c, d)
         sim.copies.copy(li, c, s, d)
+        resync_slot(sim, c)  # a slotted chunk's final grad takes its PARAM's slot there (PS.2)
         sim.ready[li][c][d] = end
         return end
     if a.op is Op.EVICT:
@@ -246,6 +247,7 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
     inputs = [sim.list_index[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
     try:
         sim.copies.step(c, d, inputs)  # afterwards the inputs are valid on d only, GRAD dead
+        resync_slot(sim, c)  # a slotted chunk's grad is no longer final (PS.2)
     except ResidencyRefused as exc:
         lst = sim.lists[exc.list_index]
         raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "

@@ -140,7 +140,7 @@ class SimState:
     last_end: float = 0.0
     # per slotted chunk (ChunkPlan.grad_in_param_slot): the GRAD bytes each rank does not pay on DEVICE
     # because its PARAM copy's slot holds them (Note [simulator memory per rank and node])
-    slot_saved: dict[int, list[int]] = field(default_factory=dict)
+    slot_saved: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (tier, chunk) -> per place
 
 
 def tier_bit(t: int) -> int:
@@ -239,26 +239,31 @@ def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:
 # HOST and NVME capacities are per node (`cluster.gpus_per_node` ranks share them): a chunk's copy
 # there counts on its owner's node, and swapped activations once per rank of the node (each rank
 # swaps its own). With one rank all of this is the plain sum. A chunk whose grad lives in its param's
-# slot (PatrickStar PS.2) counts once on a rank holding both its PARAM and its GRAD on DEVICE
-# (`_resync_slot`: the GRAD bytes are taken off again, as `planner.replay` does).
+# slot (PatrickStar PS.2) counts once where one slot holds both its PARAM and its GRAD (`resync_slot`:
+# the GRAD bytes are taken off again, as `planner.replay` does).
 
 
-def _resync_slot(sim: SimState, c: int) -> None:
-    """Re-count slotted chunk c's DEVICE slot after its PARAM or GRAD copy there changed: a rank that
-    holds both pays for one chunk (the larger list's bytes: GRAD's are taken off, at most PARAM's)."""
+def resync_slot(sim: SimState, c: int) -> None:
+    """Re-count slotted chunk c's slots after its PARAM or GRAD copies (or its grad's finality) changed:
+    a place holding both in one slot (`ValidCopies.slot_overlap`) pays for one chunk (GRAD's bytes are
+    taken off, at most PARAM's). DEVICE per rank, the other tiers on the owner's node."""
     if not sim.copies.slotted[c]:
         return
     pi, gi = sim.list_index[ChunkList.PARAM], sim.list_index[ChunkList.GRAD]
-    both = sim.copies.slot_overlap(c)
     saved = min(sim.chunk_bytes[pi][c], sim.chunk_bytes[gi][c])
     owner = sim.owner[c]
-    now = [saved if both and (r == owner or (sim.replicated[pi][c] and sim.replicated[gi][c])) else 0
-           for r in range(sim.world)]
-    before = sim.slot_saved.get(c, [0] * sim.world)
-    for r in range(sim.world):
-        if now[r] != before[r]:
-            _add(sim, DEVICE_INDEX, r, gi, before[r] - now[r])
-    sim.slot_saved[c] = now
+    for t in TIER_INDEX.values():
+        both = sim.copies.slot_overlap(c, t)
+        if t == DEVICE_INDEX:
+            now = [saved if both and (r == owner or (sim.replicated[pi][c] and sim.replicated[gi][c])) else 0
+                   for r in range(sim.world)]
+        else:
+            now = [saved if both and k == sim.node_of[owner] else 0 for k in range(len(sim.place_total[t]))]
+        before = sim.slot_saved.get((t, c), [0] * len(now))
+        for place in range(len(now)):
+            if now[place] != before[place]:
+                _add(sim, t, place, gi, before[place] - now[place])
+        sim.slot_saved[(t, c)] = now
 
 
 def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) -> None:
@@ -268,6 +273,7 @@ def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) ->
     if t != DEVICE_INDEX:
         if sim.copies.hold(li, c, t):
             _add(sim, t, sim.node_of[owner], li, size)
+            resync_slot(sim, c)
         return
     if sim.copies.hold(li, c, t):
         sim.replicated[li][c] = False
@@ -277,7 +283,7 @@ def hold(sim: SimState, li: int, c: int, t: int, *, everywhere: bool = False) ->
         for r in range(sim.world):
             if r != owner:
                 _add(sim, t, r, li, size)
-    _resync_slot(sim, c)
+    resync_slot(sim, c)
 
 
 def drop(sim: SimState, li: int, c: int, t: int) -> None:
@@ -286,11 +292,12 @@ def drop(sim: SimState, li: int, c: int, t: int) -> None:
     owner = sim.owner[c]
     if t != DEVICE_INDEX:
         _add(sim, t, sim.node_of[owner], li, -size)
+        resync_slot(sim, c)
         return
     for r in (range(sim.world) if sim.replicated[li][c] else (owner,)):
         _add(sim, t, r, li, -size)
     sim.replicated[li][c] = False
-    _resync_slot(sim, c)
+    resync_slot(sim, c)
 
 
 def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
@@ -304,7 +311,7 @@ def scatter(sim: SimState, li: int, chunks: tuple[int, ...]) -> None:
                 if r != sim.owner[c]:
                     _add(sim, DEVICE_INDEX, r, li, -size)
             sim.replicated[li][c] = False
-            _resync_slot(sim, c)
+            resync_slot(sim, c)
 
 
 def busiest(sim: SimState, t: int) -> int:

@@ -11,8 +11,11 @@ the planner's materializer step through it, and the executor can refuse at attac
   GRAD is dead afterwards.
 - a chunk whose grad lives in its param's slot (`ChunkPlan.grad_in_param_slot`, PatrickStar PS.2): its
   final grad write (the backward of its last use) overwrites the DEVICE PARAM copy, which is stale from
-  then on, and its step does not read PARAM (it writes it back from the fp32 master). Callers count the
-  DEVICE bytes of PARAM and GRAD of such a chunk once (`slot_overlap`).
+  then on, and its step does not read PARAM (it writes it back from the fp32 master); a copy of that
+  final grad onto another tier overwrites PARAM's copy there too (the slot moves with the chunk). Callers
+  count PARAM and GRAD of such a chunk once on a tier holding both (`slot_overlap`): on DEVICE always
+  (the partial grads before the last use are the moment's temporaries), elsewhere from the final
+  grad's copy there on.
 Tiers are bits by `schemas.schedule.TIER_INDEX` (bit 0: DEVICE), lists are indices into `lists`.
 The state machine only says yes or no (`ResidencyRefused` names the rule broken); each caller words
 its own error and counts its own bytes (`hold`, `copy`, `allocate` and `gather` say when a tier
@@ -48,7 +51,7 @@ class ResidencyRefused(Exception):
 class ValidCopies:
     """held[list][chunk] and valid[list][chunk] as tier bitmasks, and which GRAD chunks are live."""
 
-    __slots__ = ("lists", "index", "held", "valid", "grad_live", "slotted", "_grad", "_param")
+    __slots__ = ("lists", "index", "held", "valid", "grad_live", "slotted", "final", "in_slot", "_grad", "_param")
 
     def __init__(self, lists: Sequence[ChunkList], n_chunks: int, *, slotted: Sequence[bool] = ()) -> None:
         self.lists = tuple(lists)
@@ -58,6 +61,8 @@ class ValidCopies:
         self.grad_live = [False] * n_chunks
         # per chunk: its grad lives in its PARAM chunk's DEVICE slot (`ChunkPlan.grad_in_param_slot`)
         self.slotted = tuple(slotted) if slotted else (False,) * n_chunks
+        self.final = [False] * n_chunks  # a slotted chunk's final grad is written (until its step)
+        self.in_slot = [0] * n_chunks  # tiers (bits) other than DEVICE where its GRAD copy took PARAM's slot
         self._grad = self.index.get(ChunkList.GRAD, -1)
         self._param = self.index.get(ChunkList.PARAM, -1)
 
@@ -86,6 +91,9 @@ class ValidCopies:
             raise ResidencyRefused(Refusal.NO_SOURCE, list_index=li, chunk=c, tier=src, stale=self.holds(li, c, src))
         new = self.hold(li, c, dst)
         self.valid[li][c] |= 1 << dst
+        if li == self._grad and self.final[c]:
+            self.valid[self._param][c] &= ~(1 << dst)  # the final grad lands in the param's slot there
+            self.in_slot[c] |= 1 << dst
         return new
 
     def evict(self, li: int, c: int, src: int) -> None:
@@ -97,6 +105,8 @@ class ValidCopies:
             raise ResidencyRefused(Refusal.LAST_COPY, list_index=li, chunk=c, tier=src)
         self.held[li][c] &= ~bit
         self.valid[li][c] &= ~bit
+        if li == self._grad:
+            self.in_slot[c] &= ~bit
 
     def allocate(self, li: int, c: int, dst: int) -> bool:
         new = self.hold(li, c, dst)
@@ -118,10 +128,15 @@ class ValidCopies:
         self.grad_live[c] = True
         if final and self.slotted[c]:
             self.valid[self._param][c] &= ~DEVICE_BIT
+            self.final[c] = True
 
-    def slot_overlap(self, c: int) -> bool:
-        """DEVICE holds both PARAM and GRAD of a slotted chunk c: one chunk's bytes, not two."""
-        return self.slotted[c] and bool(self.held[self._param][c] & self.held[self._grad][c] & DEVICE_BIT)
+    def slot_overlap(self, c: int, t: int = 0) -> bool:
+        """Tier t holds both PARAM and GRAD of a slotted chunk c in one slot: one chunk's bytes, not two
+        (DEVICE: always; another tier: from the final grad's copy there, which overwrote PARAM's, until
+        that GRAD copy leaves; the step writes PARAM back into the same slot)."""
+        if not self.slotted[c] or (t != 0 and not self.in_slot[c] >> t & 1):
+            return False
+        return bool((self.held[self._param][c] & self.held[self._grad][c]) >> t & 1)
 
     def step(self, c: int, t: int, inputs: Sequence[int]) -> None:
         """OPTIMIZER_STEP of chunk c on tier t over the lists `inputs` (PARAM, GRAD, the OS lists)."""
@@ -130,6 +145,7 @@ class ValidCopies:
                 continue  # written back from the master into the slot (PatrickStar PS.9), not read
             if not self.valid[li][c] >> t & 1 or (li == self._grad and not self.grad_live[c]):
                 raise ResidencyRefused(Refusal.STEP_INPUT, list_index=li, chunk=c, tier=t)
+        self.final[c] = False
         for li in inputs:
             if li == self._grad:
                 self.grad_live[c] = False

@@ -128,3 +128,31 @@ def test_patrickstar_schedules_carry_the_flag_and_hold_less_on_device(ranks: int
     plain = materialize(p, dataclasses.replace(d, chunk_plans=tuple(
         dataclasses.replace(x, grad_in_param_slot=False) for x in d.chunk_plans)))
     assert simulate(plain, hw).peak_bytes_per_tier[Tier.DEVICE] > peak
+
+
+def test_a_final_grad_written_back_takes_the_params_host_slot() -> None:
+    """CPU Adam (PatrickStar's HOST steps): the final grad written back to HOST overwrites the PARAM copy
+    there (the slot moves with the chunk), so HOST holds 14 B/param, not 16: at moment 7 HOST holds PARAM
+    0, 1, MASTER 0, 1 and GRAD 0, 1 (six chunks) without the flag, four with it; replay and simulator agree."""
+    specs = [
+        (0, Op.FETCH, P, 0, H, D), (2, Op.FETCH, P, 1, H, D),
+        (4, Op.ALLOCATE, G, 1, None, D),
+        (5, Op.WRITE_BACK, G, 1, D, H), (5, Op.EVICT, G, 1, D, None), (5, Op.EVICT, P, 1, D, None),
+        (6, Op.ALLOCATE, G, 0, None, D),
+        (7, Op.WRITE_BACK, G, 0, D, H), (7, Op.EVICT, G, 0, D, None), (7, Op.EVICT, P, 0, D, None),
+        (8, Op.OPTIMIZER_STEP, None, 0, None, H), (8, Op.OPTIMIZER_STEP, None, 1, None, H),
+        (8, Op.EVICT, G, 0, H, None), (8, Op.EVICT, G, 1, H, None),
+    ]
+    homes = {(P, 0): (H,), (P, 1): (H,), (MASTER, 0): (H,), (MASTER, 1): (H,)}
+    plain = tiny_schedule(specs, homes, lists=LISTS)
+    slotted = _slotted(plain, {0, 1})
+
+    def host(s: Schedule) -> tuple[int, int]:
+        return replay_residency(s).peak_bytes_per_tier[Tier.HOST], simulate(s, tiny_hardware()).peak_bytes_per_tier[Tier.HOST]
+
+    (rp, sp), (rs, ss) = host(plain), host(slotted)
+    assert rp == sp and rs == ss and rp - rs == 2 * CHUNK_BYTES
+    # and the PARAM copy on HOST is the grad now: fetching it before the step is refused
+    with pytest.raises(ScheduleViolation, match="stale"):
+        simulate(_slotted(tiny_schedule([*specs, (7, Op.FETCH, P, 1, H, D), (8, Op.EVICT, P, 1, D, None)], homes,
+                                        lists=LISTS), {0, 1}), tiny_hardware())

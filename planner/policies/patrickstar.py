@@ -23,11 +23,10 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
     rank's fp16 chunks and p-1 remote ones) x margin_use_ratio 0.8, stepped there by GPU Adam, the rest
     on the CPU (PS.6); Adam after backward (PS.9); activation checkpointing, checkpoints on the GPU
     (PS.10); every chunk's fp16 grad in its param chunk's slot (PS.2, `ChunkPlan.grad_in_param_slot`:
-    DEVICE holds one chunk for a chunk's PARAM and GRAD).
+    DEVICE holds one chunk for a chunk's PARAM and GRAD, and a final grad written back to HOST takes its
+    PARAM copy's slot there: 14 B/param on HOST as PatrickStar's chunks hold, not 16).
 
-    Not modelled (docs/baselines.md): HOST still holds a GRAD chunk beside each PARAM chunk once the grad
-    is written back (16 B/param where PatrickStar needs 14: the format's HOST copies are per list), the
-    embedding computed on the CPU (PS.8), the Adam-time budget (PS.5).
+    Not modelled (docs/baselines.md): the embedding computed on the CPU (PS.8), the Adam-time budget (PS.5).
 
     Chunks: `patrickstar_layout` (PS.1, the chunk-size search's criterion); the embedding in a chunk
     of its own stands for PS.8: PatrickStar keeps it out of the chunks, on the CPU (`use_cpu_embedding`),
@@ -91,7 +90,7 @@ def patrickstar_layout(problem: Problem) -> ChunkLayout:
     `policy_layout`) is that criterion's answer within tide's packing (first fit inside a block), so it
     stands for it. PatrickStar's own packing (tensors appended across block boundaries, 312-88 Mi-element
     candidates) wastes 9-10% on the ladder's models, tide's 1-2%: measured with this module's history,
-    with the fp16 grads kept in GRAD chunks (PS.2 not expressible) that 16 B/param over 9% more elements
+    with the fp16 grads kept in GRAD chunks (before PS.2 was modelled) that 16 B/param over 9% more elements
     ran 12B out of 240 GB of HOST on one V100, where PatrickStar's 14 B/param fits.
 
     One rank: that layout. Several ranks (§7, Fig. 8): its chunks, in order, in comm groups of
