@@ -331,8 +331,13 @@ def schedules(draw: Any, *, max_moments: int = 6, max_blocks: int = 3, max_actio
     actions = tuple(
         draw(_action(moment=m, lists=layout.lists, n_chunks=n_chunks, n_blocks=n_blocks)) for m in action_moments
     )
+    # grad_in_param_slot (PS.2) where validate_schedule allows it: a MASTER list, a GRAD no wider than PARAM
+    dtypes = layout.list_dtypes
+    slot_ok = (ChunkList.GRAD in dtypes and ChunkList.MASTER in dtypes
+               and DTYPE_BYTES[dtypes[ChunkList.GRAD]] <= DTYPE_BYTES[dtypes[ChunkList.PARAM]])
     chunk_plans = tuple(
-        ChunkPlan(chunk=i, os_tier=draw(_pick(Tier)), optimizer_tier=draw(_pick((Tier.DEVICE, Tier.HOST))))
+        ChunkPlan(chunk=i, os_tier=draw(_pick(Tier)), optimizer_tier=draw(_pick((Tier.DEVICE, Tier.HOST))),
+                  grad_in_param_slot=draw(st.booleans()) if slot_ok else False)
         for i in range(n_chunks)
     )
     prediction = Prediction(
