@@ -42,6 +42,7 @@ from planner.device_cache import (
     check_budget,
     demand_pass,
     prefetch_early,
+    spill_idle_grads,
     trim_intervals,
 )
 from planner.emit import block_activation_plans, emit_actions, initial_residency
@@ -121,6 +122,8 @@ def materialize_replayed(problem: Problem, decisions: Decisions, *,
     check_budget(plan)
     intervals = demand_pass(plan)
     trim_intervals(intervals, len(plan.tick_moment))
+    if decisions.spill_idle_grads and decisions.prefetch:
+        intervals = spill_idle_grads(plan, intervals)
     if decisions.prefetch:
         prefetch_early(plan, intervals)
     actions, _deadlines = emit_actions(plan, intervals)
