@@ -88,7 +88,7 @@ class Decisions:
     # a dirty GRAD idle on DEVICE for a long gap between two uses (the tied embedding's grad between
     # the head's backward and the embedding's) goes down to HOST and comes back before its next use
     # when keeping it would leave a PARAM prefetch in that gap no room (`device_cache.spill_idle_grads`);
-    # False: it stays (the baselines: none of DeepSpeed, PatrickStar, Gemini moves a grad mid-backward)
+    # False: it stays (every baseline policy: their grad movements are set by their own fields above)
     spill_idle_grads: bool = False
 
 

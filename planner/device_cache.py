@@ -362,7 +362,8 @@ def trim_intervals(intervals: list[CacheInterval], n_ticks: int) -> None:
 # head's backward (the first backward moment) and by the embedding's (the last), and held in
 # between: on GPT-3 175B x rtx4090-768g-12ssd its 1.2 GB left 947 MiB free at every backward block's
 # peak for the next block's 1154 MiB PARAM chunks, so two of them were copied only after the peak
-# and the next block waited, ~11 s of 124.8 s (bench/bench_stage_gap.py, 2026-11-24). When a gap of
+# and the next block waited, ~11 s of 124.8 s (bench/bench_stage_gap.py, 2026-11-24; with the spill
+# one of the three still is, 970 MiB free: 119.3 s). When a gap of
 # at least IDLE_GRAD_MIN_TICKS ticks has a tick where a PARAM fetch in the gap has less room than its
 # bytes, the grad is written back after the use before the gap and fetched again for the use after
 # it (prefetched like any fetch): one D2H and one H2D copy of its bytes, hidden in the gap or not, so
