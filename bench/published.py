@@ -77,14 +77,27 @@ ANGEL_LADDER: tuple[tuple[str, Shape], ...] = tuple(
 # ----------------------------------------------------------------------------- simulation
 
 
+# The model code a paper's run executed (`Figure.model`), as `gpt_trace` options. TIDE_GPT: tide's GPT as
+# recorded (fused SDPA attention, chunked loss head). MEGATRON_DS: Megatron-DeepSpeed's GPT, which Fuyou's
+# DeepSpeed baselines ran (§5.1: "Deepspeed's official examples", its reference "Megatron-deepspeed github
+# repository"; DeepSpeedExamples `Megatron-LM-v1.1.5-ZeRO3` is the same model): `megatron/model/transformer.py`
+# `ParallelAttention.forward` writes the attention out (`torch.baddbmm` into a [b*np, sq, sk] score tensor,
+# `FusedScaleMaskSoftmax`, attention dropout, `torch.bmm`; microsoft/Megatron-DeepSpeed 066632b, v1.1.5-ZeRO3
+# `ParallelSelfAttention` likewise) and the loss is `vocab_parallel_cross_entropy` over the full [b, s, V]
+# logits: gpt_trace attention="math", loss="full" (its dropout masks are not in the trace: a lower bound)
+TIDE_GPT, MEGATRON_DS = "tide-gpt", "megatron-deepspeed"
+MODEL_OPTIONS = {TIDE_GPT: {}, MEGATRON_DS: {"attention": "math", "loss": "full"}}
+
+
 @functools.lru_cache(maxsize=None)
-def run(policy: str, hardware: str, shape: Shape, batch: int) -> SimResult | str:
+def run(policy: str, hardware: str, shape: Shape, batch: int, model: str = TIDE_GPT) -> SimResult | str:
     """The simulated iteration of `policy`, or the out-of-memory reason (str). `policy` may name boolean
-    options of the system as the paper ran it: "gemini[os_on_nvme]" (planner.policies options)."""
+    options of the system as the paper ran it: "gemini[os_on_nvme]" (planner.policies options). `model`:
+    the model code the paper's run executed (`MODEL_OPTIONS`)."""
     hw = resolve_hardware(hardware)
     layers, hidden, heads = shape
     trace = gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=SEQ, batch=batch, dtype="float16",
-                      world_size=hw.cluster.world_size, name=f"gpt-{layers}x{hidden}")
+                      world_size=hw.cluster.world_size, name=f"gpt-{layers}x{hidden}", **MODEL_OPTIONS[model])
     try:
         name, _, opts = policy.partition("[")
         options = {o.strip(): True for o in opts.rstrip("]").split(",") if o.strip()}
@@ -178,6 +191,7 @@ class Figure:
     batch: int = 1  # largest: the batch (with a throughput bar: `batches`, the best of them; CI: `ci_batch`)
     min_tflops: float = 0.0  # largest: a throughput bar (PatrickStar §9.2.1)
     metric: str = MODEL_FLOPS  # how the paper counts TFLOPS (MODEL_FLOPS, PAPER_8PBS: see `reported_tflops`)
+    model: str = TIDE_GPT  # throughput: the model code the paper's run executed (`MODEL_OPTIONS`)
     of: tuple[str, str] = ("", "")  # trend: the keys of numerator and denominator
     assumption: str = ""
     miss: str = ""  # known miss today: the measured cause (tests/test_published.py xfails it, strict)
@@ -252,23 +266,28 @@ FIGURES: tuple[Figure, ...] = (
       published=86.0, policy="fuyou", hardware=R4090, shape=(96, 12288, 96), batches=(8, 16, 32), ci_batch=8,
       assumption="best of batch 8-32 (§5.3: 'the supported batch size is relatively small'), seq 1024"),
     *(F(key=f"fy-5b-{p.split('[')[0]}", paper="Fuyou Fig. 5b (§5.3)", label=f"{name} 13B on A100, TFLOPS", kind="throughput",
-        published=pub, policy=p, hardware=A100, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
+        published=pub, policy=p, hardware=A100, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb, model=model,
         assumption=f"best of batch 8-64 (§5.3: 'at their highest throughput'), seq 1024; {note}")
-      for p, name, pub, cb, note in (
-          ("fuyou", "Fuyou", 202.0, 32, "§5.3 text: 202"),
-          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, "
-                                                            "checkpoints on CPU memory (§5.1)"),
-          ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, "202/3.42 (§5.3)"),
-          ("gemini[cpu_offload,os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini` "
-                                                                 "with params and grads offloaded to the CPU and its OS "
-                                                                 "on the SSDs, as Fuyou §5.1 ran it"))),
+      for p, name, pub, cb, model, note in (
+          ("fuyou", "Fuyou", 202.0, 32, TIDE_GPT, "§5.3 text: 202"),
+          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, MEGATRON_DS,
+           "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, checkpoints on CPU memory (§5.1), on "
+           "Megatron-DeepSpeed's GPT (written-out attention, full-logits loss: MODEL_OPTIONS)"),
+          ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, MEGATRON_DS, "202/3.42 (§5.3); Megatron-DeepSpeed's GPT"),
+          ("gemini[cpu_offload,os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, TIDE_GPT,
+           "202/6.73 (§5.3); Colossal-AI = `gemini` with params and grads offloaded to the CPU and its OS on the SSDs, "
+           "as Fuyou §5.1 ran it"))),
     *(F(key=f"fy-5c-{p}", paper="Fuyou Fig. 5c (§5.3)", label=f"{name} 13B on RTX 4090, TFLOPS", kind="throughput",
-        published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
+        published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb, model=model,
         assumption=f"best of batch 8-64 (§5.3), seq 1024; {note}")
-      for p, name, pub, cb, note in (
-          ("fuyou", "Fuyou", 156.0, 32, "§5.3 text: 156"),
-          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 64, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
-          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 64, "156/3.47 (§5.3: 45)"))),
+      for p, name, pub, cb, model, note in (
+          ("fuyou", "Fuyou", 156.0, 32, TIDE_GPT, "§5.3 text: 156"),
+          # Megatron-DeepSpeed's GPT at batch 64 runs out of the 4090's DEVICE (the written-out scores and full
+          # logits), so its best batch is 32; Fuyou §5.6 Fig. 8 shows ZeRO-Infinity's 13B runs at 8, 16, 32 only
+          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 32, MEGATRON_DS,
+           "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU; Megatron-DeepSpeed's GPT"),
+          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 32, MEGATRON_DS,
+           "156/3.47 (§5.3: 45); Megatron-DeepSpeed's GPT"))),
     F(key="fy-trend-a100", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on A100", kind="trend",
       published=0.86, of=("fy-5a-a100", "fy-5b-fuyou"), assumption="§5.3: 'on the smaller 13B model, it maintains 86%'"),
     F(key="fy-trend-4090", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on RTX 4090", kind="trend",
@@ -380,7 +399,7 @@ def throughput(f: Figure, *, quick: bool) -> tuple[float | None, int | None, str
     best: tuple[float | None, int | None, str] = (None, None, "")
     reasons = []
     for b in ((f.ci_batch,) if quick else f.batches):
-        r = run(f.policy, f.hardware, f.shape, b)
+        r = run(f.policy, f.hardware, f.shape, b, f.model)
         if isinstance(r, str):
             reasons.append(f"batch {b}: {r.split(';')[0][:140]}")
             continue
