@@ -350,16 +350,28 @@ MISSES: dict[str, str] = {
                      "GPU inside ColoInitContext(device=get_current_device()) before Gemini moves it (26 GB at 13B, over "
                      "a 4090's 24 GB), which the simulator does not model. What makes Colossal-AI 0.3.0 this slow "
                      "(its NVMe optimizer path, tensornvme, not overlapped) is not in the paper"),
-    "fy-5b-zero3-offload": ("too fast (x1.31) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
-                            "Fuyou §5.1 ran; 84.1 model TFLOPS, x1.02): partition_grads' grad round trip (2 + 2 + 2 "
-                            "B/param over pageable PCIe, Z3.10) and the 1 GB ipg bucket are modelled since issue 16's "
-                            "third pass (x1.43 before); stall 43%, H2D 17% busy"),
-    "fy-5c-zero3-offload": ("too fast (x1.44) in Fig. 5's 8 P B s metric (74.4 model TFLOPS, x1.13), as "
-                            "fy-5b-zero3-offload (x1.55 before)"),
-    "fy-5c-zero-infinity": ("too fast (x1.80 in Fig. 5's 8 P B s metric, 63.5 model TFLOPS, x1.41; x2.20 before), as "
-                            "fy-5b-zero-infinity: of its 83 s the 4090 and A100 rows differ only in compute (44.0 vs 35.8 "
-                            "s; H2D/D2H 10.5 s each, NVMe 6.3 + 5.7 s, CPU Adam 8.6 s on both) where Fuyou measured 113 "
-                            "vs 86 s: the 4090 server's own host is not modelled"),
+    "fy-5b-zero3-offload": ("too fast (x1.32) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
+                            "Fuyou §5.1 ran; 83.9 model TFLOPS) at batch 64, which fits the A100 also with "
+                            "Megatron-DeepSpeed's written-out attention (DEVICE peak 27.4 GB). The simulated iteration is "
+                            "already serial (63 s = compute 36 + H2D 10.5 + D2H 7.9 + CPU Adam 8.6: no overlap left to "
+                            "remove); v0.9.3's step passes on the CPU (`unscale_and_clip_grads` mul_, the fp32 -> fp16 "
+                            "`copy_` of `_reassign_or_swap_out_partitioned_parameters`, ~14 B/param of DRAM, < 1 s) and "
+                            "partition_grads' GPU-side norm/isinf/isnan passes (< 0.5 s) are too small to matter; halving "
+                            "the preset's pageable PCIe rate (a tide estimate, 10 GB/s) would give x1.02: the rate is "
+                            "unmeasured on Fuyou's testbed"),
+    "fy-5b-zero-infinity": ("too fast (x1.53 in Fig. 5's 8 P B s metric, 70.2 model TFLOPS) at batch 64 (fits the "
+                            "A100 with Megatron-DeepSpeed's GPT; batch 32 is x1.05): the fp32 grads swapped to the SSDs "
+                            "and back (ZI.4), the sub-groups stepped one at a time and partition_grads' round trip (Z3.10) "
+                            "are modelled; the iteration is serial (sum of channel busy times 77 s, iteration 75 s); "
+                            "DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5) and the pageable PCIe rate are "
+                            "unmeasured (half the preset's pageable rate: x1.20)"),
+    "fy-5c-zero-infinity": ("too fast (x1.29 in Fig. 5's 8 P B s metric, 44.9 model TFLOPS; x1.80 before Megatron-"
+                            "DeepSpeed's GPT was simulated, whose batch 64 runs out of the 4090's DEVICE, so batch 32 is "
+                            "the best, as Fuyou §5.6 Fig. 8 runs ZeRO-Infinity at 8-32): as fy-5b-zero-infinity"),
+    "fy-trend-zo": ("A100 / 4090 is 1.48 (x1.19): the 4090 row (batch 32, x1.11) is inside since Megatron-DeepSpeed's "
+                    "GPT runs out of its DEVICE at batch 64, the A100 row's best is batch 64 and x1.32 too fast "
+                    "(fy-5b-zero3-offload); at batch 32 on both the ratio is 1.10 (x0.88). Before, both rows were at "
+                    "batch 64 and too fast by similar factors (x1.31, x1.44), the ratio inside"),
     "fy-trend-a100": ("175B / 13B is 1.11 (x1.29), both rows inside on their own (CI batches: 175B x1.15 at "
                       "batch 32, 13B x0.89 at batch 32): the 175B iteration is compute-bound (COMPUTE 88%) with the "
                       "SSDs 65% busy, the 13B one loses 12% to stalls with CPU Adam 55% busy; the published 13B/175B "

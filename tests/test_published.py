@@ -59,3 +59,15 @@ def test_patrickstar_and_fuyou_figures_count_tflops_as_their_harnesses_print_the
     expected = 8 * gpt_param_count(layers=layers, hidden=hidden) * f.ci_batch * published.SEQ / r.iteration_seconds / 1e12
     reported = published.reported_tflops(r, f.metric, f.hardware, f.shape, f.ci_batch)
     assert reported == expected and reported > r.tflops
+
+
+def test_fuyou_deepspeed_rows_run_megatron_deepspeeds_gpt() -> None:
+    """Fuyou's DeepSpeed baselines ran Megatron-DeepSpeed's GPT (written-out attention, full-logits loss):
+    at batch 64 it runs out of the RTX 4090's DEVICE, where tide's GPT (fused attention, chunked head) fits,
+    so the 4090 rows' best batch is 32 (Fuyou §5.6 Fig. 8 runs ZeRO-Infinity 13B at 8-32)."""
+    f = published.BY_KEY["fy-5c-zero3-offload"]
+    assert f.model == published.MEGATRON_DS and published.BY_KEY["fy-5b-zero-infinity"].model == published.MEGATRON_DS
+    oom = published.run(f.policy, f.hardware, f.shape, 64, f.model)
+    assert isinstance(oom, str) and "DEVICE" in oom
+    assert not isinstance(published.run(f.policy, f.hardware, f.shape, 64, published.TIDE_GPT), str)
+    assert not isinstance(published.run(f.policy, f.hardware, f.shape, 32, f.model), str)
