@@ -137,21 +137,21 @@ def reported_tflops(r: SimResult, metric: str, hardware: str, shape: Shape, batc
 
 @functools.lru_cache(maxsize=None)
 def fits(policy: str, hardware: str, shape: Shape, batch: int, min_tflops: float = 0.0,
-         metric: str = MODEL_FLOPS) -> bool:
+         metric: str = MODEL_FLOPS, model: str = TIDE_GPT) -> bool:
     """Does `policy` train `shape` on `hardware` (at >= min_tflops in `metric`, PatrickStar §9.2.1's bar)?
     tide: its reference decision sets, else a plan of its placement MIP (`planner.maxsize.feasible_fn`:
     the feasibility MIP takes 0.1-0.6 s per size on ANGEL_LADDER; the reference sets alone reach no
     rung there, issue 18 item 2)."""
     if policy == TIDE:
         return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ)(*shape)
-    r = run(policy, hardware, shape, batch)
+    r = run(policy, hardware, shape, batch, model)
     return not isinstance(r, str) and reported_tflops(r, metric, hardware, shape, batch) >= min_tflops
 
 
 def why(policy: str, hardware: str, shape: Shape, batch: int, *, short: bool = False,
-        metric: str = MODEL_FLOPS) -> str:
+        metric: str = MODEL_FLOPS, model: str = TIDE_GPT) -> str:
     """Why `shape` is not (or is) trained: the out-of-memory message (short: which tier), or the TFLOPS."""
-    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set or placement plan fits"
+    r = run(policy, hardware, shape, batch, model) if policy != TIDE else "tide: no reference decision set or placement plan fits"
     if isinstance(r, str):
         if short:
             tier = next((t for t in ("DEVICE", "HOST", "NVME") if t in r), "")
@@ -191,7 +191,7 @@ class Figure:
     batch: int = 1  # largest: the batch (with a throughput bar: `batches`, the best of them; CI: `ci_batch`)
     min_tflops: float = 0.0  # largest: a throughput bar (PatrickStar §9.2.1)
     metric: str = MODEL_FLOPS  # how the paper counts TFLOPS (MODEL_FLOPS, PAPER_8PBS: see `reported_tflops`)
-    model: str = TIDE_GPT  # throughput: the model code the paper's run executed (`MODEL_OPTIONS`)
+    model: str = TIDE_GPT  # the model code the paper's run executed (`MODEL_OPTIONS`)
     of: tuple[str, str] = ("", "")  # trend: the keys of numerator and denominator
     assumption: str = ""
     miss: str = ""  # known miss today: the measured cause (tests/test_published.py xfails it, strict)
@@ -209,7 +209,10 @@ PS_TABLE3 = ("best of batch 4-64 per GPU (§9.2), seq 1024, 16 heads, activation
 PS_DS_1 = ("DeepSpeed = `zero3-offload[gpu_params]`: v0.4.3 ZeRO-3 with the DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3 "
            "config PatrickStar §9.1 names (no offload_param: fp16 params on the GPU, §9.2.1 'overall param fp16 and peak "
            "non-model data must be in GPU'; optimizer offloaded, §2 'grad fp16 and OS data are stored in CPU'; "
-           "--checkpoint-in-cpu)")
+           "--checkpoint-in-cpu), on that example's GPT: Megatron v1.1.5's written-out attention (`torch.baddbmm` scores, "
+           "softmax, dropout, `torch.bmm`) and `vocab_parallel_cross_entropy(output.float())` over the full logits "
+           "(DeepSpeedExamples 89ce0d5a megatron/Megatron-LM-v1.1.5-ZeRO3 `megatron/model/transformer.py`, "
+           "`gpt2_model.py`): MODEL_OPTIONS[MEGATRON_DS]")
 PS_DS = ("DeepSpeed = `zero-infinity` with no SSD (PatrickStar §9.1: DeepSpeed v0.4.3 'zero3 stage', ZeRO-Offload/"
          "Infinity, CPU offload)")
 
@@ -221,7 +224,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption=PS_TABLE3),
     F(key="ps-t3-1-ds", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: DeepSpeed",
       kind="largest", published="4B", policy="zero3-offload[gpu_params]", hardware=PS1, ladder=PSTAR_LADDER,
-      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS_1),
+      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, model=MEGATRON_DS, assumption=PS_TABLE3 + "; " + PS_DS_1),
     F(key="ps-t3-1-ps", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3),
@@ -232,7 +235,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption=PS_TABLE3 + " per GPU (x8 for the node's TFLOPS)"),
     F(key="ps-t3-8-ds", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: DeepSpeed-DP",
       kind="largest", published="4B", policy="zero-infinity", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
-      ci_batch=PS_T3_CI, min_tflops=30.0 * 8, assumption=PS_TABLE3 + " per GPU; " + PS_DS),
+      ci_batch=PS_T3_CI, min_tflops=30.0 * 8, model=MEGATRON_DS, assumption=PS_TABLE3 + " per GPU; " + PS_DS),
     F(key="ps-t3-8-ps", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0 * 8, assumption=PS_TABLE3 + " per GPU"),
@@ -253,6 +256,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption="batch 1 (§5.2), seq 1024, GPT-3 Table 4 ladder"),
     F(key="fy-f4-zinf", paper="Fuyou Fig. 4 (§5.2)", label="largest, RTX 4090, 768 GB, 12 SSDs: ZeRO-Infinity",
       kind="largest", published="135B", policy="zero-infinity", hardware=R4090, ladder=FUYOU_LADDER, batch=1,
+      model=MEGATRON_DS,
       assumption="batch 1 (§5.2); §5.2: the same size on A100 and 4090 (CPU memory bounds it)"),
     F(key="fy-f4-4090-128", paper="Fuyou Fig. 4 (§5.2)", label="largest, RTX 4090, 128 GB, 12 SSDs: Fuyou",
       kind="largest", published="65B", policy="fuyou", hardware=R4090_128, ladder=FUYOU_LADDER, batch=1,
@@ -324,11 +328,6 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": ("8B (+2 steps): DeepSpeed v0.4.3 as PatrickStar ran it (`zero3-offload[gpu_params]`: fp16 params on "
-                   "the GPU, its gathered copies, temp grad and ipg buffers reserved) fits 8B at batch 32 above the 30 "
-                   "TFLOPS bar, 10B only up to batch 16 (27.5); its OOM above 4B (§9.2.1: 'param fp16 and peak "
-                   "non-model data must be in GPU') needs more non-model memory at batch 32-64 than tide's GPT trace "
-                   "records, or a v0.4.3 GPU allocation not found in its stage3.py/partition_parameters.py"),
     "fy-f4-4090-128": ("175B (+2 steps): with Fuyou §4.3's optimizer pipeline buffers on the CPU (three block-sized "
                        "groups read / updated / written back, 40 B per parameter: 72.5 GB at 175B, 98.7 GB at 276B; "
                        "planner/policies/fuyou.py) 276B runs out of the 108.8 GB usable HOST, 175B fits. What else the "
@@ -430,14 +429,16 @@ def _batches(f: Figure, *, quick: bool) -> tuple[int, ...]:
 
 
 def _fits_any(f: Figure, i: int, *, quick: bool) -> bool:
-    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops, f.metric) for b in _batches(f, quick=quick))
+    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops, f.metric, f.model)
+               for b in _batches(f, quick=quick))
 
 
 def _why_not(f: Figure, i: int, *, quick: bool) -> str:
     bs = _batches(f, quick=quick)
     if len(bs) == 1:
-        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0], metric=f.metric)}"
-    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True, metric=f.metric)}" for b in bs) + \
+        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0], metric=f.metric, model=f.model)}"
+    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True, metric=f.metric, model=f.model)}"
+                     for b in bs) + \
         (f" (bar {f.min_tflops:.0f} TFLOPS)" if f.min_tflops else "")
 
 
