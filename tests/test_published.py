@@ -33,10 +33,10 @@ def test_published_figure_inside_tolerance(figure) -> None:
 
 def test_tolerances_can_fail() -> None:
     """The checks reject a wrong value: a throughput 2x off, a trend 1.5x off, a ladder 2 steps off."""
-    f = published.BY_KEY["fy-5b-zero3-offload"]  # a row inside its tolerance
+    f = published.BY_KEY["fy-5c-zero3-offload"]  # a row inside its tolerance
     wrong = published.Figure(**{**f.__dict__, "key": "wrong", "published": 2 * f.published})
     assert not published.evaluate([wrong], quick=True)[0].ok
-    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("fy-5b-zero3-offload", "fy-5b-zero3-offload"))
+    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("fy-5c-zero3-offload", "fy-5c-zero3-offload"))
     assert published.evaluate([same], quick=True)[0].ok  # a figure over itself: 1.0
     wrong_t = published.Figure(**{**same.__dict__, "key": "wrong-t", "published": 1.5})
     assert not published.evaluate([wrong_t], quick=True)[0].ok
