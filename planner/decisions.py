@@ -85,6 +85,11 @@ class Decisions:
     # many bytes per element (DeepSpeed ZeRO-3 `partition_grads`: fp16 partition into the CPU grad
     # buffer, `.to(device)`, `.float()` sent to the CPU fp32 grads or the swap buffers); 0: once (tide)
     grad_recopy_bytes_per_element: int = 0
+    # a dirty GRAD idle on DEVICE for a long gap between two uses (the tied embedding's grad between
+    # the head's backward and the embedding's) goes down to HOST and comes back before its next use
+    # when keeping it would leave a PARAM prefetch in that gap no room (`device_cache.spill_idle_grads`);
+    # False: it stays (every baseline policy: their grad movements are set by their own fields above)
+    spill_idle_grads: bool = False
 
 
 @frozen

@@ -38,10 +38,13 @@ from planner.decisions import (
     uniform_decisions,
 )
 from planner.device_cache import (
+    CacheInterval,
+    CachePlan,
     cache_plan,
     check_budget,
     demand_pass,
     prefetch_early,
+    spill_idle_grads,
     trim_intervals,
 )
 from planner.emit import block_activation_plans, emit_actions, initial_residency
@@ -121,6 +124,24 @@ def materialize_replayed(problem: Problem, decisions: Decisions, *,
     check_budget(plan)
     intervals = demand_pass(plan)
     trim_intervals(intervals, len(plan.tick_moment))
+    spilled = spill_idle_grads(plan, intervals) if decisions.spill_idle_grads and decisions.prefetch else None
+    best = _materialize_intervals(problem, decisions, plan, intervals, stats)
+    if spilled is not None:
+        # the spill trades a round trip of the grad for room before crowded peaks: kept only where
+        # the replay is faster (measured both ways; ties keep the grad where it is)
+        try:
+            other = _materialize_intervals(problem, decisions, plan, spilled, stats)
+        except InfeasibleError:  # the grad's HOST copy does not fit there: keep it on DEVICE
+            other = None
+        if other is not None and other[1].iteration_seconds < best[1].iteration_seconds:
+            best = other
+    return best
+
+
+def _materialize_intervals(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
+                           stats: SolverStats | None) -> tuple[Schedule, SimResult]:
+    """The schedule of one set of DEVICE stays, replayed (steps 4-7 of Note [materialize steps])."""
+    intervals = [dataclasses.replace(iv) for iv in intervals]  # prefetch_early moves starts in place
     if decisions.prefetch:
         prefetch_early(plan, intervals)
     actions, _deadlines = emit_actions(plan, intervals)

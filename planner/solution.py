@@ -136,6 +136,7 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
         moment_seconds_hint=moment_seconds(problem, sol), pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
+        spill_idle_grads=True,
     )
 
 

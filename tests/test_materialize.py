@@ -368,3 +368,35 @@ def test_one_moments_param_copies_go_in_the_order_of_their_first_use(name: str) 
         assert uses == sorted(uses), f"moment {m}: first uses {uses}"
         seen += len(set(uses)) > 1
     assert seen  # some moment issues copies for different uses
+
+
+def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster() -> None:
+    # Note [idle grads]: the tied embedding's GRAD is used by the head's backward and the embedding's,
+    # with the blocks' backward between; at 400 kB of PARAM budget the blocks' fetches lack room beside it
+    from planner import device_cache as dc
+    from planner.materialize import _materialize_intervals
+    trace = gpt_trace(layers=8, hidden=64, heads=4, seq=32, batch=2, vocab=1000)
+    p = problem(trace)
+    d = dataclasses.replace(uniform_decisions(p, layout_of(p), param_budget=400_000), spill_idle_grads=True)
+    plan = dc.cache_plan(p, d)
+    intervals = dc.demand_pass(plan)
+    dc.trim_intervals(intervals, len(plan.tick_moment))
+    before = [(iv.entry, iv.start, iv.end) for iv in intervals]
+    spilled = dc.spill_idle_grads(plan, intervals)
+    assert spilled is not None and [(iv.entry, iv.start, iv.end) for iv in intervals] == before  # a new list
+    grads = [iv for iv in spilled if iv.entry & 1 == dc.GRAD_ENTRY]
+    split = [e for e in {iv.entry for iv in grads} if sum(iv.entry == e for iv in grads) > 1]
+    assert split
+    for e in split:
+        stays = sorted((iv for iv in grads if iv.entry == e), key=lambda iv: iv.start)
+        assert stays[0].write_back and not stays[1].allocate
+        assert stays[1].start - stays[0].end >= dc.IDLE_GRAD_MIN_TICKS - 1
+    schedule, _ = _materialize_intervals(p, d, plan, spilled, None)
+    check(schedule, d)  # the round trip is a valid schedule: written back to HOST, fetched back before its use
+    assert any(a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.DEVICE for a in schedule.actions)
+    # materialize keeps the faster of the two: here the round trip costs more than the room it makes
+    kept = materialize(p, d)
+    plain = materialize(p, dataclasses.replace(d, spill_idle_grads=False))
+    assert kept.prediction.iteration_seconds == min(plain.prediction.iteration_seconds,
+                                                    schedule.prediction.iteration_seconds)
+    assert kept.actions == plain.actions
