@@ -321,11 +321,11 @@ MISSES: dict[str, str] = {
                             "time (pipeline_read/write false) and partition_grads' grad round trip (Z3.10) are modelled "
                             "since issue 16's third pass (x1.90 before); DeepSpeed's one-thread aio rate on 12 SSDs "
                             "(ZI.5) is not (no measurement of it on Fuyou's testbed)"),
-    "fy-5b-gemini": ("too fast (x4.27 at batch 64, x1.32 at batch 8, in the 8 P B s metric Colossal-AI's own example "
+    "fy-5b-gemini": ("too fast (x4.79 at batch 64, x1.80 at batch 8, in the 8 P B s metric Colossal-AI's own example "
                      "prints: `train_gpt_demo.py` get_tflops = numel x batch x seq x 8). Not memory: batch 64 fits the "
                      "A100 (DEVICE peak 42.7 GB; 51.4 GB with the example's written-out attention and full-logits "
                      "loss, gpt_trace attention='math', loss='full', as HF GPT2LMHeadModel + GPTLMLoss run it), and the "
-                     "simulated run is compute-bound (COMPUTE 68%); the published 30 needs a 225 s iteration at batch "
+                     "simulated run is compute-bound (COMPUTE 76%, pinned copies as the example sets them); the published 30 needs a 225 s iteration at batch "
                      "64. The RTX 4090 check agrees with Fuyou §5.3 only above batch 16 (checkpoints on the GPU: batch "
                      "32 and 64 run out of DEVICE, 8 and 16 fit); the example also builds the whole fp16 model on the "
                      "GPU inside ColoInitContext(device=get_current_device()) before Gemini moves it (26 GB at 13B, over "

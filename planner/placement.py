@@ -73,8 +73,9 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier | None = None,
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
-                 fixed_modes: Sequence[ActivationMode] | None = None) -> None:
+                 fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True) -> None:
         self.original = data
+        self.with_late_arrivals = late_arrivals  # Note [late arrivals] in planner.placement_time
         self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
         self.flags: dict[str, Any] = {}
         self.fixed_flags = dict(fixed_flags or {})
@@ -273,7 +274,9 @@ def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 120.
     speed (the time limit is a safety net: a root stopped by it may return a weaker bound, never an
     invalid one). Measured at 32 blocks (hidden 4096, a100-80g-12ssd, chunk 67257720,
     bench/bench_depth.py): LP 2.1194 s, root 2.2164 s. 0.0 when HiGHS stops without a bound."""
-    model = PlacementModel(data)
+    # without the late-arrival rows (a model with fewer rows: its bound is still a bound): with them the
+    # root of GPT-3 13B x rtx4090-768g-12ssd took 9.4 instead of 2.9 s CPU (bench/bench_stage_gap.py)
+    model = PlacementModel(data, late_arrivals=False)
     try:
         result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=MIP_RELATIVE_GAP, node_limit=1)
     except Exception:  # numerical trouble reported as a status error: no bound

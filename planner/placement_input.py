@@ -45,6 +45,10 @@ class ChunkClass:
     # and only their owners step (at most min(t, q) of them on one node; the padding is appended, so
     # in tide's layout they are the comm group's first chunks, owned by ranks 0..t-1)
     trainable_chunks: int = 1
+    # per use stage (aligned with use_stages): the compute of that stage from the latest moment at
+    # which one of these chunks is first needed there to the stage's end (the work the chunk's copy
+    # cannot overlap once that moment is reached; Note [late arrivals] in planner.placement_time)
+    use_tail_seconds: tuple[float, ...] = ()
 
     @property
     def count(self) -> int:
@@ -72,6 +76,11 @@ class StageData:
     compute_seconds: float  # sum of the moments' compute
     non_model_bytes: int  # max of the moments' non-model curve (all activations kept)
     tail_non_model_bytes: int = -1  # the curve at the stage's last moment (-1: same as the max)
+    # the stage's peak moment (the last moment with the largest non-model bytes): the compute up to
+    # and including it, and the PARAM + GRAD chunk bytes its own work needs on DEVICE then (-1: not
+    # known, no late-arrival row; Note [late arrivals] in planner.placement_time)
+    peak_compute_seconds: float = -1.0
+    peak_need_bytes: int = 0
 
 
 @frozen
@@ -145,40 +154,63 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     for st in stages:
         for m in range(st.first_moment, st.last_moment + 1):
             stage_of_moment[m] = st.id
+    ws = max(1, problem.world_size)
     chunk_of_tensor: dict[int, int] = {}
     trainable_chunk: dict[int, bool] = defaultdict(bool)
     for slot in layout.tensors:
         chunk_of_tensor.setdefault(slot.tensor, slot.chunk)
         trainable_chunk[slot.chunk] |= slot.trainable
     uses: dict[int, set[int]] = defaultdict(set)
+    first_use: dict[tuple[int, int], int] = {}  # (chunk, stage) -> the first moment of the stage needing it
+    param_item = DTYPE_BYTES[problem.compute_dtype]
+    chunk_bytes = {c.id: c.elements * param_item for c in layout.chunks}
     stage_data = []
+    suffix_compute: dict[int, float] = {}  # moment -> compute from it to its stage's end
     for st in stages:
         compute = 0.0
         peak = 0
+        peak_at = st.first_moment
         tail = problem.moments[st.last_moment].non_model_bytes
         for m in range(st.first_moment, st.last_moment + 1):
             mom = problem.moments[m]
             compute += mom.compute_seconds
-            peak = max(peak, mom.non_model_bytes)
+            if mom.non_model_bytes >= peak:
+                peak, peak_at = mom.non_model_bytes, m
             if mom.phase is Phase.OPTIMIZER:
                 continue  # the optimizer touches every chunk; where it steps is the chunk plans' decision
             for t in mom.tensors:
                 if t in chunk_of_tensor:
                     uses[chunk_of_tensor[t]].add(st.id)
+                    first_use.setdefault((chunk_of_tensor[t], st.id), m)
+        left = 0.0
+        for m in range(st.last_moment, st.first_moment - 1, -1):
+            left += problem.moments[m].compute_seconds
+            suffix_compute[m] = left
+        peak_mom = problem.moments[peak_at]
+        need = 0
+        if peak_mom.phase is not Phase.OPTIMIZER and ws == 1:
+            needed = sorted({chunk_of_tensor[t] for t in peak_mom.tensors if t in chunk_of_tensor})
+            # PARAM of every chunk the peak moment's work touches, GRAD of the trainable ones it writes
+            # (the simulator's `needs` / `writes` of that moment: both must be valid on DEVICE then)
+            need = sum(chunk_bytes[c] for c in needed)
+            if peak_mom.phase is Phase.BACKWARD and ChunkList.GRAD in problem.lists:
+                trainable_tensors = {x.tensor for x in layout.tensors if x.trainable}
+                need += sum(chunk_bytes[c] for c in sorted({chunk_of_tensor[t] for t in peak_mom.tensors
+                                                               if t in chunk_of_tensor and t in trainable_tensors}))
         stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak,
-                                    tail_non_model_bytes=tail))
+                                    tail_non_model_bytes=tail,
+                                    peak_compute_seconds=compute - suffix_compute[peak_at] + peak_mom.compute_seconds,
+                                    peak_need_bytes=need))
     optimizer_stage = n_stages - 1
     for st in stages:
         if st.phase is Phase.OPTIMIZER:
             optimizer_stage = st.id
-    param_item = DTYPE_BYTES[problem.compute_dtype]
     os_item = 4 * sum(1 for lst in problem.lists if lst in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
     pcie_copy = layout.chunk_elements * param_item  # one PARAM/GRAD chunk: the size PCIe copies are priced at
     ssd_copy = layout.chunk_elements * 4 if os_item else pcie_copy  # one chunk of an fp32 OS list
     # with several ranks a comm group's chunks (consecutive, one capacity: planner.layout) move and
     # step together (materialize's cache entries are comm groups): classes are sets of comm groups,
     # keyed by the union of their chunks' uses (a padding chunk has none)
-    ws = max(1, problem.world_size)
     members: dict[int, list[int]] = {}
     for c in layout.chunks:
         members.setdefault(c.id // ws, []).append(c.id)
@@ -191,12 +223,15 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     classes = []
     for gid, ((use, elements, trainable, n_trainable), chunk_ids) in enumerate(sorted(keyed.items(), key=lambda kv: kv[1][0])):
         backward = [s for s in use if stages[s].phase is Phase.BACKWARD]
+        # from the latest first-use moment of the class's chunks in each use stage (the least work left)
+        tails = tuple(min((suffix_compute[first_use[(c, s)]] for c in chunk_ids if (c, s) in first_use), default=0.0)
+                      for s in use)
         classes.append(ChunkClass(
             id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
             elements=elements, trainable=trainable, use_stages=use,
             first_backward_stage=min(backward) if backward else -1,
             last_backward_stage=max(backward) if backward else -1, comm_group_size=ws,
-            trainable_chunks=n_trainable))
+            trainable_chunks=n_trainable, use_tail_seconds=tails))
     blocks = []
     for b in problem.blocks:
         p = stage_of_moment[b.forward_moments[1]]

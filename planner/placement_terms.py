@@ -57,12 +57,17 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
     b, t = BYTE_UNIT, TIME_UNIT
     return dataclasses.replace(
         d,
-        chunk_classes=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b) for g in d.chunk_classes),
+        chunk_classes=tuple(dataclasses.replace(g, param_bytes=g.param_bytes / b, os_bytes=g.os_bytes / b,
+                                                use_tail_seconds=tuple(x / t for x in g.use_tail_seconds))
+                            for g in d.chunk_classes),
         blocks=tuple(dataclasses.replace(x, activation_bytes=x.activation_bytes / b, input_bytes=x.input_bytes / b,
                                          recompute_seconds=x.recompute_seconds / t) for x in d.blocks),
         stages=tuple(dataclasses.replace(st, compute_seconds=st.compute_seconds / t, non_model_bytes=st.non_model_bytes / b,
                                          tail_non_model_bytes=(st.tail_non_model_bytes if st.tail_non_model_bytes >= 0
-                                                               else st.non_model_bytes) / b)
+                                                               else st.non_model_bytes) / b,
+                                         peak_compute_seconds=(st.peak_compute_seconds / t if st.peak_compute_seconds >= 0
+                                                               else -1.0),
+                                         peak_need_bytes=st.peak_need_bytes / b)
                      for st in d.stages),
         device_bytes=d.device_bytes / b, host_bytes=d.host_bytes / b, nvme_bytes=d.nvme_bytes / b,
         h2d_bytes_per_s=d.h2d_bytes_per_s * t / b, d2h_bytes_per_s=d.d2h_bytes_per_s * t / b,

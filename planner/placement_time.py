@@ -44,6 +44,9 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 #   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
 
 
+LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
+
+
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
 
@@ -158,6 +161,7 @@ class TimeRows:
                     self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_intra_bytes_per_s), f"time_inter_gpu_intra[{s}]")
                 if d.collective_inter_bytes_per_s > 0:
                     self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_inter_bytes_per_s), f"time_inter_gpu_inter[{s}]")
+        self._add_late_arrival_rows()
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
         # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
@@ -224,6 +228,62 @@ class TimeRows:
             for k, (a, b) in enumerate(nvme_rows):
                 self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
                                 + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
+
+    # (Up to LATE_ARRIVAL_MAX_BLOCKS blocks: at 512 blocks x 4096 on a100-80g-12ssd the rows took the
+    # solve from 50.4 to 70.7 s CPU, over issue 18's 60 s, for a true gap of 3.53% instead of 3.68%;
+    # at 256 blocks 20.4 vs 18.1 s, 3.51% vs 3.65%; bench/bench_solve.py, 2-core box, 2026-11-24.)
+    # Note [late arrivals]:
+    # The DEVICE rows let chunks arriving in stage s for the next stage's use take their room at s's
+    # last moment (`_device_rows`), and the H2D row lets their copy run through all of s. In the
+    # simulator a copy that does not fit beside the stage's peak is issued only after the peak
+    # moment's work (planner.device_cache.prefetch_early: the first tick with room), so it overlaps
+    # only the work after the peak, and the next stage waits for the rest. Measured on GPT-3 175B x
+    # rtx4090-768g-12ssd (bench/bench_stage_gap.py): every backward stage is one 0.375 s moment and a
+    # zero-compute tail; the next block's 3 x 1.21 GB of PARAM arrive at the tail, 0.17 s of H2D the
+    # model overlapped and the simulator serialized (96 stages, ~17 s of a 23.6 s model-vs-replay gap).
+    # The row, per stage s with arrivals for s+1: late_s >= (those arrivals) - (capacity - M_s), where
+    # M_s is a lower bound on what any replay holds on DEVICE at s's peak moment m* besides them (the
+    # model's bytes of s without the arrivals, with the chunk classes used in s and the grads counted
+    # only for the chunks m*'s own work needs: `StageData.peak_need_bytes`), so at least late_s of
+    # them are issued after m*'s work; their copy at the fastest H2D rate then ends before the use
+    # moment u of s+1, and the work from u on follows: T_s + T_{s+1} >= (compute of s up to m*) +
+    # late_s / h2d + (compute of s+1 from u on). Every replay satisfies it (the bound stays a bound:
+    # tests/test_solve.py replays every plan of a solve against it). One rank only (the multi-rank
+    # model's DEVICE rows follow materialize's comm-group entries, and its bound is not used).
+    def _add_late_arrival_rows(self) -> None:
+        d, n = self.data, len(self.data.stages)
+        if len(d.blocks) > LATE_ARRIVAL_MAX_BLOCKS:
+            return
+        if d.ranks > 1 or self.capacity_variable is Tier.DEVICE or not getattr(self, "with_late_arrivals", True):
+            return
+        arrivals: list[Any] = [0] * n  # PARAM bytes arriving in s for a use in s + 1
+        after_use: list[float] = [float("inf")] * n  # least compute of s + 1 from such a use on
+        for gi, g in enumerate(d.chunk_classes):
+            if not g.use_tail_seconds:
+                continue
+            for i, gap in enumerate(self.gaps[gi]):
+                if not gap.lookahead:
+                    continue
+                s = gap.lookahead[-1]
+                use = gap.stages[-1] + 1
+                if s != gap.stages[-1] or use >= n or use not in g.use_stages:
+                    continue  # wraps the iteration: no row
+                arrivals[s] += self.incoming[gi][i][-1] * g.param_bytes
+                after_use[s] = min(after_use[s], g.use_tail_seconds[g.use_stages.index(use)])
+        self.late_arrivals: dict[int, Any] = {}
+        inf = self.solver.infinity()
+        for s in range(n - 1):
+            st = d.stages[s]
+            if is_zero(arrivals[s]) or st.peak_compute_seconds < 0:
+                continue
+            held = (self._device_expr(s) - sum(self.arriving[s]) - self.use_bytes[s] - self.grad_bytes[s]
+                    + st.peak_need_bytes)
+            late = self.solver.NumVar(0, inf, f"late_arrivals[{s}]")
+            self.solver.Add(late >= arrivals[s] - (d.device_bytes - held), f"late_arrivals_bytes[{s}]")
+            self.solver.Add(self.stage_time[s] + self.stage_time[s + 1]
+                            >= st.peak_compute_seconds + late * (1.0 / d.h2d_bytes_per_s) + after_use[s],
+                            f"time_late_arrivals[{s}]")
+            self.late_arrivals[s] = late
 
     def _add_objective(self) -> None:
         if self.capacity is not None:

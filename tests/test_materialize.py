@@ -345,3 +345,26 @@ def test_any_decisions_give_a_valid_schedule_or_an_explanation(layers, dtype, ch
         assert "bytes" in str(exc) and "moment" in str(exc)
         return
     check(schedule, d)
+
+
+@pytest.mark.parametrize("name", ["cpu adam, tight", "gpu adam, os on host, tight", "swap to host"])
+def test_one_moments_param_copies_go_in_the_order_of_their_first_use(name: str) -> None:
+    """The links are FIFOs: copies issued at one moment go in the order their data is needed (by chunk
+    id, GPT-3 175B's backward tails queued a chunk needed two stages later ahead of the next stage's)."""
+    p = problem()
+    kw = dict(CASES[name])
+    schedule = materialize(p, uniform_decisions(p, layout_of(p), **kw))
+    chunk_of = {t.tensor: t.chunk for t in schedule.layout.tensors}
+    needs = [set() if m.phase is Phase.OPTIMIZER else {chunk_of[t] for t in m.tensors if t in chunk_of}
+             for m in schedule.moments]
+
+    def first_use(c: int, m: int) -> int:
+        return next((k for k in range(m, len(needs)) if c in needs[k]), len(needs))
+
+    seen = 0
+    for m in range(len(schedule.moments)):
+        uses = [first_use(a.chunk, m) for a in schedule.actions
+                if a.moment == m and a.list is ChunkList.PARAM and a.dst is Tier.DEVICE and a.op in (Op.FETCH, Op.PREFETCH)]
+        assert uses == sorted(uses), f"moment {m}: first uses {uses}"
+        seen += len(set(uses)) > 1
+    assert seen  # some moment issues copies for different uses

@@ -37,7 +37,8 @@ def decide(problem: Problem, *, placement: str = "auto", os_on_nvme: bool = Fals
     moves every chunk not in the current compute to the CPU (keep_cuda_chunk_mem = 0), so each chunk
     is fetched on access, in forward and again in backward, and leaves after it (the DEVICE budget is
     the moment's own PARAM (+GRAD) bytes); `setup_grads_device` puts every chunk's grads, so its OS
-    and HybridAdam, on the CPU; no prefetch (max_prefetch 0, GM.6); pageable copies (GM.8).
+    and HybridAdam, on the CPU; no prefetch (max_prefetch 0, GM.6); pinned copies (the GPT example
+    Fuyou ran passes `pin_memory=True`, where the plugin's default is pageable, GM.8).
 
     Several ranks: every chunk sharded over the ranks (ZeRO-3 with chunks): all-gather before use in
     forward and backward, grads reduce-scattered, each rank's OS shard on the shared CPU."""
@@ -52,10 +53,13 @@ def decide(problem: Problem, *, placement: str = "auto", os_on_nvme: bool = Fals
             param_device_budget_bytes=tuple(min(r, n) for r, n in zip(room, moment_need_bytes(problem, layout))),
             persistent_chunks=frozenset(), optimizer_overlap=False, prefetch=False,
             eviction=EvictionRule.FARTHEST_NEXT_USE, release_between_phases=True,
-            host_staging=HostStaging.PAGEABLE,  # GeminiPlugin pin_memory defaults to False (gemini_plugin.py:456; GM.8)
+            # Fuyou §5.1 ran Colossal-AI's "official GPT-2 example", whose build_gemini passes
+            # GeminiDDP(..., pin_memory=True) (examples/language/gpt/gemini/train_gpt_demo.py), not the
+            # plugin's pageable default (GM.8)
+            host_staging=HostStaging.PINNED,
             notes=((f"gemini static, every frac 1.0 (the system's, as Fuyou §5.1 ran it): each chunk fetched on access "
                     f"and moved back to the CPU after it, grads and OS on {os_tier.value}, HybridAdam on the CPU after "
-                    "backward, pageable copies"), "activation checkpoints kept on DEVICE")),)
+                    "backward, pinned copies (the GPT example's pin_memory=True)"), "activation checkpoints kept on DEVICE")),)
     if placement == "static":
         plans = chunk_plans(layout, Tier.DEVICE, Tier.DEVICE)
         return (Decisions(policy=NAME, layout=layout, chunk_plans=plans, activation_modes=modes,

@@ -60,12 +60,11 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
         group = layout.chunks[g:g + ws]
         cost = max(c.elements for c in group) * per_element
         if ws > 1:
-            # tide's format, not PatrickStar's: a comm group's GRAD entry stays whole on DEVICE from its
-            # first backward use to its DEVICE step (planner/device_cache.py: with several ranks a GRAD
-            # is not evicted before its reduce-scatter, and a DEVICE-stepped GRAD is used by the step);
-            # PatrickStar keeps only its own chunk's grad, in the param slot (PS.2). Counted here so the
-            # margin's OS chunks and their grads fit together.
-            cost += sum(c.elements for c in group) * item
+            # tide's format, not PatrickStar's: a DEVICE-stepped chunk's grads wait on DEVICE for the
+            # step in a GRAD chunk of their own, the rank's own chunk after the reduce-scatter
+            # (planner/device_cache.py), where PatrickStar writes them into the param chunk's slot (PS.2,
+            # already counted in the margin). Counted here so the margin's OS chunks and their grads fit.
+            cost += max(c.elements for c in group) * item
         if cost <= os_room:
             on_gpu.update(c.id for c in group)
             os_room -= cost
