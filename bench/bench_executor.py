@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def simulated_phase_seconds(sim, schedule) -> dict[Phase, float]:
     return out
 
 
-def mispriced_rows(stats, sim, schedule, measured: float) -> list[tuple[str, str]]:
+def mispriced_rows(stats, sim, schedule, measured: float, *, plain_median: float | None = None,
+                   recorded: float | None = None) -> list[tuple[str, str]]:
     """Measured vs predicted per resource (issue 17 item 6): compute (forward + backward wall less the
     stalls), copies (the stalls the training thread waits for them), CPU / DEVICE optimizer steps
     (seconds in ChunkAdamW.step_chunk vs the simulator's busy time) and the optimizer phase's wall;
@@ -127,7 +129,49 @@ def mispriced_rows(stats, sim, schedule, measured: float) -> list[tuple[str, str
         got, want = parts[worst]
         rows.append(("offload: mispriced resource", f"{worst}: measured {got:.3f} s vs predicted {want:.3f} s "
                                                     f"({got - want:+.3f} s of the {measured - sim.iteration_seconds:+.3f} s)"))
+        if plain_median is not None and recorded is not None:
+            # plain PyTorch run interleaved with the engine is off the recording by as much: the machine
+            # (other load, or the median vs the recorder's fastest run), not the executor nor the prices
+            rows.append(("offload: of it, the machine (plain PyTorch interleaved - recorded) s",
+                         f"{plain_median - recorded:+.3f}"))
+            rows.append(("offload: of it, the executor (engine - plain PyTorch, medians) s", f"{measured - plain_median:+.3f}"))
     return rows
+
+
+def median_stats(per_iteration: list):
+    """The per-phase wall seconds, stalls and optimizer seconds as medians over the timed iterations
+    (`engine.stats()` holds the last iteration only: one sample, as noisy as one iteration)."""
+    last = per_iteration[-1]
+
+    def med(get):
+        return statistics.median(get(s) for s in per_iteration)
+
+    phases = {p for s in per_iteration for p in s.seconds_per_phase}
+    tiers = {t for s in per_iteration for t in s.optimizer_seconds_per_tier}
+    return dataclasses.replace(
+        last,
+        seconds_per_phase={p: med(lambda s, p=p: s.seconds_per_phase.get(p, 0.0)) for p in phases},
+        stall_seconds=med(lambda s: s.stall_seconds),
+        optimizer_seconds_per_tier={t: med(lambda s, t=t: s.optimizer_seconds_per_tier.get(t, 0.0)) for t in tiers},
+        optimizer_busy_seconds_per_tier={t: med(lambda s, t=t: s.optimizer_busy_seconds_per_tier.get(t, 0.0))
+                                         for t in tiers})
+
+
+def load_rows(trace, times: list[float], plain_times: list[float], measured: float) -> list[tuple[str, str]]:
+    """The measured/simulated ratio split into the executor's own cost (engine / plain PyTorch, run
+    interleaved) and the machine's (plain PyTorch's median / the trace's recorded iteration, which is
+    the fastest of the recorder's timed runs: executor/recorder.py `_timed`)."""
+    recorded = sum(m.compute_seconds for m in trace.moments)
+    plain_median = statistics.median(plain_times)
+    return [
+        ("offload: plain PyTorch median / fastest s/iter (interleaved)", f"{plain_median:.3f} / {min(plain_times):.3f}"),
+        ("offload: engine fastest s/iter", f"{min(times):.3f}"),
+        ("offload: recorded iteration s (trace, fastest of the recorder's runs)", f"{recorded:.3f}"),
+        ("offload: executor's own cost: engine / plain median (interleaved)", f"{measured / plain_median:.3f}"),
+        ("offload: machine vs recording: plain median / recorded", f"{plain_median / recorded:.3f}"),
+        ("offload: fastest / fastest: engine / recorded", f"{min(times) / recorded:.3f}"),
+        ("offload: fastest / fastest: engine / plain PyTorch", f"{min(times) / min(plain_times):.3f}"),
+    ]
 
 
 def timed(step) -> float:
@@ -208,20 +252,33 @@ def main() -> int:
         device_bytes = non_model_bytes + int(model_bytes * args.device_fraction)
         schedule, how = offloaded_schedule(trace, hardware, digest, device_bytes)
         sim = simulate(schedule, hardware)
-        model = copy.deepcopy(base)
+        model, plain = copy.deepcopy(base), copy.deepcopy(base)
         engine = executor.run(model, schedule, lr=1e-4, weight_decay=0.0, params=model.parameters())
+        opt = torch.optim.AdamW(plain.parameters(), lr=1e-4, weight_decay=0.0, fused=True)
 
         def offload_step():
             _loss(model, batch).backward()
             engine.step()
 
+        def plain_step():
+            _loss(plain, batch).backward()
+            opt.step()
+            opt.zero_grad()
+
         offload_step()  # warm-up
-        times = []
+        plain_step()
+        # plain PyTorch interleaved with the engine (engine, plain, engine, ...): on this shared machine
+        # other helpers' load moves both alike, so engine / plain is the executor's own cost, and plain /
+        # (the trace's forward+backward+optimizer) is the machine's state vs the recording's fastest run
+        times, plain_times, per_iteration = [], [], []
         for i in range(args.offload_iters):
             times.append(timed(offload_step))
-            print(f"  offloaded iteration {i}: {times[-1]:.3f} s", flush=True)
+            per_iteration.append(engine.stats())
+            plain_times.append(timed(plain_step))
+            print(f"  offloaded iteration {i}: {times[-1]:.3f} s, plain PyTorch {plain_times[-1]:.3f} s", flush=True)
         measured = statistics.median(times)
-        stats = engine.stats()
+        stats = engine.stats()  # bytes and peaks: the same every iteration
+        typical = median_stats(per_iteration)  # seconds: medians over the timed iterations
         rows += [
             ("offload: schedule from", how),
             ("offload: DEVICE budget bytes", f"{device_bytes:,} (non-model peak + {args.device_fraction:.0%} of "
@@ -229,16 +286,19 @@ def main() -> int:
             ("offload: bytes per channel measured == predicted", str(stats.bytes_match(schedule))),
             ("offload: bytes moved per iteration", f"{sum(stats.bytes_per_channel.values()):,}"),
             ("offload: peak DEVICE chunk bytes", f"{stats.peak_bytes_per_tier[Tier.DEVICE]:,}"),
-            ("offload: stall seconds per iteration", f"{stats.stall_seconds:.3f}"),
+            ("offload: stall seconds per iteration (median)", f"{typical.stall_seconds:.3f}"),
             ("offload: measured median s/iter", f"{measured:.3f}"),
             ("offload: simulator s/iter", f"{sim.iteration_seconds:.3f}"),
             ("offload: of which recorded forward+backward s (trace)",
              f"{sum(m.compute_seconds for m in trace.moments if m.phase is not Phase.OPTIMIZER):.3f}"),
-            ("offload: measured forward+backward s (engine stats)",
-             f"{stats.seconds_per_phase.get(Phase.FORWARD, 0) + stats.seconds_per_phase.get(Phase.BACKWARD, 0):.3f}"),
+            ("offload: measured forward+backward s (engine stats, median)",
+             f"{typical.seconds_per_phase.get(Phase.FORWARD, 0) + typical.seconds_per_phase.get(Phase.BACKWARD, 0):.3f}"),
             ("offload: measured/simulated (issue 17 target 0.90-1.10)", f"{measured / sim.iteration_seconds:.3f}"),
         ]
-        rows += mispriced_rows(stats, sim, schedule, measured)
+        rows += load_rows(trace, times, plain_times, measured)
+        rows += mispriced_rows(typical, sim, schedule, measured,
+                               plain_median=statistics.median(plain_times),
+                               recorded=sum(m.compute_seconds for m in trace.moments))
     width = max(len(r[0]) for r in rows)
     print()
     print(f"{'figure':{width}}  value")
