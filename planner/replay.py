@@ -168,7 +168,6 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             elif a.op is Op.OPTIMIZER_STEP:
                 try:  # afterwards PARAM and the OS valid on dst only, GRAD dead (its copies freed by EVICTs)
                     copies.step(a.chunk, TIER_INDEX[a.dst], [li[x] for x in (ChunkList.PARAM, ChunkList.GRAD, *os_lists)])
-                    resync_slot(a.chunk)  # a slotted chunk's grad is no longer final
                 except ResidencyRefused as exc:
                     raise fail(m.id, i, f"steps on {a.dst.value} without a valid {lists[exc.list_index].value} "
                                         "copy there") from None
@@ -213,7 +212,6 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     if not copies.is_valid(li[ChunkList.GRAD], c, 0):
                         raise fail(m.id, None, f"the backward of {m.module or '(root)'} writes GRAD chunk {c}, not on DEVICE")
                     copies.write_grads(c, final=m.id == last_write[c])
-                    resync_slot(c)
         # during the actions the chunks alone; during the work the chunks, the non-model bytes and activations
         non_model = max(0, m.non_model_bytes - held_recorded) + act_bytes[0]
         now = totals()

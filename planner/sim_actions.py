@@ -247,7 +247,6 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
     inputs = [sim.list_index[lst] for lst in (ChunkList.PARAM, ChunkList.GRAD, *OS_LISTS) if lst in sim.list_index]
     try:
         sim.copies.step(c, d, inputs)  # afterwards the inputs are valid on d only, GRAD dead
-        resync_slot(sim, c)  # a slotted chunk's grad is no longer final (PS.2)
     except ResidencyRefused as exc:
         lst = sim.lists[exc.list_index]
         raise ScheduleViolation(ViolationKind.OPTIMIZER_INPUTS, f"OPTIMIZER_STEP on {a.dst.value} needs a valid "

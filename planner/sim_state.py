@@ -244,9 +244,9 @@ def _add(sim: SimState, t: int, place: int, li: int, nbytes: int) -> None:
 
 
 def resync_slot(sim: SimState, c: int) -> None:
-    """Re-count slotted chunk c's slots after its PARAM or GRAD copies (or its grad's finality) changed:
-    a place holding both in one slot (`ValidCopies.slot_overlap`) pays for one chunk (GRAD's bytes are
-    taken off, at most PARAM's). DEVICE per rank, the other tiers on the owner's node."""
+    """Re-count slotted chunk c's slots after its PARAM or GRAD copies changed (held, or a final grad's copy
+    taking PARAM's slot): a place holding both in one slot (`ValidCopies.slot_overlap`) pays for one
+    chunk (GRAD's bytes are taken off, at most PARAM's). DEVICE per rank, the other tiers on the owner's node."""
     if not sim.copies.slotted[c]:
         return
     pi, gi = sim.list_index[ChunkList.PARAM], sim.list_index[ChunkList.GRAD]

@@ -27,7 +27,6 @@ from planner.sim_state import (
     busiest,
     hold,
     place_name,
-    resync_slot,
     setup,
     used_bytes,
 )
@@ -192,7 +191,6 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             # DEVICE only: copies elsewhere are stale now (the last write of a chunk whose grad lives in its
             # param's slot also makes its DEVICE PARAM copy stale: schemas.residency)
             sim.copies.write_grads(c, final=m == last_grad_write[c])
-            resync_slot(sim, c)  # a final grad's slot (PS.2)
             sim.ready[gi][c][DEVICE_INDEX] = end
 
         # Note [simulator memory per moment]:
