@@ -141,8 +141,10 @@ class ValidCopies:
     def step(self, c: int, t: int, inputs: Sequence[int]) -> None:
         """OPTIMIZER_STEP of chunk c on tier t over the lists `inputs` (PARAM, GRAD, the OS lists)."""
         for li in inputs:
-            if li == self._param and self.slotted[c]:
-                continue  # written back from the master into the slot (PatrickStar PS.9), not read
+            if li == self._param and self.slotted[c]:  # written back from the master into its slot there
+                if not self.held[li][c] >> t & 1:  # (PatrickStar PS.9), not read: the slot must be held
+                    raise ResidencyRefused(Refusal.STEP_INPUT, list_index=li, chunk=c, tier=t)
+                continue
             if not self.valid[li][c] >> t & 1 or (li == self._grad and not self.grad_live[c]):
                 raise ResidencyRefused(Refusal.STEP_INPUT, list_index=li, chunk=c, tier=t)
         self.final[c] = False

@@ -156,3 +156,19 @@ def test_a_final_grad_written_back_takes_the_params_host_slot() -> None:
     with pytest.raises(ScheduleViolation, match="stale"):
         simulate(_slotted(tiny_schedule([*specs, (7, Op.FETCH, P, 1, H, D), (8, Op.EVICT, P, 1, D, None)], homes,
                                         lists=LISTS), {0, 1}), tiny_hardware())
+
+
+def test_a_slotted_step_needs_the_slot_it_writes_param_into() -> None:
+    """The step writes PARAM into the chunk's slot on its tier rather than reading it, so that tier must
+    hold a PARAM copy (stale is fine): a DEVICE step after PARAM 0 left DEVICE is refused."""
+    homes = {**RESIDENT, (P, 0): (D, H)}
+    steps = [
+        (4, Op.ALLOCATE, G, 1, None, D), (6, Op.ALLOCATE, G, 0, None, D),
+        (8, Op.OPTIMIZER_STEP, None, 0, None, D), (8, Op.OPTIMIZER_STEP, None, 1, None, D),
+        (8, Op.EVICT, G, 0, D, None), (8, Op.EVICT, G, 1, D, None),
+        (8, Op.WRITE_BACK, P, 0, D, H),
+    ]
+    assert simulate(_slotted(tiny_schedule(steps, homes, lists=LISTS), {0}), tiny_hardware()).iteration_seconds > 0
+    gone = [(7, Op.EVICT, P, 0, D, None), *steps[:-1]]
+    with pytest.raises(ScheduleViolation, match="OPTIMIZER_STEP on DEVICE needs a valid PARAM"):
+        simulate(_slotted(tiny_schedule(gone, homes, lists=LISTS), {0}), tiny_hardware())
