@@ -310,12 +310,6 @@ MISSES: dict[str, str] = {
                    "TFLOPS bar, 10B only up to batch 16 (27.5); its OOM above 4B (§9.2.1: 'param fp16 and peak "
                    "non-model data must be in GPU') needs more non-model memory at batch 32-64 than tide's GPT trace "
                    "records, or a v0.4.3 GPU allocation not found in its stage3.py/partition_parameters.py"),
-    "fy-f4-4090-128": ("175B (+2 steps): with Fuyou §4.3's optimizer pipeline buffers on the CPU (three block-sized "
-                       "groups read / updated / written back, 40 B per parameter: 72.5 GB at 175B, 98.7 GB at 276B; "
-                       "planner/policies/fuyou.py) 276B runs out of the 108.8 GB usable HOST, 175B fits. What else the "
-                       "real system keeps in CPU memory is not in the paper: the CPU side of its FIFO prefetch queue "
-                       "has no formula (§4.4), and §5.2 only says Fuyou 'succeeds in training a 65B model even with "
-                       "only 128 GB', a feasibility claim the harness reads as the maximum"),
     "fy-5b-zero-infinity": ("too fast (x1.52 in Fig. 5's 8 P B s metric, 70.5 model TFLOPS, x1.19): the fp32 grads "
                             "swapped to the SSDs and back (ZI.4, `swap_out_gradients`), the sub-groups stepped one at a "
                             "time (pipeline_read/write false) and partition_grads' grad round trip (Z3.10) are modelled "
