@@ -77,14 +77,27 @@ ANGEL_LADDER: tuple[tuple[str, Shape], ...] = tuple(
 # ----------------------------------------------------------------------------- simulation
 
 
+# The model code a paper's run executed (`Figure.model`), as `gpt_trace` options. TIDE_GPT: tide's GPT as
+# recorded (fused SDPA attention, chunked loss head). MEGATRON_DS: Megatron-DeepSpeed's GPT, which Fuyou's
+# DeepSpeed baselines ran (§5.1: "Deepspeed's official examples", its reference "Megatron-deepspeed github
+# repository"; DeepSpeedExamples `Megatron-LM-v1.1.5-ZeRO3` is the same model): `megatron/model/transformer.py`
+# `ParallelAttention.forward` writes the attention out (`torch.baddbmm` into a [b*np, sq, sk] score tensor,
+# `FusedScaleMaskSoftmax`, attention dropout, `torch.bmm`; microsoft/Megatron-DeepSpeed 066632b, v1.1.5-ZeRO3
+# `ParallelSelfAttention` likewise) and the loss is `vocab_parallel_cross_entropy` over the full [b, s, V]
+# logits: gpt_trace attention="math", loss="full" (its dropout masks are not in the trace: a lower bound)
+TIDE_GPT, MEGATRON_DS = "tide-gpt", "megatron-deepspeed"
+MODEL_OPTIONS = {TIDE_GPT: {}, MEGATRON_DS: {"attention": "math", "loss": "full"}}
+
+
 @functools.lru_cache(maxsize=None)
-def run(policy: str, hardware: str, shape: Shape, batch: int) -> SimResult | str:
+def run(policy: str, hardware: str, shape: Shape, batch: int, model: str = TIDE_GPT) -> SimResult | str:
     """The simulated iteration of `policy`, or the out-of-memory reason (str). `policy` may name boolean
-    options of the system as the paper ran it: "gemini[os_on_nvme]" (planner.policies options)."""
+    options of the system as the paper ran it: "gemini[os_on_nvme]" (planner.policies options). `model`:
+    the model code the paper's run executed (`MODEL_OPTIONS`)."""
     hw = resolve_hardware(hardware)
     layers, hidden, heads = shape
     trace = gpt_trace(layers=layers, hidden=hidden, heads=heads, seq=SEQ, batch=batch, dtype="float16",
-                      world_size=hw.cluster.world_size, name=f"gpt-{layers}x{hidden}")
+                      world_size=hw.cluster.world_size, name=f"gpt-{layers}x{hidden}", **MODEL_OPTIONS[model])
     try:
         name, _, opts = policy.partition("[")
         options = {o.strip(): True for o in opts.rstrip("]").split(",") if o.strip()}
@@ -124,21 +137,21 @@ def reported_tflops(r: SimResult, metric: str, hardware: str, shape: Shape, batc
 
 @functools.lru_cache(maxsize=None)
 def fits(policy: str, hardware: str, shape: Shape, batch: int, min_tflops: float = 0.0,
-         metric: str = MODEL_FLOPS) -> bool:
+         metric: str = MODEL_FLOPS, model: str = TIDE_GPT) -> bool:
     """Does `policy` train `shape` on `hardware` (at >= min_tflops in `metric`, PatrickStar §9.2.1's bar)?
     tide: its reference decision sets, else a plan of its placement MIP (`planner.maxsize.feasible_fn`:
     the feasibility MIP takes 0.1-0.6 s per size on ANGEL_LADDER; the reference sets alone reach no
     rung there, issue 18 item 2)."""
     if policy == TIDE:
         return feasible_fn(TIDE, resolve_hardware(hardware), batch=batch, seq=SEQ)(*shape)
-    r = run(policy, hardware, shape, batch)
+    r = run(policy, hardware, shape, batch, model)
     return not isinstance(r, str) and reported_tflops(r, metric, hardware, shape, batch) >= min_tflops
 
 
 def why(policy: str, hardware: str, shape: Shape, batch: int, *, short: bool = False,
-        metric: str = MODEL_FLOPS) -> str:
+        metric: str = MODEL_FLOPS, model: str = TIDE_GPT) -> str:
     """Why `shape` is not (or is) trained: the out-of-memory message (short: which tier), or the TFLOPS."""
-    r = run(policy, hardware, shape, batch) if policy != TIDE else "tide: no reference decision set or placement plan fits"
+    r = run(policy, hardware, shape, batch, model) if policy != TIDE else "tide: no reference decision set or placement plan fits"
     if isinstance(r, str):
         if short:
             tier = next((t for t in ("DEVICE", "HOST", "NVME") if t in r), "")
@@ -178,6 +191,7 @@ class Figure:
     batch: int = 1  # largest: the batch (with a throughput bar: `batches`, the best of them; CI: `ci_batch`)
     min_tflops: float = 0.0  # largest: a throughput bar (PatrickStar §9.2.1)
     metric: str = MODEL_FLOPS  # how the paper counts TFLOPS (MODEL_FLOPS, PAPER_8PBS: see `reported_tflops`)
+    model: str = TIDE_GPT  # the model code the paper's run executed (`MODEL_OPTIONS`)
     of: tuple[str, str] = ("", "")  # trend: the keys of numerator and denominator
     assumption: str = ""
     miss: str = ""  # known miss today: the measured cause (tests/test_published.py xfails it, strict)
@@ -195,7 +209,10 @@ PS_TABLE3 = ("best of batch 4-64 per GPU (§9.2), seq 1024, 16 heads, activation
 PS_DS_1 = ("DeepSpeed = `zero3-offload[gpu_params]`: v0.4.3 ZeRO-3 with the DeepSpeedExamples Megatron-LM-v1.1.5-ZeRO3 "
            "config PatrickStar §9.1 names (no offload_param: fp16 params on the GPU, §9.2.1 'overall param fp16 and peak "
            "non-model data must be in GPU'; optimizer offloaded, §2 'grad fp16 and OS data are stored in CPU'; "
-           "--checkpoint-in-cpu)")
+           "--checkpoint-in-cpu), on that example's GPT: Megatron v1.1.5's written-out attention (`torch.baddbmm` scores, "
+           "softmax, dropout, `torch.bmm`) and `vocab_parallel_cross_entropy(output.float())` over the full logits "
+           "(DeepSpeedExamples 89ce0d5a megatron/Megatron-LM-v1.1.5-ZeRO3 `megatron/model/transformer.py`, "
+           "`gpt2_model.py`): MODEL_OPTIONS[MEGATRON_DS]")
 PS_DS = ("DeepSpeed = `zero-infinity` with no SSD (PatrickStar §9.1: DeepSpeed v0.4.3 'zero3 stage', ZeRO-Offload/"
          "Infinity, CPU offload)")
 
@@ -207,7 +224,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption=PS_TABLE3),
     F(key="ps-t3-1-ds", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: DeepSpeed",
       kind="largest", published="4B", policy="zero3-offload[gpu_params]", hardware=PS1, ladder=PSTAR_LADDER,
-      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3 + "; " + PS_DS_1),
+      batches=PS_BATCHES, ci_batch=PS_T3_CI, min_tflops=30.0, model=MEGATRON_DS, assumption=PS_TABLE3 + "; " + PS_DS_1),
     F(key="ps-t3-1-ps", paper="PatrickStar Table 3", label="largest, 1x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS1, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0, assumption=PS_TABLE3),
@@ -218,7 +235,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption=PS_TABLE3 + " per GPU (x8 for the node's TFLOPS)"),
     F(key="ps-t3-8-ds", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: DeepSpeed-DP",
       kind="largest", published="4B", policy="zero-infinity", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
-      ci_batch=PS_T3_CI, min_tflops=30.0 * 8, assumption=PS_TABLE3 + " per GPU; " + PS_DS),
+      ci_batch=PS_T3_CI, min_tflops=30.0 * 8, model=MEGATRON_DS, assumption=PS_TABLE3 + " per GPU; " + PS_DS),
     F(key="ps-t3-8-ps", paper="PatrickStar Table 3", label="largest, 8x V100 32 GB + 240 GB: PatrickStar",
       kind="largest", published="12B", policy="patrickstar", hardware=PS8, ladder=PSTAR_LADDER, batches=PS_BATCHES,
       ci_batch=PS_T3_CI, min_tflops=30.0 * 8, assumption=PS_TABLE3 + " per GPU"),
@@ -239,6 +256,7 @@ FIGURES: tuple[Figure, ...] = (
       assumption="batch 1 (§5.2), seq 1024, GPT-3 Table 4 ladder"),
     F(key="fy-f4-zinf", paper="Fuyou Fig. 4 (§5.2)", label="largest, RTX 4090, 768 GB, 12 SSDs: ZeRO-Infinity",
       kind="largest", published="135B", policy="zero-infinity", hardware=R4090, ladder=FUYOU_LADDER, batch=1,
+      model=MEGATRON_DS,
       assumption="batch 1 (§5.2); §5.2: the same size on A100 and 4090 (CPU memory bounds it)"),
     F(key="fy-f4-4090-128", paper="Fuyou Fig. 4 (§5.2)", label="largest, RTX 4090, 128 GB, 12 SSDs: Fuyou",
       kind="largest", published="65B", policy="fuyou", hardware=R4090_128, ladder=FUYOU_LADDER, batch=1,
@@ -252,23 +270,28 @@ FIGURES: tuple[Figure, ...] = (
       published=86.0, policy="fuyou", hardware=R4090, shape=(96, 12288, 96), batches=(8, 16, 32), ci_batch=8,
       assumption="best of batch 8-32 (§5.3: 'the supported batch size is relatively small'), seq 1024"),
     *(F(key=f"fy-5b-{p.split('[')[0]}", paper="Fuyou Fig. 5b (§5.3)", label=f"{name} 13B on A100, TFLOPS", kind="throughput",
-        published=pub, policy=p, hardware=A100, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
+        published=pub, policy=p, hardware=A100, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb, model=model,
         assumption=f"best of batch 8-64 (§5.3: 'at their highest throughput'), seq 1024; {note}")
-      for p, name, pub, cb, note in (
-          ("fuyou", "Fuyou", 202.0, 32, "§5.3 text: 202"),
-          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, "
-                                                            "checkpoints on CPU memory (§5.1)"),
-          ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, "202/3.42 (§5.3)"),
-          ("gemini[cpu_offload,os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, "202/6.73 (§5.3); Colossal-AI = `gemini` "
-                                                                 "with params and grads offloaded to the CPU and its OS "
-                                                                 "on the SSDs, as Fuyou §5.1 ran it"))),
+      for p, name, pub, cb, model, note in (
+          ("fuyou", "Fuyou", 202.0, 32, TIDE_GPT, "§5.3 text: 202"),
+          ("zero3-offload", "ZeRO-Offload", 202 / 2.46, 64, MEGATRON_DS,
+           "202/2.46 (§5.3); Fuyou ran ZeRO-3 with params on the CPU, checkpoints on CPU memory (§5.1), on "
+           "Megatron-DeepSpeed's GPT (written-out attention, full-logits loss: MODEL_OPTIONS)"),
+          ("zero-infinity", "ZeRO-Infinity", 202 / 3.42, 64, MEGATRON_DS, "202/3.42 (§5.3); Megatron-DeepSpeed's GPT"),
+          ("gemini[cpu_offload,os_on_nvme]", "Colossal-AI", 202 / 6.73, 64, TIDE_GPT,
+           "202/6.73 (§5.3); Colossal-AI = `gemini` with params and grads offloaded to the CPU and its OS on the SSDs, "
+           "as Fuyou §5.1 ran it"))),
     *(F(key=f"fy-5c-{p}", paper="Fuyou Fig. 5c (§5.3)", label=f"{name} 13B on RTX 4090, TFLOPS", kind="throughput",
-        published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb,
+        published=pub, policy=p, hardware=R4090, shape=(40, 5120, 40), batches=FY_BATCHES, ci_batch=cb, model=model,
         assumption=f"best of batch 8-64 (§5.3), seq 1024; {note}")
-      for p, name, pub, cb, note in (
-          ("fuyou", "Fuyou", 156.0, 32, "§5.3 text: 156"),
-          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 64, "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU"),
-          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 64, "156/3.47 (§5.3: 45)"))),
+      for p, name, pub, cb, model, note in (
+          ("fuyou", "Fuyou", 156.0, 32, TIDE_GPT, "§5.3 text: 156"),
+          # Megatron-DeepSpeed's GPT at batch 64 runs out of the 4090's DEVICE (the written-out scores and full
+          # logits), so its best batch is 32; Fuyou §5.6 Fig. 8 shows ZeRO-Infinity's 13B runs at 8, 16, 32 only
+          ("zero3-offload", "ZeRO-Offload", 156 / 2.36, 32, MEGATRON_DS,
+           "156/2.36 (§5.3); Fuyou ran ZeRO-3 with params on the CPU; Megatron-DeepSpeed's GPT"),
+          ("zero-infinity", "ZeRO-Infinity", 156 / 3.47, 32, MEGATRON_DS,
+           "156/3.47 (§5.3: 45); Megatron-DeepSpeed's GPT"))),
     F(key="fy-trend-a100", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on A100", kind="trend",
       published=0.86, of=("fy-5a-a100", "fy-5b-fuyou"), assumption="§5.3: 'on the smaller 13B model, it maintains 86%'"),
     F(key="fy-trend-4090", paper="Fuyou §5.3", label="Fuyou 175B / 13B throughput on RTX 4090", kind="trend",
@@ -293,23 +316,19 @@ FIGURES: tuple[Figure, ...] = (
     # ZeRO-Offload (Ren et al. 2021), one V100 32 GB of a DGX-2
     F(key="zo-largest", paper="ZeRO-Offload (Ren et al. 2021) §1", label="largest, 1x V100 32 GB + 1.5 TB: ZeRO-Offload",
       kind="largest", published="13B", policy="zero2-offload", hardware=ZO, ladder=ZO_LADDER, batch=1,
+      model=MEGATRON_DS,  # the tutorial runs DeepSpeedExamples' Megatron-LM-v1.1.5-ZeRO3 GPT-2 code
       assumption="largest trainable = fits at some batch: §1 names none, so batch 1 (feasibility is monotone in the "
                  "batch; the tutorial's batch 10 is its 10B run's); 32 heads, checkpointing "
                  "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
     F(key="zo-10b", paper="ZeRO-Offload (Ren et al. 2021) §1", label="ZeRO-Offload 10B on 1x V100, TFLOPS",
       kind="throughput", published=40.0, policy="zero2-offload", hardware=ZO, shape=(50, 4096, 32), batches=(10,),
-      ci_batch=10, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
+      ci_batch=10, model=MEGATRON_DS, assumption="batch 10, 50 layers x 4096, 32 heads, --checkpoint-activations "
                               "(DeepSpeed docs/_tutorials/zero-offload.md), seq 1024"),
 )
 
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "ps-t3-1-ds": ("8B (+2 steps): DeepSpeed v0.4.3 as PatrickStar ran it (`zero3-offload[gpu_params]`: fp16 params on "
-                   "the GPU, its gathered copies, temp grad and ipg buffers reserved) fits 8B at batch 32 above the 30 "
-                   "TFLOPS bar, 10B only up to batch 16 (27.5); its OOM above 4B (§9.2.1: 'param fp16 and peak "
-                   "non-model data must be in GPU') needs more non-model memory at batch 32-64 than tide's GPT trace "
-                   "records, or a v0.4.3 GPU allocation not found in its stage3.py/partition_parameters.py"),
     "fy-5b-zero-infinity": ("too fast (x1.52 in Fig. 5's 8 P B s metric, 70.5 model TFLOPS, x1.19): the fp32 grads "
                             "swapped to the SSDs and back (ZI.4, `swap_out_gradients`), the sub-groups stepped one at a "
                             "time (pipeline_read/write false) and partition_grads' grad round trip (Z3.10) are modelled "
@@ -325,16 +344,28 @@ MISSES: dict[str, str] = {
                      "GPU inside ColoInitContext(device=get_current_device()) before Gemini moves it (26 GB at 13B, over "
                      "a 4090's 24 GB), which the simulator does not model. What makes Colossal-AI 0.3.0 this slow "
                      "(its NVMe optimizer path, tensornvme, not overlapped) is not in the paper"),
-    "fy-5b-zero3-offload": ("too fast (x1.31) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
-                            "Fuyou §5.1 ran; 84.1 model TFLOPS, x1.02): partition_grads' grad round trip (2 + 2 + 2 "
-                            "B/param over pageable PCIe, Z3.10) and the 1 GB ipg bucket are modelled since issue 16's "
-                            "third pass (x1.43 before); stall 43%, H2D 17% busy"),
-    "fy-5c-zero3-offload": ("too fast (x1.44) in Fig. 5's 8 P B s metric (74.4 model TFLOPS, x1.13), as "
-                            "fy-5b-zero3-offload (x1.55 before)"),
-    "fy-5c-zero-infinity": ("too fast (x1.80 in Fig. 5's 8 P B s metric, 63.5 model TFLOPS, x1.41; x2.20 before), as "
-                            "fy-5b-zero-infinity: of its 83 s the 4090 and A100 rows differ only in compute (44.0 vs 35.8 "
-                            "s; H2D/D2H 10.5 s each, NVMe 6.3 + 5.7 s, CPU Adam 8.6 s on both) where Fuyou measured 113 "
-                            "vs 86 s: the 4090 server's own host is not modelled"),
+    "fy-5b-zero3-offload": ("too fast (x1.32) in Fig. 5's 8 P B s metric (DeepSpeedExamples' `flops_calculator`, which "
+                            "Fuyou §5.1 ran; 83.9 model TFLOPS) at batch 64, which fits the A100 also with "
+                            "Megatron-DeepSpeed's written-out attention (DEVICE peak 27.4 GB). The simulated iteration is "
+                            "already serial (63 s = compute 36 + H2D 10.5 + D2H 7.9 + CPU Adam 8.6: no overlap left to "
+                            "remove); v0.9.3's step passes on the CPU (`unscale_and_clip_grads` mul_, the fp32 -> fp16 "
+                            "`copy_` of `_reassign_or_swap_out_partitioned_parameters`, ~14 B/param of DRAM, < 1 s) and "
+                            "partition_grads' GPU-side norm/isinf/isnan passes (< 0.5 s) are too small to matter; halving "
+                            "the preset's pageable PCIe rate (a tide estimate, 10 GB/s) would give x1.02: the rate is "
+                            "unmeasured on Fuyou's testbed"),
+    "fy-5b-zero-infinity": ("too fast (x1.53 in Fig. 5's 8 P B s metric, 70.2 model TFLOPS) at batch 64 (fits the "
+                            "A100 with Megatron-DeepSpeed's GPT; batch 32 is x1.05): the fp32 grads swapped to the SSDs "
+                            "and back (ZI.4), the sub-groups stepped one at a time and partition_grads' round trip (Z3.10) "
+                            "are modelled; the iteration is serial (sum of channel busy times 77 s, iteration 75 s); "
+                            "DeepSpeed's one-thread aio rate on 12 SSDs (ZI.5) and the pageable PCIe rate are "
+                            "unmeasured (half the preset's pageable rate: x1.20)"),
+    "fy-5c-zero-infinity": ("too fast (x1.29 in Fig. 5's 8 P B s metric, 44.9 model TFLOPS; x1.80 before Megatron-"
+                            "DeepSpeed's GPT was simulated, whose batch 64 runs out of the 4090's DEVICE, so batch 32 is "
+                            "the best, as Fuyou §5.6 Fig. 8 runs ZeRO-Infinity at 8-32): as fy-5b-zero-infinity"),
+    "fy-trend-zo": ("A100 / 4090 is 1.48 (x1.19): the 4090 row (batch 32, x1.11) is inside since Megatron-DeepSpeed's "
+                    "GPT runs out of its DEVICE at batch 64, the A100 row's best is batch 64 and x1.32 too fast "
+                    "(fy-5b-zero3-offload); at batch 32 on both the ratio is 1.10 (x0.88). Before, both rows were at "
+                    "batch 64 and too fast by similar factors (x1.31, x1.44), the ratio inside"),
     "fy-trend-a100": ("175B / 13B is 1.11 (x1.29), both rows inside on their own (CI batches: 175B x1.15 at "
                       "batch 32, 13B x0.89 at batch 32): the 175B iteration is compute-bound (COMPUTE 88%) with the "
                       "SSDs 65% busy, the 13B one loses 12% to stalls with CPU Adam 55% busy; the published 13B/175B "
@@ -343,10 +374,11 @@ MISSES: dict[str, str] = {
     "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
                       "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
                       "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),
-    "zo-10b": ("batch 10 runs out of DEVICE by 35 MB (0.1 %): fp16 params 20.6 GB + ZeRO-2's two 5e8-element ipg "
-               "buckets and temp grad buffer (Z2.9, since issue 16's third pass) + the recompute peak of h.49 at batch 10 "
-               "(6.4 GB) against 29.65 GB usable (34.06 GB x the preset's usable_fraction 0.9 - its 1 GB margin, both tide "
-               "estimates); batch 8 fits. Before the buckets were counted it was inside"),
+    "zo-10b": ("batch 10 runs out of DEVICE by 1.08 GB (35 MB with tide's fused-attention GPT): fp16 params 20.6 GB + "
+               "ZeRO-2's two 5e8-element ipg buckets and temp grad buffer (Z2.9) + the recompute peak of h.49 at batch 10 "
+               "with the tutorial's Megatron-LM-v1.1.5 written-out attention against 29.65 GB usable (34.06 GB x the "
+               "preset's usable_fraction 0.9 - its 1 GB margin, both tide estimates); batch 8 fits at 27.3 (x0.68). The "
+               "paper ran DeepSpeed v0.3.x, whose bucket sizes for this figure are not published (Z2.9)"),
 }
 # The TFLOPS each paper prints (`reported_tflops`): PatrickStar's and Fuyou's harnesses count 8 P B s.
 # (ZeRO-Offload's and Angel-PTM's figures here are not re-read: their rows keep the model FLOPs.)
@@ -374,7 +406,7 @@ def throughput(f: Figure, *, quick: bool) -> tuple[float | None, int | None, str
     best: tuple[float | None, int | None, str] = (None, None, "")
     reasons = []
     for b in ((f.ci_batch,) if quick else f.batches):
-        r = run(f.policy, f.hardware, f.shape, b)
+        r = run(f.policy, f.hardware, f.shape, b, f.model)
         if isinstance(r, str):
             reasons.append(f"batch {b}: {r.split(';')[0][:140]}")
             continue
@@ -393,14 +425,16 @@ def _batches(f: Figure, *, quick: bool) -> tuple[int, ...]:
 
 
 def _fits_any(f: Figure, i: int, *, quick: bool) -> bool:
-    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops, f.metric) for b in _batches(f, quick=quick))
+    return any(fits(f.policy, f.hardware, f.ladder[i][1], b, f.min_tflops, f.metric, f.model)
+               for b in _batches(f, quick=quick))
 
 
 def _why_not(f: Figure, i: int, *, quick: bool) -> str:
     bs = _batches(f, quick=quick)
     if len(bs) == 1:
-        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0], metric=f.metric)}"
-    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True, metric=f.metric)}" for b in bs) + \
+        return f"batch {bs[0]}: {why(f.policy, f.hardware, f.ladder[i][1], bs[0], metric=f.metric, model=f.model)}"
+    return ", ".join(f"b{b} {why(f.policy, f.hardware, f.ladder[i][1], b, short=True, metric=f.metric, model=f.model)}"
+                     for b in bs) + \
         (f" (bar {f.min_tflops:.0f} TFLOPS)" if f.min_tflops else "")
 
 

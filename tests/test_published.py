@@ -33,10 +33,10 @@ def test_published_figure_inside_tolerance(figure) -> None:
 
 def test_tolerances_can_fail() -> None:
     """The checks reject a wrong value: a throughput 2x off, a trend 1.5x off, a ladder 2 steps off."""
-    f = published.BY_KEY["fy-5b-zero3-offload"]  # a row inside its tolerance
+    f = published.BY_KEY["fy-5c-zero3-offload"]  # a row inside its tolerance
     wrong = published.Figure(**{**f.__dict__, "key": "wrong", "published": 2 * f.published})
     assert not published.evaluate([wrong], quick=True)[0].ok
-    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("fy-5b-zero3-offload", "fy-5b-zero3-offload"))
+    same = published.Figure(key="self", paper="-", label="-", kind="trend", published=1.0, of=("fy-5c-zero3-offload", "fy-5c-zero3-offload"))
     assert published.evaluate([same], quick=True)[0].ok  # a figure over itself: 1.0
     wrong_t = published.Figure(**{**same.__dict__, "key": "wrong-t", "published": 1.5})
     assert not published.evaluate([wrong_t], quick=True)[0].ok
@@ -59,3 +59,15 @@ def test_patrickstar_and_fuyou_figures_count_tflops_as_their_harnesses_print_the
     expected = 8 * gpt_param_count(layers=layers, hidden=hidden) * f.ci_batch * published.SEQ / r.iteration_seconds / 1e12
     reported = published.reported_tflops(r, f.metric, f.hardware, f.shape, f.ci_batch)
     assert reported == expected and reported > r.tflops
+
+
+def test_fuyou_deepspeed_rows_run_megatron_deepspeeds_gpt() -> None:
+    """Fuyou's DeepSpeed baselines ran Megatron-DeepSpeed's GPT (written-out attention, full-logits loss):
+    at batch 64 it runs out of the RTX 4090's DEVICE, where tide's GPT (fused attention, chunked head) fits,
+    so the 4090 rows' best batch is 32 (Fuyou §5.6 Fig. 8 runs ZeRO-Infinity 13B at 8-32)."""
+    f = published.BY_KEY["fy-5c-zero3-offload"]
+    assert f.model == published.MEGATRON_DS and published.BY_KEY["fy-5b-zero-infinity"].model == published.MEGATRON_DS
+    oom = published.run(f.policy, f.hardware, f.shape, 64, f.model)
+    assert isinstance(oom, str) and "DEVICE" in oom
+    assert not isinstance(published.run(f.policy, f.hardware, f.shape, 64, published.TIDE_GPT), str)
+    assert not isinstance(published.run(f.policy, f.hardware, f.shape, 32, f.model), str)
