@@ -329,12 +329,6 @@ FIGURES: tuple[Figure, ...] = (
 # Rows outside their tolerance today, with the measured cause (bench/published.py's detail column,
 # this commit, 2-core box). tests/test_published.py xfails them strictly: fix one, update this.
 MISSES: dict[str, str] = {
-    "fy-f4-4090-128": ("175B (+2 steps): with Fuyou §4.3's optimizer pipeline buffers on the CPU (three block-sized "
-                       "groups read / updated / written back, 40 B per parameter: 72.5 GB at 175B, 98.7 GB at 276B; "
-                       "planner/policies/fuyou.py) 276B runs out of the 108.8 GB usable HOST, 175B fits. What else the "
-                       "real system keeps in CPU memory is not in the paper: the CPU side of its FIFO prefetch queue "
-                       "has no formula (§4.4), and §5.2 only says Fuyou 'succeeds in training a 65B model even with "
-                       "only 128 GB', a feasibility claim the harness reads as the maximum"),
     "fy-5b-zero-infinity": ("too fast (x1.52 in Fig. 5's 8 P B s metric, 70.5 model TFLOPS, x1.19): the fp32 grads "
                             "swapped to the SSDs and back (ZI.4, `swap_out_gradients`), the sub-groups stepped one at a "
                             "time (pipeline_read/write false) and partition_grads' grad round trip (Z3.10) are modelled "

@@ -173,6 +173,8 @@ def test_world_size_disagreement_is_named() -> None:
 
 def test_costmodel_channels_and_stage_max() -> None:
     hw = resolve_hardware("rtx4090-768g-12ssd")
+    # the arithmetic below is written around a 48 GB/s host cap (the preset's own cap is its PCIe lanes)
+    hw = dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, host_cap_gb_per_s=48.0))
     assert transfer_seconds(hw, Channel.H2D, 25e9) == pytest.approx(25e9 / hw.h2d_bytes_per_s)
     assert transfer_seconds(hw, Channel.H2D, 0) == 0.0
     # 12 SSDs read behind the 48 GB/s host-side cap; reads alone at the cap, writes alone at 12 x 3.4
@@ -307,6 +309,9 @@ def test_costmodel_prices_what_the_profile_measures() -> None:
         channel_bytes_per_s, cpu_adam_params_per_s, device_capacity_bytes, dram_bytes, dram_bytes_per_s, moment_seconds,
     )
     hw = resolve_hardware("rtx4090-768g-12ssd")
+    # the figures below are written around these rates (the preset's own are sourced and move)
+    hw = dataclasses.replace(hw, links=dataclasses.replace(hw.links, duplex_h2d_gb_per_s=21.0, duplex_d2h_gb_per_s=21.0),
+                             host=dataclasses.replace(hw.host, dram_gb_per_s=409.6))
     assert channel_bytes_per_s(hw, Channel.H2D, pageable=True) == pytest.approx(10e9)
     assert channel_bytes_per_s(hw, Channel.D2H, duplex=True) == pytest.approx(21e9)
     assert cpu_adam_params_per_s(hw, with_copies=True) == pytest.approx(1.2e9)
@@ -352,6 +357,8 @@ def test_two_way_rows_are_the_least_time_of_any_overlap() -> None:
     # a cap on both together
     assert least(two_way_rows(10.0, 10.0, 10.0, 10.0, cap=10.0), 5.0, 5.0) == pytest.approx(1.0)
     hw = resolve_hardware("rtx4090-768g-12ssd")
+    hw = dataclasses.replace(hw, links=dataclasses.replace(hw.links, h2d_gb_per_s=25.0, d2h_gb_per_s=25.0,
+                                                           duplex_h2d_gb_per_s=21.0, duplex_d2h_gb_per_s=21.0))
     assert least(pcie_time_rows(hw), 46e9, 21e9) == pytest.approx(2.0)
 
 
