@@ -380,6 +380,23 @@ MISSES: dict[str, str] = {
                "preset's usable_fraction 0.9 - its 1 GB margin, both tide estimates); batch 8 fits at 27.3 (x0.68). The "
                "paper ran DeepSpeed v0.3.x, whose bucket sizes for this figure are not published (Z2.9)"),
 }
+# Rows outside in the full run (each figure's whole batch range) whose CI batch is inside, so they cannot
+# be strict xfails: their measured cause, printed beside the row (measured 2026-11-24, full run).
+FULL_RUN_MISSES: dict[str, str] = {
+    "ps-t3-8-ps": ("15B (+2 steps) since PS.2 (grad in the param slot, on DEVICE and HOST: 14 B/param as PatrickStar's "
+                   "chunks hold): 15B at batch 16 needs 198 GB of the node's 204 GB HOST at 271 TFLOPS. What stopped "
+                   "the real system at 12B is not in the paper; the host memory of 8 processes (CUDA contexts, pinned "
+                   "staging) is not in tide's model (a guess, not measured)"),
+    "ps-922-12B": ("x1.28 at batch 32 (x1.01 in model FLOPs; the CI's batch 16 is inside): every size from 6B to 12B "
+                   "simulates at ~44 TFLOPS because the iteration is CPU-Adam bound (CPU_OPTIMIZER 42% busy) at a "
+                   "per-param rate, so time grows linearly with params; the paper's fall from 44 (10B) to 34 (12B) "
+                   "needs a cost that grows faster than the params on its 240 GB node, not identified"),
+    "ps-922-trend": "as ps-922-12B: 6B and 12B both simulate at ~44 TFLOPS",
+    "fy-5a-4090": ("x1.45 at batch 16 (the CI's batch 8 is x0.81): CPU_OPTIMIZER 79% busy at the preset's CPU-Adam rate, "
+                   "1.5e9 params/s, which is a tide estimate (no measurement of Fuyou's Xeon Gold 5320 found; "
+                   "DeepSpeed PR #735's 1.41e9 on an unnamed machine is the cross-check), and the iteration's length "
+                   "follows it"),
+}
 # The TFLOPS each paper prints (`reported_tflops`): PatrickStar's and Fuyou's harnesses count 8 P B s.
 # (ZeRO-Offload's and Angel-PTM's figures here are not re-read: their rows keep the model FLOPs.)
 METRIC_OF_PAPER = {"PatrickStar": PAPER_8PBS, "Fuyou": PAPER_8PBS}
@@ -515,12 +532,18 @@ def _ratio(r: Row) -> str:
     return f"{r.ratio:+.0f} steps" if r.figure.kind == "largest" else f"{r.ratio:.2f}"
 
 
+def _cause(r: Row) -> str:
+    """The row's measured detail, and for a row outside its tolerance its known cause."""
+    miss = r.figure.miss or FULL_RUN_MISSES.get(r.figure.key, "")
+    return r.detail + (f" — known miss: {miss}" if miss and not r.ok else "")
+
+
 def markdown(rows: Sequence[Row], *, quick: bool) -> str:
     out = ["| figure | published | simulated | ratio | tolerance | in? | assumption (source) | measured detail / cause |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         f = r.figure
-        cause = r.detail + (f" — known miss: {f.miss}" if f.miss and not r.ok else "")
+        cause = _cause(r)
         sim = _fmt(r.simulated, f.kind) if not (quick and f.kind == "largest") else "(2 checks)"
         out.append(f"| {f.paper}: {f.label} | {_fmt(f.published, f.kind)} | {sim} | {_ratio(r)} | {_tol(f.kind)} | "
                    f"{'yes' if r.ok else '**no**'} | {f.assumption} | {cause} |")
@@ -533,7 +556,7 @@ def text(rows: Sequence[Row], *, quick: bool) -> str:
         f = r.figure
         sim = _fmt(r.simulated, f.kind) if not (quick and f.kind == "largest") else "(checks)"
         out.append(f"{(f.paper + ': ' + f.label)[:70]:70} {_fmt(f.published, f.kind):>10} {sim:>10} {_ratio(r):>9} "
-                   f"{_tol(f.kind):>8}  {'yes' if r.ok else 'NO '}  {r.detail}")
+                   f"{_tol(f.kind):>8}  {'yes' if r.ok else 'NO '}  {_cause(r)}")
     return "\n".join(out)
 
 
