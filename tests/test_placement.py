@@ -201,7 +201,7 @@ def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first):
     trace = gpt_trace(layers=2, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32")
     problem = build_problem(trace, hw, trace_digest="t")
     schedule = baseline("angel", problem)
-    rows = placement_input(problem, schedule.layout).pcie_time_rows
+    rows = placement_input(problem, schedule.layout).pcie_bound_rows  # the rows of the bound's model
     # a long copy one way started alone, then copies the other way issued under it until it ends
     sim = setup(schedule, hw)
     a, b = (Channel.H2D, Channel.D2H) if first == "H2D" else (Channel.D2H, Channel.H2D)

@@ -344,7 +344,8 @@ def test_the_lp_on_a_baselines_layout_is_below_its_replay():
     """Issue 17 item 4: GPT-3 13B x a100-80g-12ssd, where the angel baseline overlaps 70 GB of H2D with
     36 GB of D2H: the placement LP on the angel plan's own layout stays below its replay (it was 5.989 s
     against a 5.831 s replay while the PCIe rows charged the link's both-ways region, not what the
-    simulator reaches: Note [two-way rows of the replay] in planner/placement_input.py)."""
+    simulator reaches: Note [two-way rows of the replay] in planner/placement_input.py). planner.solve's
+    bound is this LP (bound_rows), per chunk size."""
     from planner.placement import PlacementModel
     from planner.placement_input import placement_input
     from planner.policies import baseline
@@ -356,5 +357,5 @@ def test_the_lp_on_a_baselines_layout_is_below_its_replay():
     problem = build_problem(trace, hw, trace_digest=_digest(trace))
     schedule = baseline("angel", problem)
     replay = simulate(schedule, hw).iteration_seconds
-    lp = PlacementModel(placement_input(problem, schedule.layout), relax=True).solve()
+    lp = PlacementModel(placement_input(problem, schedule.layout), relax=True, bound_rows=True).solve()
     assert lp.bound_seconds <= replay * (1 + 1e-9)
