@@ -386,10 +386,12 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     best = min((x.objective_seconds for x in solved.values()), default=math.inf)
     lp_bounds = dict(bounds)  # the LPs alone, before any root node (solve_report's fallback)
     if math.isfinite(best):
-        # the root nodes are of the MIP's own model (its rows): they tighten the MIP's gap, and the
-        # header's bound only where the bound rows are the MIP's (Note [two-way rows of the replay]);
-        # a root at the bound rows too was 5.4 s CPU more at 175B x a100-80g-12ssd for 92.82 s, below
-        # its LP's 92.88 s (2-core box, 2026-11-24), so none is solved
+        # the roots are of the MIP's own model (its rows, the same roots as before): they tighten the
+        # MIP's gap, and the header's bound only where the bound rows are the MIP's (Note [two-way
+        # rows of the replay]). Roots at the bound rows too, measured (2-core shared box, 2026-11-24):
+        # 13B x rtx4090-768g-12ssd bound 7.482 -> 7.846 s (true gap 14.8 -> 10.7%) for 10.5 -> 19.8 s
+        # CPU; driving the loop by the bound-row LPs solved a root at 175B x a100-80g-12ssd, 18 -> 40 s
+        # CPU for 92.82 s, below its LP's 92.88 s. Not solved: solve time (issue 18's targets)
         physical, done = lower_bound(problem).seconds, set()
         while max(physical, min(mip_bounds.values())) < best * (1 - ROOT_BOUND_GAP):
             size = min((x for x in mip_bounds if x not in done), key=lambda x: (mip_bounds[x], x), default=None)
