@@ -283,6 +283,15 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
     return end
 
 
+def _activation_path(a: Action, i: int, what: str) -> tuple[Channel, ...]:
+    """The channels an activation copy crosses; the one it names must be among them."""
+    path = _path(a, i)
+    if a.channel not in path:
+        raise ScheduleViolation(ViolationKind.CHANNEL, f"{what} crosses {'+'.join(ch.value for ch in path)}, "
+                                f"the action names {a.channel.value}", moment=a.moment, action_index=i, block=a.block)
+    return path
+
+
 def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int]) -> float:
     m, b = a.moment, a.block
     blk = blocks[b]
@@ -296,11 +305,7 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
             raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_OFFLOAD while the block's activations are "
                                     f"{blk.state.value} (offload after its forward, before its backward)",
                                     moment=m, action_index=i, block=b)
-        path = _path(dataclasses.replace(a, src=Tier.DEVICE), i)
-        if a.channel not in path:
-            raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_OFFLOAD to {a.dst.value} crosses "
-                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
-                                    moment=m, action_index=i, block=b)
+        path = _activation_path(dataclasses.replace(a, src=Tier.DEVICE), i, f"ACT_OFFLOAD to {a.dst.value}")
         end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
         act_bytes[DEVICE_INDEX] -= blk.device_bytes()
         blk.state, blk.tier = ActState.OFFLOADED, a.dst
@@ -311,11 +316,7 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
         raise ScheduleViolation(ViolationKind.ACTIVATIONS, f"ACT_RELOAD from {a.src.value} while the block's "
                                 f"activations are {blk.state.value}{' on ' + blk.tier.value if blk.tier else ''}",
                                 moment=m, action_index=i, block=b)
-    path = _path(dataclasses.replace(a, dst=Tier.DEVICE), i)
-    if a.channel not in path:
-        raise ScheduleViolation(ViolationKind.CHANNEL, f"ACT_RELOAD from {a.src.value} crosses "
-                                f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
-                                moment=m, action_index=i, block=b)
+    path = _activation_path(dataclasses.replace(a, dst=Tier.DEVICE), i, f"ACT_RELOAD from {a.src.value}")
     end = _transfer(sim, path, nbytes, issue, blk.ready_at, f"reload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
     act_bytes[TIER_INDEX[a.src]] -= moved
     blk.state, blk.tier, blk.ready_at = ActState.ON_DEVICE, None, end
