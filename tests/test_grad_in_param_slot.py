@@ -9,26 +9,27 @@ from pathlib import Path
 
 import msgpack
 import pytest
-
 from conftest import REPO
+from test_simulate_builders import (
+    CHUNK_BYTES,
+    D,
+    G,
+    H,
+    P,
+    resident_specs,
+    tiny_hardware,
+    tiny_schedule,
+)
+
 from planner.replay import replay_residency
 from planner.simulate import ScheduleViolation, simulate
 from schemas import FormatError, Schedule
 from schemas.schedule import ChunkList, Op, Tier, seal
-from test_simulate_builders import CHUNK_BYTES, D, G, H, P, tiny_hardware, tiny_schedule
 
 MASTER = ChunkList.MASTER
 GOLDEN = REPO / "traces" / "golden" / "gpt-small.cpu-emulated-0.05gb.schedule.msgpack"
 LISTS = (P, G, MASTER)
-# everything on DEVICE: grads allocated at their first backward use, stepped on DEVICE, freed after
-SPECS = [
-    (4, Op.ALLOCATE, G, 1, None, D),
-    (6, Op.ALLOCATE, G, 0, None, D),
-    (8, Op.OPTIMIZER_STEP, None, 0, None, D),
-    (8, Op.OPTIMIZER_STEP, None, 1, None, D),
-    (8, Op.EVICT, G, 0, D, None),
-    (8, Op.EVICT, G, 1, D, None),
-]
+SPECS = resident_specs()  # everything on DEVICE, stepped there
 RESIDENT = {(P, 0): (D,), (P, 1): (D,), (MASTER, 0): (D,), (MASTER, 1): (D,)}
 
 
@@ -112,9 +113,10 @@ def test_the_executor_refuses_it_at_attach() -> None:
 def test_patrickstar_schedules_carry_the_flag_and_hold_less_on_device(ranks: int) -> None:
     """PatrickStar puts every grad in its param chunk's slot (PS.2); the replay and the simulator agree on
     its DEVICE peak, and the same decisions without the slot need more DEVICE (backward: PARAM + GRAD)."""
+    from test_baselines import box, problem, ranks_box
+
     from planner.materialize import materialize
     from planner.policies import decisions
-    from test_baselines import box, problem, ranks_box
 
     hw = box(device_gb=8.0) if ranks == 1 else ranks_box(ranks, device_gb=8.0)
     p = problem(hw)
