@@ -66,6 +66,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
       persistent[g]    chunks that never leave DEVICE (<= every keep, >= os_device)
       param_nvme[g]    chunks whose PARAM lives on NVME, not HOST (fetched through HOST at every use)
       os_device[g] + os_host[g] + os_nvme[g] = count_g (trainable)
+      os_sharded[g]    (p > 1) of the os_device ones, those not persistent (persistent + os_sharded >= os_device)
     Per block: act[b,mode] in {0,1}, one mode. Per stage: stage_time[s].
     During a use stage all of the class's chunks are on DEVICE; between uses the kept ones plus
     those that already arrived: resident[g,s] is derived, never a variable of its own.
@@ -116,6 +117,19 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     # activation modes too), which is what keeps the 175B MIP at seconds instead of its time limit.
     # The model is optimistic where the SSDs' FIFO and the CPU's pace interact (it charges transfers per
     # stage, the simulator queues them): planner.solve therefore replays every plan in the simulator.
+    # Note [sharded DEVICE steps]:
+    # With one rank a chunk whose OS lives on DEVICE keeps its PARAM there (`persistent >= os_device`):
+    # the step writes it in place and nothing else holds it. With p ranks "persistent" keeps the
+    # gathered comm group, p chunks of PARAM, on every rank for the whole iteration, where the step
+    # needs the owner's 1/p only. ZeRO-3 with its optimizer state on the GPU (DeepSpeed stage3.py: the
+    # fp32 partition on the device, fp16 params partitioned, all-gathered before a module's use and
+    # released after it, `partition_parameters.py`) keeps only the partition; PatrickStar §7 gathers
+    # a comm group for its use and releases the remote chunks after it. Here such a comm group
+    # (`os_sharded`) is materialize's non-persistent PARAM entry with a DEVICE step, the path the
+    # streamed OS already takes (planner.device_cache, planner.emit._device_step): fetched (local
+    # chunk H2D, then ALL_GATHER) for its uses, its owner's chunk up for the step in the optimizer
+    # stage and written back after it (HOST holds the local chunk between uses). Not built: keeping
+    # the local chunk on DEVICE between uses (`keep_local`, docs/rank-aware-placement.md §2).
     def _flag(self, name: str) -> Any:
         """A 0/1 switch of a whole mechanism (any chunk streamed, any OS on NVME, ...): the big-M rows
         behind it are what makes the relaxation weak and the MIP slow, so `fixed_flags` may pin it
@@ -140,6 +154,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.refresh: list[list[Any]] = []  # [g][k] aligned with the wrap gap's lookahead
         self.persistent, self.os_device, self.os_host, self.os_nvme, self.os_stream = [], [], [], [], []
         self.os_nvme_stream: list[Any] = []  # [g] OS on NVME streamed NVME -> HOST -> DEVICE for GPU Adam
+        self.os_sharded: list[Any] = []  # [g] (p > 1) DEVICE-stepped comm groups not persistent: Note [sharded DEVICE steps]
         self.param_nvme: list[Any] = []  # [g] PARAM chunks whose home is NVME (fetched through HOST every use)
         self.nvme_incoming: list[list[list[Any]]] = []  # [g][gap][k] the part of incoming[g,gap,k] read from NVME
         self.on_demand: list[list[Any]] = []  # [g][gap] chunks fetched at the next use itself (no prefetch room)
@@ -172,7 +187,16 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
             self.solver.Add(pn + pers + st + sn <= g.count, f"param_nvme_room[{g.id}]")
             self.param_nvme.append(pn)
             # GPU Adam needs PARAM and GRAD on DEVICE at the optimizer step: such chunks stay
-            self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
+            if d.ranks == 1 or not g.trainable:
+                self.solver.Add(pers >= od, f"os_device_persistent[{g.id}]")
+                self.os_sharded.append(0)
+            else:
+                # with p ranks a DEVICE-stepped comm group need not stay gathered (Note [sharded
+                # DEVICE steps]): os_sharded of them are gathered for their uses only
+                sh = self._int(0, n_os, f"os_sharded[{g.id}]")
+                self.solver.Add(sh <= od, f"os_sharded_device[{g.id}]")
+                self.solver.Add(pers + sh >= od, f"os_device_persistent[{g.id}]")
+                self.os_sharded.append(sh)
             keeps, incs, refresh, nincs, dems, ndems = [], [], [], [], [], []
             for i, gap in enumerate(gaps):
                 keep = self._int(0, g.count, f"keep[{g.id},{i}]")

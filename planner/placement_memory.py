@@ -69,6 +69,8 @@ class MemoryRows:
         self.host_static = self.solver.NumVar(0, inf, "host_static")  # HOST copies of PARAM + OS on HOST
         self.solver.Add(self.host_static == sum(scaled((g.count - self.os_device[gi] - self.param_nvme[gi]) * g.param_bytes, fac[gi][0])
                                                 + scaled((self.os_host[gi] + self.os_stream[gi]) * g.os_bytes, fac[gi][1])
+                                                # sharded DEVICE steps: the local chunk's home copy
+                                                + scaled(self.os_sharded[gi] * g.param_bytes, fac[gi][0])
                                                 for gi, g in enumerate(d.chunk_classes)), "host_static_sum")
         self.use_bytes = [0.0] * n  # PARAM bytes of the chunk classes a stage's work touches
         self.arrived: list[list[Any]] = [[] for _ in range(n)]  # incoming chunks already on DEVICE in s (bytes)
@@ -188,6 +190,13 @@ class MemoryRows:
                     self.solver.Add(self.os_nvme_stream[gi] <= g.count * any_ns, f"any_nvme_stream[{g.id}]")
                 host_grads.append((d.optimizer_stage, d.optimizer_stage,
                                    NVME_STREAM_STAGED_CHUNKS * max(g.os_bytes * node_factors(d, g)[1] for _, g in trainable) * any_ns))
+        if p > 1 and trainable:
+            # a sharded DEVICE step (Note [sharded DEVICE steps]) brings materialize's whole comm-group
+            # PARAM entry up for the step, p chunks of budget, beside its OS and grads (counted already)
+            self.any_sharded = self._flag("any_sharded_step")
+            for gi, g in trainable:
+                self.solver.Add(self.os_sharded[gi] <= g.count * self.any_sharded, f"any_sharded_step[{g.id}]")
+            self.stream_transient = self.stream_transient + max(p * g.param_bytes for _, g in trainable) * self.any_sharded
         self.kept_bytes = self._interval_sums("kept_params", kept)
         self.grad_bytes = self._interval_sums("device_grads", grads)
         self.saved_bytes = self._interval_sums("activation_saved", saved)

@@ -112,6 +112,11 @@ class TimeRows:
             h2d[o] += streamed * (g.os_bytes + 2 * g.param_bytes)
             d2h[o] += streamed * (g.os_bytes + g.param_bytes)
             compute[o] += streamed * (g.elements * d.gpu_adam_seconds_per_element)
+            if peers:
+                # a sharded DEVICE step (Note [sharded DEVICE steps]): the owner's PARAM chunk up from
+                # HOST for the step and written back after it (emit: FETCH, OPTIMIZER_STEP, WRITE_BACK)
+                h2d[o] += self.os_sharded[gi] * g.param_bytes
+                d2h[o] += self.os_sharded[gi] * g.param_bytes
             # NVMe-streamed OS: read from and written back to the SSDs in the optimizer stage
             nvme_read[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)
             nvme_write[o] += scaled(self.os_nvme_stream[gi] * g.os_bytes, fo)

@@ -501,7 +501,15 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
             # later pin sets), polished alike, the best model objective kept (a tie to the earlier). Measured:
             # PatrickStar's 4B on v100-32g-240g-8gpu, packed layout: any_stream pinned 3.644 s, released
             # 3.487 s (model), every OS on DEVICE. One rank keeps the first pin set (its goldens).
-            for later, later_modes in tries[tries.index((flags, modes)) + 1:]:
+            later_tries = tries[tries.index((flags, modes)) + 1:]
+            # and each switch released alone: the cumulative releases above never turn off only a
+            # switch the LP used more (any_sharded_step's transient of p·P where the LP shards a
+            # fraction, with any_stream kept: the 4-rank 0.5 GB case of tests/test_placement_ranks.py)
+            for name in sorted(k for k, v in flags.items() if v):
+                alone = (dict(flags, **{name: 0}), None)
+                if alone not in later_tries:
+                    later_tries.append(alone)
+            for later, later_modes in later_tries:
                 try:
                     other = PlacementModel(data, fixed_flags=later, fixed_modes=later_modes).solve(
                         time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)

@@ -326,3 +326,28 @@ def test_fp16_on_two_ranks_skips_and_steps_like_one_process(two_rank_engine, tmp
         assert max_relative({k: got[key][k] for k in matrices}, matrices) <= FP16_RELATIVE, key
     moved = global_relative(got["master"], {k: init[k] for k in got["master"]})
     assert moved > 10 * FP16_RELATIVE  # it trained (4 steps moved it 0.06, measured): a step more or less would show
+
+
+@needs_gloo
+def test_device_steps_of_comm_groups_gathered_per_use_train_like_one_process(tmp_path, monkeypatch) -> None:
+    """Note [sharded DEVICE steps] (planner/placement.py): OS on DEVICE, no PARAM persistent. Each comm
+    group is gathered for its uses, its owner's chunk comes up for the GPU step and is written back:
+    two gloo ranks train like one plain process (fp32, <= 1e-6)."""
+    import test_distributed
+
+    def sharded(tmp: Path, world_size: int) -> Schedule:
+        trace = Trace.read(TRACES / "gpt-small.msgpack")
+        trace = dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, world_size=world_size))
+        # room for every chunk's OS on DEVICE beside the gathered groups in use
+        problem = build_problem(trace, hardware(tmp, world_size), trace_digest=DIGEST, device_bytes=3 * DEVICE_BYTES)
+        layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
+        return materialize(problem, uniform_decisions(problem, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE))
+
+    monkeypatch.setattr(test_distributed, "schedule_for", sharded)
+    tmp, schedule, init = launch_two_ranks(test_distributed.SCRIPT, tmp_path)
+    steps = [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP]
+    assert steps and all(a.dst is Tier.DEVICE for a in steps)
+    assert any(a.op is Op.WRITE_BACK and a.list is ChunkList.PARAM for a in schedule.actions)  # not persistent
+    reference, _ = plain_run(init, range(STEPS))
+    final = state.load(tmp / "final.pt")
+    assert max_relative(final["model"], reference.state_dict()) <= 1e-6

@@ -106,3 +106,22 @@ def test_several_ranks_the_header_bound_is_the_models_and_holds_for_every_replay
     assert bound > lower_bound(problem).seconds
     assert 0 <= r.schedule.header.gap < 0.25
     assert_bound_holds(bound, r.evaluated, problem)
+
+
+def test_several_ranks_a_device_stepped_comm_group_need_not_stay_gathered() -> None:
+    """Note [sharded DEVICE steps]: with p ranks a comm group whose OS lives on DEVICE may leave DEVICE
+    between its uses (ZeRO-3 with the optimizer on the GPU: only the owner's partition is stepped). With
+    every OS on DEVICE and nothing persistent the model has a plan (it had none: persistent >= os_device),
+    and it charges each step its owner's PARAM chunk up from HOST and back (the step's FETCH and WRITE_BACK)."""
+    d = _data(ranks_box(device_gb=1.0))
+    model = PlacementModel(d)
+    for gi, g in enumerate(d.chunk_classes):
+        if g.trainable:
+            model.os_device[gi].lower_bound = g.count
+        model.persistent[gi].upper_bound = 0
+    sol = model.solve()
+    assert all(p == 0 for p in sol.persistent)
+    trainable = [(gi, g) for gi, g in enumerate(d.chunk_classes) if g.trainable]
+    assert all(sol.os_counts[gi]["DEVICE"] == g.count for gi, g in trainable)
+    written_back = sum(g.count * g.param_bytes for _, g in trainable)
+    assert sol.channel_bytes["D2H"] >= written_back * (1 - 1e-9)
