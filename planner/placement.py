@@ -121,10 +121,12 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     # With one rank a chunk whose OS lives on DEVICE keeps its PARAM there (`persistent >= os_device`):
     # the step writes it in place and nothing else holds it. With p ranks "persistent" keeps the
     # gathered comm group, p chunks of PARAM, on every rank for the whole iteration, where the step
-    # needs the owner's 1/p only. ZeRO-3 with its optimizer state on the GPU (DeepSpeed stage3.py: the
-    # fp32 partition on the device, fp16 params partitioned, all-gathered before a module's use and
-    # released after it, `partition_parameters.py`) keeps only the partition; PatrickStar §7 gathers
-    # a comm group for its use and releases the remote chunks after it. Here such a comm group
+    # needs the owner's 1/p only. ZeRO-3 with its optimizer state on the GPU keeps only the partition
+    # (DeepSpeed docs/code-docs/source/zero3.rst: stage 1 "each process updates only its partition",
+    # stage 3 partitions the 16-bit params and "will automatically collect and partition them during
+    # the forward and backward passes": `partitioned_param_coordinator.py` fetch_sub_module /
+    # release_sub_module); PatrickStar §7 gathers a comm group for its use and releases the remote
+    # chunks after it. Here such a comm group
     # (`os_sharded`) is materialize's non-persistent PARAM entry with a DEVICE step, the path the
     # streamed OS already takes (planner.device_cache, planner.emit._device_step): fetched (local
     # chunk H2D, then ALL_GATHER) for its uses, its owner's chunk up for the step in the optimizer
