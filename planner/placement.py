@@ -63,7 +63,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
       incoming[g,i,k]  chunks arriving during the k-th lookahead stage before the next use
       refresh[g,k]     kept chunks re-uploaded in place after the CPU Adam rewrote them (wrap gap)
       on_demand[g,i]   chunks fetched at the next use itself (no room to prefetch; the use waits)
-      persistent[g]    chunks that never leave DEVICE (<= every keep, >= os_device)
+      persistent[g]    chunks that never leave DEVICE (<= every keep, >= os_device; >= os_device - os_sharded with p ranks)
       param_nvme[g]    chunks whose PARAM lives on NVME, not HOST (fetched through HOST at every use)
       os_device[g] + os_host[g] + os_nvme[g] = count_g (trainable)
       os_sharded[g]    (p > 1) of the os_device ones, those not persistent (persistent + os_sharded >= os_device)
