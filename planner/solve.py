@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from planner.policies import policy_layout
+from planner.policies.patrickstar import patrickstar_layout
 from planner.bounds import explain_infeasible, lower_bound
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
@@ -323,12 +324,20 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # bench/RESULTS.md "Rank-aware placement"), and tide's own layouts let comm groups span blocks
     # instead of padding every block to whole comm groups (Note [layout comm groups]; measured on
     # v100-32g-240g-8gpu, simulated: 4B 3.491 -> 3.430 s, 12B 10.84 -> 10.76 s, 1.3B unchanged)
-    packed = policy_layout(problem) if problem.world_size > 1 else None
-    if packed is not None and packed.chunk_elements in sizes:
-        packed = None
-    for size in sizes + ([packed.chunk_elements] if packed is not None else []):
+    # With several ranks also PatrickStar's comm groups (§7: the one-rank chunks, world_size consecutive
+    # ones a comm group, the oversize embedding in a group of its own; Angel-PTM's pages grouped alike,
+    # planner/policies/angel.py AP.1): small gathered groups, so little DEVICE goes to the comm groups in
+    # use and their grads and more to OS and activations (measured, v100-32g-240g-8gpu, simulated: 12B
+    # 10.665 -> 10.008 s, bench/RESULTS.md "Issue 18, session 4"). A layout whose chunk size is already
+    # a candidate is left out (the candidates are keyed by chunk size).
+    extra: dict[int, object] = {}
+    if problem.world_size > 1:
+        for lay in (policy_layout(problem), patrickstar_layout(problem)):
+            if lay.chunk_elements not in sizes and lay.chunk_elements not in extra:
+                extra[lay.chunk_elements] = lay
+    for size in sizes + list(extra):
         say(f"chunk size {size}: LP relaxation")
-        layout = packed if packed is not None and size == packed.chunk_elements else build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
+        layout = extra[size] if size in extra else build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
