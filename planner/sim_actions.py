@@ -76,10 +76,12 @@ from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, C
 # beats `two_way_rows` and the placement model's own rows (`pcie_time_rows`, `nvme_time_rows`) bound
 # every replay (issue 17 item 4). Before, a copy fixed its rate at its start (alone if the other
 # direction was idle, both-ways if busy) and kept it: an H2D started alone ran at 25.5 GB/s while
-# D2H copies started under it ran at the both-ways 24 GB/s, outside the region (GPT-3 13B x
-# a100-80g-12ssd: the Angel-PTM-like replay 5.831 s under the LP's 5.989 s).
-# Physics, computed (tests/test_two_way_links.py replays it): 1 GB each way at 25.5 / 26 GB/s alone and 12.5 / 24 GB/s both ways. Processor sharing (both at the both-ways
-# rates while both run, then the rest alone) ends D2H at 41.67 ms and H2D at 60.46 ms. The calendars
+# D2H copies started under it ran at the both-ways 24 GB/s, outside the region; and a copy started
+# under the other direction kept the slower rate after it ended (Fuyou 175B x a100-80g-12ssd at batch
+# 32: NVMe reads 130.6 s busy at the mixed 26.4 GB/s, 49.4 s now; bench/RESULTS.md, l17).
+# Physics, computed (tests/test_two_way_links.py replays it): 1 GB each way at 25.5 / 26 GB/s alone
+# and 12.5 / 24 GB/s both ways. Processor sharing (both at the both-ways rates while both run, then
+# the rest alone) ends D2H at 41.67 ms and H2D at 60.46 ms. The calendars
 # end the copy placed first at its time alone (H2D 39.22 ms, or D2H 38.46 ms) and the other at 60.46
 # ms: the same makespan, which is the rows' least time (60.46 ms); only who finishes first differs,
 # the simulator granting the link to the copy it places first, a FIFO, where the hardware interleaves.
@@ -156,7 +158,6 @@ def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:
     return sim.dram.reserve(start, nbytes / sim.dram_rate)
 
 
-
 # the link each byte channel shares with the other direction, and which coefficient of its facets it pays
 _LINK_OF = {Channel.H2D: ("pcie", 0), Channel.D2H: ("pcie", 1),
             Channel.NVME_READ: ("nvme", 0), Channel.NVME_WRITE: ("nvme", 1)}
@@ -182,6 +183,7 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
             calendar = sim.links[(kind, place, name)] = Calendar()
         end = max(end, calendar.reserve(start, row[side] * nbytes))
     return end
+
 
 # Note [simulator validity]:
 # Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether

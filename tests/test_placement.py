@@ -187,7 +187,6 @@ def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first, link):
     for every overlap the simulator replays. A copy once kept the rate it started with, so an H2D
     started alone ran at the pinned rate while D2H copies started under it ran at the both-ways rate
     (or the reverse; reads and writes alike): more than the link's region (costmodel.two_way_rows).
-    Measured: GPT-3 13B x a100-80g-12ssd, the angel baseline replayed at 5.831 s under an LP of 5.989 s.
     Now every copy reserves its share of each facet (Note [two-way links in the simulator])."""
     from planner.families import gpt_trace
     from planner.placement_input import placement_input
