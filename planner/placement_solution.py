@@ -13,6 +13,7 @@ from ortools.math_opt.python import mathopt
 
 from schemas._base import frozen
 from schemas.schedule import ActivationMode, SolverStatus
+from planner.mathopt_solver import evaluate_linear
 from planner.placement_terms import ACT_MODES, BYTE_UNIT, MIP_RELATIVE_GAP, SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT
 
 
@@ -78,9 +79,8 @@ class SolutionExtraction:
         return self._solution(reason is mathopt.TerminationReason.OPTIMAL, seconds)
 
     def _value(self, expr: Any) -> float:
-        if isinstance(expr, (int, float)):
-            return float(expr)
-        return float(mathopt.evaluate_expression(expr, self.values))
+        # mathopt.evaluate_expression's value, without its per-node flattening (planner.mathopt_solver)
+        return float(evaluate_linear(expr, self.values))
 
     def _solution(self, optimal: bool, seconds: float) -> PlacementSolution:
         d, n = self.data, len(self.data.stages)
