@@ -28,8 +28,7 @@ class MathOptSolver:
               "PDLP": mathopt.SolverType.PDLP}
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.kind = self._TYPES[name]
+        self.use(name)
         # Note [GLOP's primal simplex]: its dual simplex was 2x faster on the 256-block LP (1.99 s vs
         # 3.84 s CPU, bench/bench_depth.py), but with the shared host-DRAM and both-ways PCIe rows it
         # ran for over 12 minutes on gpt-small's LP (cpu-emulated, 0.05 GB), past its time limit, where
@@ -40,6 +39,11 @@ class MathOptSolver:
         self._pending_names: list[str] = []
         self._pending_bounds: list[tuple[float, float]] = []
         self._pending_terms: list[dict[Any, float]] = []
+
+    def use(self, name: str) -> None:
+        """Solve with this solver from now on (the same model: a relaxation turned into its MIP)."""
+        self.name = name
+        self.kind = self._TYPES[name]
 
     @property
     def model(self) -> mathopt.Model:

@@ -315,6 +315,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     flags: dict[int, dict[str, float]] = {}
     lp_modes: dict[int, tuple] = {}
     lp_values: dict[int, dict[str, float]] = {}
+    lp_models: dict[int, SparsePlacementModel] = {}  # solved, unpinned: each becomes its chunk size's MIP
     bounds: dict[int, float] = {}
     mip_bounds: dict[int, float] = {}  # of the MIP's own model (its rows): for the MIP's gap
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
@@ -350,6 +351,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
             flags[size] = lp_model.flag_values()
             lp_modes[size] = lp.activation_modes
             lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+            lp_models[size] = lp_model
         except PlacementInfeasible:
             value = bounds[size] = mip_bounds[size] = math.inf
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
@@ -370,7 +372,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         try:
             sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
                              lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
-                             lp_seconds=cand.relaxation_seconds)
+                             lp_seconds=cand.relaxation_seconds, lp_model=lp_models.pop(cand.chunk_elements, None))
         except PlacementInfeasible as exc:
             if "no solution within" in str(exc) and not solved:
                 raise PlannerError(f"the placement MIP found no integral plan within its node limit "
@@ -456,7 +458,7 @@ def _pin_tries(data: PlacementInput, lp_flags: dict[str, float],
 
 def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
                lp_modes: tuple | None = None, *, lp_values: dict[str, float] | None = None,
-               lp_seconds: float = 0.0) -> PlacementSolution:
+               lp_seconds: float = 0.0, lp_model: SparsePlacementModel | None = None) -> PlacementSolution:
     """The placement MIP, by LP-integral fixing (a relax-and-fix dive, Wolsey 1998 §12.5) under
     pinned mechanism switches and (on traces of PIN_MODES_BLOCKS blocks or more; 175B: 23 s -> 3 s
     of CPU for a model objective 1% higher) activation modes:
@@ -470,13 +472,15 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
        too, and the better of the two (a tie to the pinned MIP's). `lp_seconds` is unused (kept
-       for the callers).
+       for the callers). `lp_model`, the solved unpinned LP of `lp_values`, becomes the first pin
+       set's MIP (`PlacementModel.as_mip`: the same model, not built again).
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
     so the plan does not depend on the machine's speed. The solution's bound is the restricted
     model's: no bound of the placement model (planner.solve takes the LP's or the root's)."""
     tries = _pin_tries(data, lp_flags, lp_modes) if lp_flags else []
     for flags, modes in tries:
-        sol = _fixed(data, flags, modes, lp_values, budget)
+        sol = _fixed(data, flags, modes, lp_values, budget,
+                     lp_model=lp_model if lp_values is not None and (flags, modes) == tries[0] else None)
         if sol is None:
             continue
         if len(data.blocks) >= POLISH_MAX_BLOCKS:
@@ -521,10 +525,13 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 
 
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
-           budget: float) -> PlacementSolution | None:
+           budget: float, *, lp_model: SparsePlacementModel | None = None) -> PlacementSolution | None:
     """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
-    ones; None when neither leaves a plan."""
-    model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`) becomes the MIP."""
+    if lp_model is not None:
+        model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes)
+    else:
+        model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
     integer = [v for v in model.solver.model.variables() if v.integer]
     original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
     values = lp_values

@@ -12,7 +12,7 @@ from ortools.math_opt.python import mathopt
 import planner.mathopt_solver as ms
 from planner.mathopt_solver import MathOptSolver, evaluate_linear, flat_linear
 from planner.placement import PlacementModel, SparsePlacementModel
-from schemas.schedule import Tier
+from schemas.schedule import ActivationMode, Tier
 from tests.test_placement import synthetic
 
 
@@ -72,3 +72,18 @@ def test_rows_mathopt_refuses_are_refused_and_odd_rows_keep_their_order():
     with pytest.raises(ValueError):
         solver.Add(x + math.inf <= 1, "infinite offset")
     assert ms.flat_linear(2 * x + 1)[1] == 1.0
+
+
+@pytest.mark.parametrize("nvme", [True, False])
+def test_a_solved_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme):
+    data = dataclasses.replace(synthetic(layers=4, device_mib=24, nvme=nvme), checkpoint_offload=True)
+    lp = SparsePlacementModel(data, relax=True, lp_solver="HIGHS_IPM")
+    lp.solve()
+    flags = {name: 1 for name in sorted(lp.flags)[:1]}
+    modes = (ActivationMode.RECOMPUTE, ActivationMode.KEEP, ActivationMode.SWAP_HOST, ActivationMode.KEEP)
+    built = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    turned = lp.as_mip(fixed_flags=flags, fixed_modes=modes)
+    assert turned.solver.name == "HIGHS" and not turned.relax
+    assert (turned.solver.model.export_model().SerializeToString(deterministic=True)
+            == built.solver.model.export_model().SerializeToString(deterministic=True))
+    assert turned.solve().objective_seconds == built.solve().objective_seconds
