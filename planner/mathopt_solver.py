@@ -107,7 +107,10 @@ class MathOptSolver:
         self._pending_names, self._pending_bounds, self._pending_terms = [], [], []
 
     def Minimize(self, expr: Any) -> None:  # noqa: N802
-        self.model.minimize(expr)
+        # flattened by `flat_linear` (Note [rows in bulk]); MathOpt's walk of the flat sum adds 0.0 +
+        # each coefficient once: the same objective
+        terms, offset = flat_linear(expr)
+        self.model.minimize(variables.LinearSum([offset, *(variables.LinearTerm(v, c) for v, c in terms.items())]))
 
     def NumVariables(self) -> int:  # noqa: N802
         return sum(1 for _ in self.model.variables())
