@@ -107,10 +107,17 @@ class MathOptSolver:
         self._pending_names, self._pending_bounds, self._pending_terms = [], [], []
 
     def Minimize(self, expr: Any) -> None:  # noqa: N802
-        # flattened by `flat_linear` (Note [rows in bulk]); MathOpt's walk of the flat sum adds 0.0 +
-        # each coefficient once: the same objective
+        """What `model.minimize(expr)` sets (offset, coefficients, direction), flattened by `flat_linear`
+        and its coefficients written in one bulk call (Note [rows in bulk])."""
         terms, offset = flat_linear(expr)
-        self.model.minimize(variables.LinearSum([offset, *(variables.LinearTerm(v, c) for v, c in terms.items())]))
+        objective = self.model.objective
+        objective.clear()
+        objective.offset = offset
+        if terms:
+            self._model._elemental.set_attrs(  # noqa: SLF001
+                enums.DoubleAttr1.OBJECTIVE_LINEAR_COEFFICIENT,
+                np.array([v.id for v in terms], dtype=np.int64).reshape(-1, 1), np.array(list(terms.values()), dtype=np.float64))
+        objective.is_maximize = False
 
     def NumVariables(self) -> int:  # noqa: N802
         return sum(1 for _ in self.model.variables())

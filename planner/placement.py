@@ -116,11 +116,15 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
 
     def as_mip(self, *, fixed_flags: dict[str, int] | None = None,
                fixed_modes: Sequence[ActivationMode] | None = None) -> PlacementModel:
-        """This unpinned relaxation, solved, turned into the MIP that `type(self)(data, fixed_flags=...,
-        fixed_modes=...)` builds (integrality switched on, switches and modes pinned) instead of
-        building that MIP again: the same model bit for bit (tests/test_mathopt_rows.py), so the same
-        plan. 256 blocks x 4096: a build is ~1.5 s of the solve's CPU, one per chunk size's MIP."""
-        assert self.relax and not self.fixed_flags and self.fixed_modes is None, "only an unpinned relaxation"
+        """This relaxation (unpinned, or pinned as asked), solved, turned into the MIP that
+        `type(self)(data, fixed_flags=..., fixed_modes=...)` builds (integrality switched on, switches
+        and modes pinned) instead of building that MIP again: the same model bit for bit
+        (tests/test_mathopt_rows.py), so the same plan. 256 blocks x 4096: a build is ~0.7 s of the
+        solve's CPU, one per MIP."""
+        modes = tuple(fixed_modes) if fixed_modes is not None else None
+        assert self.relax and ((not self.fixed_flags and self.fixed_modes is None)
+                               or (self.fixed_flags == dict(fixed_flags or {}) and self.fixed_modes == modes)), \
+            "a relaxation pinned otherwise"
         self.relax = False
         self.solver.use("HIGHS")
         self.solver_name = self.solver.name
@@ -129,8 +133,8 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.fixed_flags = dict(fixed_flags or {})
         for name, v in self.flags.items():
             self._pin_flag(name, v)
-        if fixed_modes is not None:
-            self.fixed_modes = tuple(fixed_modes)
+        if modes is not None:
+            self.fixed_modes = modes
             for i, (b, choice) in enumerate(zip(self.data.blocks, self.act)):
                 self._pin_modes(i, b, choice)
         return self
@@ -292,6 +296,8 @@ class SparsePlacementModel(PlacementModel):
     7.8 s against 12.6 s CPU on the dense rows, Note [the placement LP on HiGHS's interior point]
     in planner/mathopt_solver.py), which is how planner.solve solves its LP.
     """
+
+    ARRIVALS_AS_RUNNING_SUMS = True
 
     def _build_memory_terms(self) -> None:
         super()._build_memory_terms()

@@ -21,7 +21,7 @@ from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.materialize import SolverStats, materialize, materialize_replayed
+from planner.materialize import SolverStats, materialize, materialize_replayed, replay_memo
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
@@ -123,6 +123,15 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
                  progress: Callable[[str], None] | None = None) -> SolveReport:
+    with replay_memo():  # a plan replayed twice is replayed once (Note [replay memo] in planner.materialize)
+        return _solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
+                             device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
+                             checkpoint_offload=checkpoint_offload, progress=progress)
+
+
+def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float, exact: bool,
+                  device_bytes: int | None, optimizer_overlap: bool, checkpoint_offload: bool,
+                  progress: Callable[[str], None] | None) -> SolveReport:
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     problem = build_problem(trace, hardware, trace_digest=trace_digest, device_bytes=device_bytes)
@@ -527,21 +536,21 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
            budget: float, *, lp_model: SparsePlacementModel | None = None) -> PlacementSolution | None:
     """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
-    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`) becomes the MIP."""
-    if lp_model is not None:
-        model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes)
-    else:
-        model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
-    integer = [v for v in model.solver.model.variables() if v.integer]
-    original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
+    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`), or else the
+    pinned LP solved here, becomes the MIP."""
     values = lp_values
     if values is None:
         try:
-            lp = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
-            lp.solve(time_limit_seconds=budget)
+            lp_model = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
+            lp_model.solve(time_limit_seconds=budget)
         except PlacementInfeasible:
             return None
-        values = {v.name: float(lp.values[v]) for v in lp.solver.model.variables()}
+        values = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+    # the solved LP becomes the MIP (PlacementModel.as_mip: the model the constructor builds, not built again)
+    model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes) if lp_model is not None else \
+        SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    integer = [v for v in model.solver.model.variables() if v.integer]
+    original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
     fractional = [v.name for v in integer
                   if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
     skip = set(fractional)

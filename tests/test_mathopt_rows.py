@@ -88,3 +88,10 @@ def test_a_solved_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme):
     assert (turned.solver.model.export_model().SerializeToString(deterministic=True)
             == built.solver.model.export_model().SerializeToString(deterministic=True))
     assert turned.solve().objective_seconds == built.solve().objective_seconds
+    # a relaxation pinned as asked (planner.solve's replan) too; pinned otherwise, it refuses
+    pinned = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver="HIGHS_IPM")
+    pinned.solve()
+    assert (pinned.as_mip(fixed_flags=flags, fixed_modes=modes).solver.model.export_model().SerializeToString(deterministic=True)
+            == built.solver.model.export_model().SerializeToString(deterministic=True))
+    with pytest.raises(AssertionError):
+        SparsePlacementModel(data, relax=True, fixed_flags=flags).as_mip(fixed_flags={})
