@@ -70,9 +70,10 @@ class MathOptSolver:
     # (hidden 4096, a100-80g-12ssd) 160k rows and 800k coefficients took 20.5 of the solve's 37 s of
     # model building (cProfile, bench/RESULTS.md "Solve time: fewer and faster model builds").
     # `Add` flattens with `flat_linear` (MathOpt's own algorithm, so every coefficient is the same
-    # float) and keeps the row; `_flush` writes the pending rows in three bulk calls, in the order
-    # they were added (the same ids), before anything reads the model (`model`, `solve`). The model
-    # is the same one: tests/test_placement.py compares the exported model with MathOpt's own rows.
+    # float) and keeps the row; `_flush` adds the pending rows in the order they were added (the same
+    # ids) and writes their bounds and coefficients in three bulk calls, before anything reads the
+    # model (`model`, `solve`). The model
+    # is the same one: tests/test_mathopt_rows.py compares the exported model with MathOpt's own rows.
     def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
         """Add the row `bounded` (lb <= expr <= ub); it reaches the model at the next `model`/`solve`."""
         self._rows += 1
