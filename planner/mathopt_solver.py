@@ -72,8 +72,8 @@ class MathOptSolver:
     # `Add` flattens with `flat_linear` (MathOpt's own algorithm, so every coefficient is the same
     # float) and keeps the row; `_flush` adds the pending rows in the order they were added (the same
     # ids) and writes their bounds and coefficients in three bulk calls, before anything reads the
-    # model (`model`, `solve`). The model
-    # is the same one: tests/test_mathopt_rows.py compares the exported model with MathOpt's own rows.
+    # model (`model`, `solve`). The model is the same one: tests/test_mathopt_rows.py compares the
+    # exported model with MathOpt's own rows.
     def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
         """Add the row `bounded` (lb <= expr <= ub); it reaches the model at the next `model`/`solve`."""
         self._rows += 1
