@@ -119,7 +119,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         """This relaxation (unpinned, or pinned as asked), solved, turned into the MIP that
         `type(self)(data, fixed_flags=..., fixed_modes=...)` builds (integrality switched on, switches
         and modes pinned) instead of building that MIP again: the same model bit for bit
-        (tests/test_mathopt_rows.py), so the same plan. 256 blocks x 4096: a build is ~0.7 s of the
+        (tests/test_mathopt_rows.py), so the same plan. 256 blocks x 4096: a build is ~0.5 s of the
         solve's CPU, one per MIP."""
         modes = tuple(fixed_modes) if fixed_modes is not None else None
         assert self.relax and ((not self.fixed_flags and self.fixed_modes is None)
