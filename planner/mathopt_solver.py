@@ -208,14 +208,16 @@ def flat_linear(expr: Any) -> tuple[dict[Any, float], float]:
     return terms, offset
 
 
-def evaluate_linear(expr: Any, values: Any) -> float:
+def evaluate_linear(expr: Any, values_by_id: dict[int, float]) -> float:
     """`mathopt.evaluate_expression(expr, values)` for a linear expression (the same sum in the same
-    order: offset, then the terms by variable id), on `flat_linear`."""
+    order: offset, then the terms by variable id), on `flat_linear`. `values_by_id`: the solution's
+    values keyed by variable id (`result.variable_values()` is keyed by other Variable objects than
+    the model's, so every lookup there compares two variables through MathOpt's `==`)."""
     if isinstance(expr, (int, float)):
         return float(expr)
     terms, result = flat_linear(expr)
-    for var, coef in sorted(terms.items(), key=lambda vc: vc[0].id):
-        result += coef * values[var]
+    for vid, coef in sorted((var.id, coef) for var, coef in terms.items()):
+        result += coef * values_by_id[vid]
     return result
 
 

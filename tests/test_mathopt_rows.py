@@ -56,8 +56,9 @@ def test_flat_linear_adds_the_same_floats_in_the_same_order():
     terms, offset = flat_linear(expr)
     assert terms == dict(flat.terms) and list(terms) == list(flat.terms) and offset == flat.offset
     values = {x: 1.1, y: -2.2, z: 3.3}
-    assert evaluate_linear(expr, values) == mathopt.evaluate_expression(expr, values)
-    assert evaluate_linear(5, values) == 5.0
+    by_id = {v.id: x for v, x in values.items()}
+    assert evaluate_linear(expr, by_id) == mathopt.evaluate_expression(expr, values)
+    assert evaluate_linear(5, by_id) == 5.0
     assert flat_linear(x) == ({x: 1.0}, 0.0)
 
 
