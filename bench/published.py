@@ -366,11 +366,17 @@ MISSES: dict[str, str] = {
                     "GPT runs out of its DEVICE at batch 64, the A100 row's best is batch 64 and x1.32 too fast "
                     "(fy-5b-zero3-offload); at batch 32 on both the ratio is 1.10 (x0.88). Before, both rows were at "
                     "batch 64 and too fast by similar factors (x1.31, x1.44), the ratio inside"),
-    "fy-trend-a100": ("175B / 13B is 1.11 (x1.29), both rows inside on their own (CI batches: 175B x1.15 at "
-                      "batch 32, 13B x0.89 at batch 32): the 175B iteration is compute-bound (COMPUTE 88%) with the "
-                      "SSDs 65% busy, the 13B one loses 12% to stalls with CPU Adam 55% busy; the published 13B/175B "
-                      "ratio needs the 175B run slower, i.e. its SSD and CPU traffic (delayed write-back of 12p + 2p, "
-                      "Eq. 7) less overlapped than the simulator's pipeline"),
+    "fy-5a-a100": ("too fast (x1.27 at batch 32, the CI's batch and the full run's best; x1.18 before the two-way "
+                   "links were shared, Note [two-way links in the simulator]): compute-bound (COMPUTE 98%, stall 1.9 "
+                   "of 207.7 s) with the SSDs a simplex drive at their rates alone (reads 49.4 s, writes 77.7 s busy: "
+                   "the preset's mixed 12 x 2.2 GB/s do not beat simplex, 26.4/78 + 26.4/40.8 < 1). Before, a read "
+                   "started under a write kept the mixed 26.4 GB/s to its end (reads 130.6 s busy, stall 19.2 s), "
+                   "which is what had held the row inside. What the real run loses beyond a compute-bound pipeline is not "
+                   "identified (its delayed write-back of 12p + 2p, Eq. 7, less overlapped: a candidate, not measured)"),
+    "fy-trend-a100": ("175B / 13B is 1.21 at the CI's batches (x1.40; full run 1.18, x1.37): the 175B row is too fast "
+                      "(fy-5a-a100, compute-bound at 98%), the 13B one loses 11% to stalls with CPU Adam 58% busy; the "
+                      "published 13B/175B ratio needs the 175B run slower, i.e. its SSD and CPU traffic (delayed "
+                      "write-back of 12p + 2p, Eq. 7) less overlapped than the simulator's pipeline"),
     "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
                       "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
                       "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),

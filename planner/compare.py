@@ -90,12 +90,18 @@ class Comparison:
         times = [r.result.iteration_seconds for r in self.rows if r.policy != TIDE and r.result is not None]
         return min(times) if times else None
 
+    def speedup_ceiling(self) -> float | None:
+        """The most any plan can be faster than the best baseline: best baseline / tide's bound (the
+        bound holds for every plan the simulator replays, so no plan, tide's included, beats it)."""
+        best = self.best_baseline_seconds()
+        return best / self.tide_bound_seconds if best and self.tide_bound_seconds else None
+
     def to_json(self) -> dict[str, object]:
         return {"model": self.model_name, "hardware": self.hardware_name, "world_size": self.world_size,
                 "lower_bound": {"seconds": self.lower_bound.seconds, "resource": self.lower_bound.resource,
                                 "seconds_per_resource": self.lower_bound.seconds_per_resource},
                 "tide_bound_seconds": self.tide_bound_seconds, "tide_true_gap": self.tide_true_gap,
-                "tide_mip_gap": self.tide_mip_gap,
+                "tide_mip_gap": self.tide_mip_gap, "speedup_ceiling_vs_best_baseline": self.speedup_ceiling(),
                 "rows": [r.to_json() for r in self.rows]}
 
 
@@ -233,6 +239,9 @@ def print_comparison(c: Comparison) -> None:
         console.print(f"tide's own bound (header: its placement model's LP or root bound, or the physical limit): "
                       f"{c.tide_bound_seconds:.4g} s; true gap (simulated - bound) / simulated "
                       f"{100 * (c.tide_true_gap or 0.0):.2f}%; MIP gap {mip}")
+        if c.speedup_ceiling() is not None:
+            console.print(f"no plan beats that bound: at most {c.speedup_ceiling():.2f}x the best baseline "
+                          f"({c.best_baseline_seconds():.4g} s / {c.tide_bound_seconds:.4g} s)")
     for r in c.rows:
         if r.result is None:
             console.print(f"[yellow]{r.policy}[/yellow]: {r.reason}", soft_wrap=True)

@@ -105,6 +105,25 @@ def fastest_bytes_per_s(hardware: Hardware, channel: Channel) -> float:
     return max(channel_bytes_per_s(hardware, channel, nbytes=r.chunk_bytes) for r in rows)
 
 
+def two_way_facets(r: float, w: float, mr: float, mw: float, cap: float = math.inf) -> dict[str, tuple[float, float]]:
+    """The rows of `two_way_rows` that charge both directions (a > 0 and b > 0), by a name that does not
+    depend on the rates: "first" (1/r, (1 - mr/r)/mw), "second" ((1 - mw/w)/mr, 1/w) where running
+    both at once pays, both the simplex row (1/r, 1/w) where it does not (mr, mw 0: never at once),
+    "cap" (1/cap, 1/cap) under a cap on both together. The simulator keeps one `sim_state.Calendar`
+    per name and link (Note [two-way links in the simulator] in planner/sim_actions.py): the names
+    stay the same at every copy size, whose rates differ. A facet whose coefficient of one direction
+    is 0 (both-ways rates equal to the rates alone: full duplex) is that direction's own server."""
+    if r <= 0 or w <= 0:
+        return {}
+    if mr <= 0 or mw <= 0 or mr / r + mw / w <= 1:
+        out = {"first": (1 / r, 1 / w), "second": (1 / r, 1 / w)}
+    else:
+        out = {"first": (1 / r, (1 - mr / r) / mw), "second": ((1 - mw / w) / mr, 1 / w)}
+    if math.isfinite(cap):
+        out["cap"] = (1 / cap, 1 / cap)
+    return {k: (a, b) for k, (a, b) in out.items() if a > 0 and b > 0}
+
+
 def two_way_rows(r: float, w: float, mr: float, mw: float, cap: float = math.inf) -> tuple[tuple[float, float], ...]:
     """Linear rows (seconds per byte one way, per byte the other way) whose max is the least time a
     link that moves R bytes one way at r alone and W the other way at w alone, or both at once at mr
@@ -114,45 +133,64 @@ def two_way_rows(r: float, w: float, mr: float, mw: float, cap: float = math.inf
     minimize x + y + z. That LP's value is the max over its dual's vertices (LP duality): (1/r, 0),
     (0, 1/w), and (1/r, 1/w) when mr/r + mw/w <= 1 (running both at once never pays: the simplex
     sum, Fuyou Eq. 4), else (1/r, (1 - mr/r)/mw) and ((1 - mw/w)/mr, 1/w); with a cap on both
-    together also (1/cap, 1/cap). The simulator (each direction at its rate alone, or at the
-    both-ways rate when the other is busy as it starts) never beats these rows. Only rows no other
-    row dominates are returned."""
+    together also (1/cap, 1/cap) (`two_way_facets`). The simulator charges every copy in each of these
+    rows (Note [two-way links in the simulator] in planner/sim_actions.py), so no replay beats them
+    over any interval. Only rows no other row dominates are returned."""
     if r <= 0 or w <= 0:
         return ()
-    rows = [(1 / r, 0.0), (0.0, 1 / w)]
-    if mr <= 0 or mw <= 0 or mr / r + mw / w <= 1:
-        rows.append((1 / r, 1 / w))
-    else:
-        rows += [(1 / r, (1 - mr / r) / mw), ((1 - mw / w) / mr, 1 / w)]
-    if math.isfinite(cap):
-        rows.append((1 / cap, 1 / cap))
+    rows = [(1 / r, 0.0), (0.0, 1 / w), *two_way_facets(r, w, mr, mw, cap).values()]
     rows = list(dict.fromkeys(rows))
     return tuple(x for x in rows if not any(y != x and y[0] >= x[0] and y[1] >= x[1] for y in rows))
+
+
+def _nvme_rates(hardware: Hardware, nbytes: float) -> tuple[float, float, float, float, float]:
+    """(read, write alone; read, write while both run, 0 where not measured; the host cap)."""
+    mixed = nvme_mixed(hardware)
+    return (channel_bytes_per_s(hardware, Channel.NVME_READ, nbytes=nbytes),
+            channel_bytes_per_s(hardware, Channel.NVME_WRITE, nbytes=nbytes),
+            channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True, nbytes=nbytes) if mixed else 0.0,
+            channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True, nbytes=nbytes) if mixed else 0.0,
+            nvme_cap_bytes_per_s(hardware))
+
+
+def _pcie_rates(hardware: Hardware, pageable: bool, nbytes: float) -> tuple[float, float, float, float]:
+    """(H2D, D2H alone; H2D, D2H both ways at once, 0 where not measured: full duplex)."""
+    h, d = (channel_bytes_per_s(hardware, ch, pageable=pageable, nbytes=nbytes) for ch in (Channel.H2D, Channel.D2H))
+    links = hardware.links
+    if links.duplex_h2d_gb_per_s <= 0 or links.duplex_d2h_gb_per_s <= 0:
+        return h, d, 0.0, 0.0
+    hb, db = (channel_bytes_per_s(hardware, ch, pageable=pageable, duplex=True, nbytes=nbytes)
+              for ch in (Channel.H2D, Channel.D2H))
+    return h, d, hb, db
 
 
 def nvme_time_rows(hardware: Hardware, *, nbytes: float = 0.0) -> tuple[tuple[float, float], ...]:
     """`two_way_rows` of the SSDs (seconds per read byte, per write byte): rates alone behind the host
     cap, the mixed rates (`nvme.mixed_*`, both under the cap) where measured, else simplex; each at
     the size of one read/write `nbytes` (`channel_bytes_per_s`)."""
-    mixed = nvme_mixed(hardware)
-    return two_way_rows(channel_bytes_per_s(hardware, Channel.NVME_READ, nbytes=nbytes),
-                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, nbytes=nbytes),
-                        channel_bytes_per_s(hardware, Channel.NVME_READ, mixed=True, nbytes=nbytes) if mixed else 0.0,
-                        channel_bytes_per_s(hardware, Channel.NVME_WRITE, mixed=True, nbytes=nbytes) if mixed else 0.0,
-                        nvme_cap_bytes_per_s(hardware))
+    return two_way_rows(*_nvme_rates(hardware, nbytes))
+
+
+def nvme_two_way_facets(hardware: Hardware, *, nbytes: float = 0.0) -> dict[str, tuple[float, float]]:
+    """`two_way_facets` of the SSDs where they read and write at once (`nvme_mixed`; simplex SSDs are
+    one server in the simulator, which their rows already describe): (per read byte, per write byte)."""
+    return two_way_facets(*_nvme_rates(hardware, nbytes)) if nvme_mixed(hardware) else {}
 
 
 def pcie_time_rows(hardware: Hardware, *, pageable: bool = False, nbytes: float = 0.0) -> tuple[tuple[float, float], ...]:
     """`two_way_rows` of the PCIe link (seconds per H2D byte, per D2H byte): each direction at its
     rate alone, both at once at the `links.duplex_*` rates where measured; not measured: full duplex
     (two rows, each direction on its own); each at the size of one copy `nbytes` (`channel_bytes_per_s`)."""
-    h, d = (channel_bytes_per_s(hardware, ch, pageable=pageable, nbytes=nbytes) for ch in (Channel.H2D, Channel.D2H))
-    links = hardware.links
-    if links.duplex_h2d_gb_per_s <= 0 or links.duplex_d2h_gb_per_s <= 0:
-        return ((1 / h, 0.0), (0.0, 1 / d))
-    hb, db = (channel_bytes_per_s(hardware, ch, pageable=pageable, duplex=True, nbytes=nbytes)
-              for ch in (Channel.H2D, Channel.D2H))
+    h, d, hb, db = _pcie_rates(hardware, pageable, nbytes)
+    if hb <= 0 or db <= 0:
+        return two_way_rows(h, d, h, d)  # full duplex: the one-way rows alone
     return two_way_rows(h, d, hb, db)
+
+
+def pcie_two_way_facets(hardware: Hardware, *, pageable: bool = False, nbytes: float = 0.0) -> dict[str, tuple[float, float]]:
+    """`two_way_facets` of the PCIe link (per H2D byte, per D2H byte); none when full duplex."""
+    h, d, hb, db = _pcie_rates(hardware, pageable, nbytes)
+    return two_way_facets(h, d, hb, db) if hb > 0 and db > 0 else {}
 
 
 def device_capacity_bytes(hardware: Hardware) -> int:
@@ -364,6 +402,6 @@ __all__ = [
     "OptimizerPrice", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
     "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
     "dram_bytes_per_s", "fastest_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
-    "nvme_time_rows", "pcie_time_rows", "two_way_rows",
+    "nvme_time_rows", "nvme_two_way_facets", "pcie_time_rows", "pcie_two_way_facets", "two_way_facets", "two_way_rows",
     "optimizer_seconds", "optimizer_step_price", "transfer_seconds",
 ]

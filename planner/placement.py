@@ -14,7 +14,6 @@ Note [placement cost model] and Note [placement data flow] in `placement_time.py
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -74,11 +73,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier | None = None,
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
-                 fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True,
-                 bound_rows: bool = False) -> None:
-        if bound_rows:  # a model whose value is a bound of every replay: Note [two-way rows of the replay]
-            data = dataclasses.replace(data, pcie_time_rows=data.pcie_bound_rows or data.pcie_time_rows,
-                                       nvme_time_rows=data.nvme_bound_rows or data.nvme_time_rows)
+                 fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True) -> None:
         self.original = data
         self.with_late_arrivals = late_arrivals  # Note [late arrivals] in planner.placement_time
         self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
@@ -313,7 +308,7 @@ class SparsePlacementModel(PlacementModel):
         self.arrived = [[running[s]] if not is_zero(running[s]) else [] for s in range(n)]
 
 
-def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 120.0, bound_rows: bool = True) -> float:
+def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 120.0) -> float:
     """A valid lower bound of the unpinned placement model, tighter than its LP: the dual bound of
     HiGHS's root node (cuts included), node limit 1 so that it does not depend on the machine's
     speed (the time limit is a safety net: a root stopped by it may return a weaker bound, never an
@@ -321,8 +316,7 @@ def root_bound_seconds(data: PlacementInput, *, time_limit_seconds: float = 120.
     bench/bench_depth.py): LP 2.1194 s, root 2.2164 s. 0.0 when HiGHS stops without a bound."""
     # without the late-arrival rows (a model with fewer rows: its bound is still a bound): with them the
     # root of GPT-3 13B x rtx4090-768g-12ssd took 9.4 instead of 2.9 s CPU (bench/bench_stage_gap.py)
-    # bound_rows: of every replay (Note [two-way rows of the replay]); False: of the MIP's own model
-    model = PlacementModel(data, late_arrivals=False, bound_rows=bound_rows)
+    model = PlacementModel(data, late_arrivals=False)
     try:
         result = model.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=MIP_RELATIVE_GAP, node_limit=1)
     except Exception:  # numerical trouble reported as a status error: no bound

@@ -13,7 +13,6 @@ from planner.costmodel import (
     channel_bytes_per_s,
     cpu_adam_threads,
     dram_bytes_per_s,
-    nvme_mixed,
     nvme_time_rows,
     optimizer_step_price,
     pcie_time_rows,
@@ -126,10 +125,6 @@ class PlacementInput:
     pcie_time_rows: tuple[tuple[float, float], ...] = ()
     """(seconds per H2D byte, per D2H byte) rows of the link both ways (costmodel.pcie_time_rows: the
     links.duplex_* rates while both run); empty: each direction alone at its rate"""
-    # The rows of the model whose value is a bound (the LP per chunk size, the root node): what any
-    # replay reaches, wider than the rows above (Note [two-way rows of the replay]); empty: as above
-    pcie_bound_rows: tuple[tuple[float, float], ...] = ()
-    nvme_bound_rows: tuple[tuple[float, float], ...] = ()
 
     def nvme_rows(self) -> tuple[tuple[float, float], ...]:
         """The SSD time rows, the simplex row when none were given."""
@@ -266,61 +261,10 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
         nvme_time_rows=nvme_time_rows(hw, nbytes=ssd_copy), pcie_time_rows=pcie_time_rows(hw, nbytes=pcie_copy),
-        nvme_bound_rows=_nvme_rows(hw, ssd_copy), pcie_bound_rows=_pcie_rows(hw, pcie_copy),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
         ranks=ws, ranks_per_node=problem.ranks_per_node if ws > 1 else 1,
         **_collective_rates(hw, ws),
     )
-
-
-# Note [two-way rows of the replay]:
-# The simulator fixes a copy's rate when it starts (planner.sim_actions._transfer): the pinned rate
-# alone when the other direction is idle then, the both-ways rate (links.duplex_*, nvme.mixed_*)
-# when it is busy, and the copy keeps that rate to its end even when the other direction starts
-# during it. So a replay can move H2D at its rate alone r while D2H copies started under it run at
-# the both-ways rate mw (or the reverse, mr and w): the rate pairs it reaches are the hull of (r, 0),
-# (r, mw), (mr, w), (0, w), wider than the link's own region (costmodel.two_way_rows: both ways at
-# once means mr and mw for both). The model whose value is the header's bound (the LP per chunk
-# size, the root node; issue 17 item 4) must hold for every replay, so its rows are that hull's
-# facets: t >= R / r, t >= W / w and the line through (r, mw) and (mr, w) (`*_bound_rows`).
-# Measured: GPT-3 13B x a100-80g-12ssd, the angel baseline's replay 5.831 s against 5.989 s for the
-# LP on its own layout with costmodel's rows (5.543 s with these), the plan overlapping 70.3 GB H2D
-# with 36.1 GB D2H. The MIP that picks the plan keeps costmodel's rows (`*_time_rows`): a pipeline
-# of chunk copies both ways mostly starts each copy while the other way is busy, so the hull's
-# corner is what the replay rarely reaches, and a MIP priced at it chose plans that replayed slower
-# (13B x rtx4090-768g-12ssd: its MIP plan 8.785 -> 9.758 s, streaming OS it priced at the corner).
-def replay_two_way_rows(r: float, w: float, mr: float, mw: float) -> tuple[tuple[float, float], ...]:
-    """(seconds per byte one way, per byte the other) rows no replay beats, for two servers at r and w
-    alone and mr and mw when a copy starts while the other way is busy (Note [two-way rows of the
-    replay]); mr or mw 0: each way on its own (full duplex)."""
-    if r <= 0 or w <= 0:
-        return ()
-    rows = [(1 / max(r, mr), 0.0), (0.0, 1 / max(w, mw))]
-    det = r * w - mr * mw
-    if 0 < mr < r and 0 < mw < w and det > 0:
-        # a r + b mw = 1 and a mr + b w = 1: the facet through the two mixed vertices
-        rows.append(((w - mw) / det, (r - mr) / det))
-    return tuple(rows)
-
-
-def _pcie_rows(hw, nbytes: float) -> tuple[tuple[float, float], ...]:
-    """The link's rows at the size of one copy (Note [two-way rows of the replay])."""
-    h, d = (channel_bytes_per_s(hw, ch, nbytes=nbytes) for ch in (Channel.H2D, Channel.D2H))
-    if hw.links.duplex_h2d_gb_per_s <= 0 or hw.links.duplex_d2h_gb_per_s <= 0:
-        return replay_two_way_rows(h, d, 0.0, 0.0)
-    hb, db = (channel_bytes_per_s(hw, ch, duplex=True, nbytes=nbytes) for ch in (Channel.H2D, Channel.D2H))
-    return replay_two_way_rows(h, d, hb, db)
-
-
-def _nvme_rows(hw, nbytes: float) -> tuple[tuple[float, float], ...]:
-    """The SSDs' rows at the size of one read/write: simplex drives are one server in the simulator
-    (costmodel.nvme_time_rows holds for them); mixed ones are two servers whose rates are fixed at a
-    transfer's start, like the link (Note [two-way rows of the replay]; their host cap is in the rates)."""
-    if not nvme_mixed(hw):
-        return nvme_time_rows(hw, nbytes=nbytes)
-    r, w = (channel_bytes_per_s(hw, ch, nbytes=nbytes) for ch in (Channel.NVME_READ, Channel.NVME_WRITE))
-    mr, mw = (channel_bytes_per_s(hw, ch, mixed=True, nbytes=nbytes) for ch in (Channel.NVME_READ, Channel.NVME_WRITE))
-    return replay_two_way_rows(r, w, mr, mw)
 
 
 def _collective_rates(hw, p: int) -> dict[str, float]:

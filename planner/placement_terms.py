@@ -79,8 +79,6 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
         collective_inter_bytes_per_s=d.collective_inter_bytes_per_s * t / b, dram_bytes_per_s=d.dram_bytes_per_s * t / b, adam_dram_bytes_per_element=d.adam_dram_bytes_per_element / b,
         nvme_time_rows=tuple((x * b / t, y * b / t) for x, y in d.nvme_time_rows),
         pcie_time_rows=tuple((x * b / t, y * b / t) for x, y in d.pcie_time_rows),
-        nvme_bound_rows=tuple((x * b / t, y * b / t) for x, y in d.nvme_bound_rows),
-        pcie_bound_rows=tuple((x * b / t, y * b / t) for x, y in d.pcie_bound_rows),
     )
 
 

@@ -148,8 +148,7 @@ class TimeRows:
                 self.solver.Add(t >= ch["COMPUTE"][s] + ch["ON_DEMAND"][s], f"time_on_demand[{s}]")
             self.solver.Add(t >= ch["H2D"][s] * (1.0 / d.h2d_bytes_per_s), f"time_h2d[{s}]")
             self.solver.Add(t >= ch["D2H"][s] * (1.0 / d.d2h_bytes_per_s), f"time_d2h[{s}]")
-            # both ways at once at the links.duplex_* rates: the least time of any overlap (costmodel.pcie_time_rows);
-            # in a model that bounds (bound_rows), what any replay reaches: Note [two-way rows of the replay]
+            # both ways at once at the links.duplex_* rates: the least time of any overlap (costmodel.pcie_time_rows)
             for k, (a, b) in enumerate(d.pcie_time_rows):
                 if a > 0 and b > 0:  # the one-way rows are the two above
                     self.solver.Add(t >= ch["H2D"][s] * a + ch["D2H"][s] * b, f"time_pcie_both_ways[{s},{k}]")

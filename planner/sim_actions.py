@@ -25,22 +25,22 @@ from schemas.schedule import (
 from schemas.residency import Refusal, ResidencyRefused
 from schemas.trace import Phase
 
-from planner.costmodel import channel_bytes_per_s, cpu_adam_threads, dram_bytes, optimizer_step_price
+from planner.costmodel import (channel_bytes_per_s, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
+                               optimizer_step_price, pcie_two_way_facets)
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, SimState, drop, hold, resync_slot, scatter, tier_bit
+from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold, resync_slot,
+                               scatter, tier_bit)
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
 # SSD set: reads and writes queue on it together (Fuyou §4.3, "SSD I/O is simplex"), reads at
 # `count * read rate`, writes at `count * write rate`, each at most the host-side cap
 # (`nvme.host_cap_gb_per_s`); where the file measured the SSDs reading and writing at once
-# (`nvme.mixed_*`), a read server and a write server instead, each at its rate alone, or at the
-# mixed rate (both together at most the cap) when the other one is still busy as it starts
-# (`costmodel.channel_bytes_per_s(mixed=True)`; `costmodel.nvme_time_rows` is the least time any
-# interleaving needs, the rows the placement model charges). Each copy runs at the rates the hardware
-# file measured at its size (`links.copy_rates`, `nvme.chunk_rates`; none: the flat rates, issue 17).
-# H2D/D2H run at the pinned rates; at the both-ways (`duplex_*`) rates
-# when the other direction's server is still busy as the copy starts; DEVICE <-> HOST copies of a
+# (`nvme.mixed_*`), a read server and a write server instead, each at its rate alone, sharing the
+# SSDs as a two-way link (Note [two-way links in the simulator]). Each copy runs at the rates the
+# hardware file measured at its size (`links.copy_rates`, `nvme.chunk_rates`; none: the flat rates,
+# issue 17). H2D/D2H run at the pinned rates alone, sharing the PCIe link both ways where the file
+# measured the both-ways (`duplex_*`) rates (the same Note); DEVICE <-> HOST copies of a
 # schedule whose header says its HOST copies are pageable (`header.host_staging`) at the pageable rates;
 # such a copy also holds the work of the moment that issued it until it is done (pageable
 # cudaMemcpyAsync blocks the issuing thread: `blocks_host`), so those systems' copies and compute
@@ -62,6 +62,37 @@ from planner.sim_state import DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Si
 # A copy between DEVICE and NVME crosses HOST: it occupies both
 # channels of its path at once (pipelined through a bounce buffer) and its bytes count on both.
 
+# Note [two-way links in the simulator]:
+# A PCIe link (per rank) moving H2D and D2H at once, and SSDs (per node) reading and writing at once
+# where the file measured their mixed rates, are shared resources, priced the way host DRAM is. The
+# link's both-ways region is costmodel.two_way_rows: R bytes one way and W the other need at least
+# max_k a_k R + b_k W seconds, the least time of any overlap at the rates alone and both at once
+# (LP duality). The simulator keeps one `Calendar` per facet k (`costmodel.two_way_facets`: the rows
+# that charge both directions, named so that the names hold at every copy size) and link; a copy of n
+# bytes reserves a_k n seconds (the other direction: b_k n) in each facet's free time from its start
+# on, at the facets of its own size (and pageable or pinned rates), and cannot end before its
+# reservations do (as `_draw_dram`). Its direction's server still runs it at its rate alone, FIFO
+# (the CUDA stream, the SSD queue). Over any interval the copies then satisfy every row, so no replay
+# beats `two_way_rows` and the placement model's own rows (`pcie_time_rows`, `nvme_time_rows`) bound
+# every replay (issue 17 item 4). Before, a copy fixed its rate at its start (alone if the other
+# direction was idle, both-ways if busy) and kept it: an H2D started alone ran at 25.5 GB/s while
+# D2H copies started under it ran at the both-ways 24 GB/s, outside the region; and a copy started
+# under the other direction kept the slower rate after it ended (Fuyou 175B x a100-80g-12ssd at batch
+# 32: NVMe reads 130.6 s busy at the mixed 26.4 GB/s, 49.4 s now; bench/RESULTS.md, l17).
+# Physics, computed (tests/test_two_way_links.py replays it): 1 GB each way at 25.5 / 26 GB/s alone
+# and 12.5 / 24 GB/s both ways. Processor sharing (both at the both-ways rates while both run, then
+# the rest alone) ends D2H at 41.67 ms and H2D at 60.46 ms. The calendars
+# end the copy placed first at its time alone (H2D 39.22 ms, or D2H 38.46 ms) and the other at 60.46
+# ms: the same makespan, which is the rows' least time (60.46 ms); only who finishes first differs,
+# the simulator granting the link to the copy it places first, a FIFO, where the hardware interleaves.
+# A copy on an idle link ends at its time alone (no facet charges more than 1 / rate alone per byte:
+# the rows are vertices of the dual, a r <= 1), and one that overlaps the other direction in part
+# waits only for the facets' busy time it cannot fill.
+# SSDs without measured mixed rates stay one simplex server (Fuyou Eq. 4; the rows are its own);
+# presets whose mixed rates do not pay (mr/r + mw/w <= 1: a100-80g-12ssd's 12 x 2.2 GB/s against
+# 78 / 40.8 GB/s alone) reserve the simplex row (1/r, 1/w) in their calendar, reads and writes then
+# sharing the drives' time as on a simplex server.
+
 
 def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: float, ready: float, label: str,
               *, m: int, i: int, action: Action, rank: int = 0, node_ranks: int = 1) -> float:
@@ -75,26 +106,21 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
                                     list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
     start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
     pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
-    other = {Channel.H2D: Channel.D2H, Channel.D2H: Channel.H2D}
-    other_ssd = {Channel.NVME_READ: Channel.NVME_WRITE, Channel.NVME_WRITE: Channel.NVME_READ}
     rates = {}
-    for ch in channels:
-        if ch in other:  # both ways at once: the other direction still busy as this copy starts
-            duplex = sim.servers[(other[ch], rank)].free_at > start
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, duplex=duplex, nbytes=nbytes)
-        elif ch in other_ssd and sim.nvme_mixed:
-            # reads and writes overlap on the SSDs: the mixed rates (nvme.mixed_*, both under the host
-            # cap) while the other direction's server is still busy as this transfer starts
-            mixed = sim.servers[(other_ssd[ch], rank)].free_at > start
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, mixed=mixed, nbytes=nbytes)
-        elif ch in other_ssd and sim.hardware.nvme.chunk_rates:  # the SSDs' rate at this read/write's size
+    for ch in channels:  # each direction at its rate alone at this copy's size (links.copy_rates, nvme.chunk_rates)
+        if ch in (Channel.H2D, Channel.D2H):
+            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, nbytes=nbytes)
+        elif ch in (Channel.NVME_READ, Channel.NVME_WRITE) and sim.hardware.nvme.chunk_rates:
             rates[ch] = channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes)
         else:
             rates[ch] = sim.rate[ch]
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
-    duration = max(nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) / rates[ch]
-                   for ch in channels)
+    moved = {ch: nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) for ch in channels}
+    duration = max(moved[ch] / rates[ch] for ch in channels)
     end = max(start + duration, _draw_dram(sim, dram_bytes(sim.hardware, channels, nbytes, pageable=pageable), start))
+    for ch in channels:  # both ways on one link: its share of each facet (Note [two-way links in the simulator])
+        if ch in _LINK_OF:
+            end = max(end, _draw_link(sim, ch, rank, moved[ch], start, pageable=pageable, nbytes_per_copy=nbytes))
     for ch in channels:
         sim.servers[(ch, rank)].free_at = end
         sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
@@ -130,6 +156,33 @@ def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:
         return start
     sim.dram_busy += nbytes / sim.dram_rate
     return sim.dram.reserve(start, nbytes / sim.dram_rate)
+
+
+# the link each byte channel shares with the other direction, and which coefficient of its facets it pays
+_LINK_OF = {Channel.H2D: ("pcie", 0), Channel.D2H: ("pcie", 1),
+            Channel.NVME_READ: ("nvme", 0), Channel.NVME_WRITE: ("nvme", 1)}
+
+
+def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: float, *, pageable: bool,
+               nbytes_per_copy: float) -> float:
+    """Reserve a copy's share of each two-way facet of its link (PCIe per rank, SSDs per node) from
+    `start`: `a * nbytes` seconds for the first direction (H2D, NVMe read), `b * nbytes` for the
+    second, at the rates of a copy of `nbytes_per_copy`; returns when the last reservation ends
+    (`start` on a full-duplex link or simplex SSDs, whose servers already price them)."""
+    kind, side = _LINK_OF[ch]
+    key = (kind, pageable, nbytes_per_copy)
+    facets = sim.facets.get(key)
+    if facets is None:
+        facets = sim.facets[key] = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
+                                    if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
+    end = start
+    place = rank if kind == "pcie" else sim.node_of[rank]
+    for name, row in facets.items():
+        calendar = sim.links.get((kind, place, name))
+        if calendar is None:
+            calendar = sim.links[(kind, place, name)] = Calendar()
+        end = max(end, calendar.reserve(start, row[side] * nbytes))
+    return end
 
 
 # Note [simulator validity]:

@@ -69,7 +69,8 @@ class BlockState:
 
 
 class Calendar:
-    """A shared bandwidth (host DRAM): busy time reserved in the free time from a start on.
+    """A shared bandwidth (host DRAM; a facet of a two-way link: Note [two-way links in the simulator] in
+    planner/sim_actions.py): busy time reserved in the free time from a start on.
 
     Not a FIFO: the simulator places actions in moment order, but a copy queued behind a busy channel
     starts later than a copy placed after it on an idle one, and DRAM serves both as their bytes flow.
@@ -129,9 +130,12 @@ class SimState:
     servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (the header's host_staging)
-    nvme_mixed: bool = False  # separate NVMe read and write servers at the mixed rates while both run
     serial_swap: bool = False  # NVMe reads of the OPTIMIZER moment wait for earlier NVMe writes (the header's optimizer_swap)
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
+    # the two-way links' facets ((kind "pcie" per rank or "nvme" per node, place, facet name) -> its busy
+    # time: Note [two-way links in the simulator] in planner/sim_actions.py), created on first use
+    links: dict[tuple[str, int, str], Calendar] = field(default_factory=dict)
+    facets: dict[tuple[str, bool, float], dict[str, tuple[float, float]]] = field(default_factory=dict)  # per (kind, pageable, copy bytes)
     dram_rate: float = float("inf")
     dram_busy: float = 0.0
     bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
@@ -175,8 +179,9 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
     # the node's ranks (PatrickStar §9.1's 12 cores serve its 8 ranks); collectives: one cluster-wide
     # server priced by Hardware.collective_seconds (intra- vs inter-node)
     nvme = [Server() for _ in range(n_nodes)]
-    # SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server per node that
-    # slow each other down while both run (sim_actions._transfer); otherwise one simplex server (Fuyou Eq. 4)
+    # SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server per node, each at
+    # its rate alone, that share the SSDs' two-way facets (Note [two-way links in the simulator] in
+    # planner/sim_actions.py); otherwise one simplex server (Fuyou Eq. 4)
     nvme_write = [Server() for _ in range(n_nodes)] if nvme_mixed(hardware) else nvme
     cpu = [Server() for _ in range(n_nodes)]
     collectives = Server()
@@ -205,7 +210,6 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, comm_groups=_comm_groups(layout),
                pageable=schedule.header.host_staging is HostStaging.PAGEABLE, dram_rate=dram_bytes_per_s(hardware),
-               nvme_mixed=nvme_mixed(hardware),
                serial_swap=schedule.header.optimizer_swap is OptimizerSwap.SERIAL)
     for r in schedule.initial_residency:
         li = list_index[r.list]

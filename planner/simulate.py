@@ -50,9 +50,10 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # Note [simulator simplifications]:
 # Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
 # next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
-# instantly, PCIe links are full duplex, collectives cost `Hardware.collective_seconds`, staging
-# buffers in HOST for NVMe copies are not counted, a copy's rate is fixed when it starts (not re-shared
-# as other traffic comes and goes).
+# instantly, collectives cost `Hardware.collective_seconds`, staging buffers in HOST for NVMe copies
+# are not counted, a copy runs at its rate alone and a two-way link's (or DRAM's) shared time goes to
+# the transfer placed first (Calendars: not re-shared as other traffic comes and goes; the totals are
+# the link's, Note [two-way links in the simulator]), a CPU Adam step's rate is fixed when it starts.
 
 
 def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from planner.policies import policy_layout
 from planner.bounds import explain_infeasible, lower_bound
+from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
 from planner.reference import os_margin_decisions, reference_decisions
@@ -150,7 +151,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         say("no plan with every PARAM on HOST: PARAM may live on NVME")
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
-    candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, mip_bounds = search
+    candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds = search
     # With several ranks the placement model is rank-aware (issue 18 item 1) but keeps no local-only
     # chunk (docs/rank-aware-placement.md §7): the reference decision sets run even where it finds no plan
     if not solved and problem.world_size == 1:
@@ -238,19 +239,33 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             root_above = (f"the root node's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
                           f"the model's bound is its LP's, {lp_only:.6g} s")
             relaxation_bound, model_bound_valid = lp_only, True
+    adam_alone = ""
+    if not model_bound_valid and lp_bounds:
+        # the model prices every CPU Adam step at its rate with copies beside it, a replay at its rate
+        # alone where no PCIe/SSD server is busy as the step starts (planner.sim_actions._optimizer_step):
+        # GPT-3 13B x a100-80g-12ssd, the LP 5.988 s over the 5.831 s replay of the Angel-PTM-like
+        # decisions, 5.429 s with Adam alone. The LPs at the rate alone (every other price the model's,
+        # the two-way rows included) price no step above a replay's; computed only here, where needed
+        alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
+                                  max(SAFETY_SECONDS, time_limit_s), say)
+        if 0.0 < alone <= fastest_replay:
+            adam_alone = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
+                          f"the header's bound is its LP with CPU Adam at its rate alone, {alone:.6g} s")
+            relaxation_bound, model_bound_valid = alone, True
     bound = max(relaxation_bound if model_bound_valid else 0.0, physical, 0.0)
     sol = chosen.placement or min(solved.values(), key=lambda x: x.objective_seconds, default=None)
     model_objective = chosen.placement.objective_seconds if chosen.placement is not None else math.nan
-    # the MIP's own gap: its model objective against the valid bound of its own model at its chunk
-    # size (the LP at the MIP's rows, or the root node's; the dual bound of a pinned, partly fixed
-    # MIP bounds that restriction only)
+    # the MIP's own gap: its model objective against the valid model bound of its chunk size (the
+    # LP, or the root node's; the dual bound of a pinned, partly fixed MIP bounds that restriction only)
     mip_gap = math.nan
     if chosen.placement is not None and chosen.placement.objective_seconds > 0:
-        own = mip_bounds.get(chosen.chunk_elements, 0.0)
+        own = bounds.get(chosen.chunk_elements, 0.0)
         mip_gap = (chosen.placement.objective_seconds - own) / chosen.placement.objective_seconds
     notes = _notes(candidates, chosen, evaluated, relaxation_bound, physical)
     if root_above:
         notes = (root_above,) + notes
+    if adam_alone:
+        notes = (adam_alone,) + notes
     if not model_bound_valid:
         notes = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): the "
                  "header's bound is the physical limit",) + notes
@@ -311,12 +326,33 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
                      chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
 
 
+def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
+    """The least LP over the chunk sizes of `inputs` with CPU Adam at its rate alone with all cores (the
+    fastest step a replay runs: costmodel.optimizer_step_price without copies); 0.0 when one stops
+    short of its optimum (no bound)."""
+    hw = problem.hardware
+    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t).seconds
+                for t in (hw.host.cores, cpu_adam_threads(hw, overlapped=True)))
+    out = math.inf
+    for size, data in sorted(inputs.items()):
+        say(f"chunk size {size}: LP with CPU Adam alone")
+        data = dataclasses.replace(data, cpu_adam_seconds_per_element=min(alone, data.cpu_adam_seconds_per_element))
+        try:
+            value = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER).solve(time_limit_seconds=safety).bound_seconds
+        except PlacementInfeasible:
+            continue
+        if value <= 0.0:
+            return 0.0
+        out = min(out, value)
+    return out if math.isfinite(out) else 0.0
+
+
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
             checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None]):
     """LP per chunk size, then branch and bound over chunk sizes with the MIP.
 
     Returns (candidates, inputs, solved MIPs, valid bounds per chunk size, LP switch values, LP
-    modes, the LPs alone, the bounds of the MIP's own model per chunk size); `solved` is empty when none fits. Nothing here reads the clock to decide: the solver
+    modes, the LPs alone); `solved` is empty when none fits. Nothing here reads the clock to decide: the solver
     calls stop at their optimum, gap or node limit (`time_limit_s` is each call's safety net), so
     a loaded machine gives the same schedule."""
     candidates: list[Candidate] = []
@@ -326,7 +362,6 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     lp_values: dict[int, dict[str, float]] = {}
     lp_models: dict[int, SparsePlacementModel] = {}  # solved, unpinned: each becomes its chunk size's MIP
     bounds: dict[int, float] = {}
-    mip_bounds: dict[int, float] = {}  # of the MIP's own model (its rows): for the MIP's gap
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     # with several ranks the systems' packing (tensors across block boundaries, only the last comm
     # group padded: planner.policies.policy_layout) is a candidate too (issue 18 item 1, measured in
@@ -348,21 +383,16 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
             lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
             lp = lp_model.solve(time_limit_seconds=safety)
             value = lp.objective_seconds
-            bounds[size] = mip_bounds[size] = lp.bound_seconds  # 0 unless the LP solver reached the LP's optimum
-            if (data.pcie_bound_rows or data.pcie_time_rows) != data.pcie_time_rows or \
-                    (data.nvme_bound_rows or data.nvme_time_rows) != data.nvme_time_rows:
-                # the bound is the LP at the rows every replay satisfies (Note [two-way rows of the
-                # replay] in planner/placement_input.py); the LP above, at the MIP's rows, orders the
-                # chunk sizes and pins the MIP's switches and modes as before
-                say(f"chunk size {size}: LP bound")
-                bounds[size] = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER,
-                                                    bound_rows=True).solve(time_limit_seconds=safety).bound_seconds
+            # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
+            # charges both ways on a link in the rows this LP charges (Note [two-way links in the
+            # simulator] in planner/sim_actions.py)
+            bounds[size] = lp.bound_seconds
             flags[size] = lp_model.flag_values()
             lp_modes[size] = lp.activation_modes
             lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
             lp_models[size] = lp_model
         except PlacementInfeasible:
-            value = bounds[size] = mip_bounds[size] = math.inf
+            value = bounds[size] = math.inf
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
                                     chunks=len(layout.chunks)))
     feasible = [c for c in candidates if math.isfinite(c.relaxation_seconds)]
@@ -388,7 +418,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                                    f"({MIP_NODE_LIMIT} nodes) or --time-limit {time_limit_s:g} s; raise --time-limit "
                                    "or report this trace and hardware") from exc
             if "infeasible" in str(exc):
-                bounds[cand.chunk_elements] = mip_bounds[cand.chunk_elements] = math.inf
+                bounds[cand.chunk_elements] = math.inf
             continue
         solved[cand.chunk_elements] = sol
     # where the LP is loose: the root node of the unpinned MIP (deterministic, node limit 1); only
@@ -397,26 +427,15 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     best = min((x.objective_seconds for x in solved.values()), default=math.inf)
     lp_bounds = dict(bounds)  # the LPs alone, before any root node (solve_report's fallback)
     if math.isfinite(best):
-        # the roots are of the MIP's own model (its rows, the same roots as before): they tighten the
-        # MIP's gap, and the header's bound only where the bound rows are the MIP's (Note [two-way
-        # rows of the replay]). Roots at the bound rows too, measured (2-core shared box, 2026-11-24):
-        # 13B x rtx4090-768g-12ssd bound 7.482 -> 7.846 s (true gap 14.8 -> 10.7%) for 10.5 -> 19.8 s
-        # CPU; driving the loop by the bound-row LPs solved a root at 175B x a100-80g-12ssd, 18 -> 40 s
-        # CPU for 92.82 s, below its LP's 92.88 s. Not solved: solve time (issue 18's targets)
         physical, done = lower_bound(problem).seconds, set()
-        while max(physical, min(mip_bounds.values())) < best * (1 - ROOT_BOUND_GAP):
-            size = min((x for x in mip_bounds if x not in done), key=lambda x: (mip_bounds[x], x), default=None)
-            if size is None or mip_bounds[size] > min(mip_bounds.values()):
+        while max(physical, min(bounds.values())) < best * (1 - ROOT_BOUND_GAP):
+            size = min((x for x in bounds if x not in done), key=lambda x: (bounds[x], x), default=None)
+            if size is None or bounds[size] > min(bounds.values()):
                 break  # the least bound is already a root node's
             done.add(size)
             say(f"chunk size {size}: root node bound")
-            data = inputs[size][1]
-            root = root_bound_seconds(data, time_limit_seconds=safety, bound_rows=False)
-            mip_bounds[size] = max(mip_bounds[size], root)
-            if (data.pcie_bound_rows or data.pcie_time_rows) == data.pcie_time_rows and \
-                    (data.nvme_bound_rows or data.nvme_time_rows) == data.nvme_time_rows:
-                bounds[size] = max(bounds[size], root)
-    return candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, mip_bounds
+            bounds[size] = max(bounds[size], root_bound_seconds(inputs[size][1], time_limit_seconds=safety))
+    return candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds
 
 
 def _replan_for_host(problem, layout, data: PlacementInput, sol: PlacementSolution, lp_flags: dict[str, float],

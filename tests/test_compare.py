@@ -61,6 +61,9 @@ def test_tide_row_is_present() -> None:
         assert c.tide_true_gap == pytest.approx((sim - c.tide_bound_seconds) / sim)
         assert c.tide_bound_seconds <= min(r.result.iteration_seconds for r in c.rows if r.result is not None)
         assert "tide_mip_gap" in c.to_json()
+        # the ceiling is best baseline / bound: tide's own speed-up (a replayed plan) never exceeds it
+        assert c.speedup_ceiling() == pytest.approx(c.best_baseline_seconds() / c.tide_bound_seconds)
+        assert tide.speedup_vs_best_baseline <= c.speedup_ceiling() + 1e-12
 
 
 def test_compare_cli_json(tmp_path, capsys) -> None:

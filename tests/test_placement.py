@@ -180,13 +180,14 @@ def test_late_arrivals_charge_the_copies_that_fit_only_after_the_peak():
     assert with_row.objective_seconds > without.objective_seconds * (1 + 1e-3)
 
 
-@pytest.mark.parametrize("first", ["H2D", "D2H"])
-def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first):
-    """Issue 17 item 4: the LP's PCIe rows hold for every overlap the simulator replays. A copy keeps
-    the rate it started with (planner.sim_actions._transfer), so an H2D started alone runs at the
-    pinned rate while D2H copies started under it run at the both-ways rate (or the reverse): more than
-    the link's own both-ways region (costmodel.pcie_time_rows), which the rows once charged. Measured:
-    GPT-3 13B x a100-80g-12ssd, the angel baseline replayed at 5.831 s under an LP of 5.989 s."""
+@pytest.mark.parametrize("link", ["pcie", "nvme"])
+@pytest.mark.parametrize("first", [0, 1])
+def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first, link):
+    """Issue 17 item 4: the placement model's own two-way rows (PCIe, and SSDs with mixed rates) hold
+    for every overlap the simulator replays. A copy once kept the rate it started with, so an H2D
+    started alone ran at the pinned rate while D2H copies started under it ran at the both-ways rate
+    (or the reverse; reads and writes alike): more than the link's region (costmodel.two_way_rows).
+    Now every copy reserves its share of each facet (Note [two-way links in the simulator])."""
     from planner.families import gpt_trace
     from planner.placement_input import placement_input
     from planner.policies import baseline
@@ -196,24 +197,29 @@ def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first):
     from planner.sim_state import setup
     from schemas.schedule import Channel
 
-    hw = resolve_hardware("a100-80g-12ssd")  # both-ways rates measured: H2D 12.5 of 25.5 GB/s
+    hw = resolve_hardware("a100-80g-12ssd")  # both-ways rates measured: H2D 12.5 of 25.5 GB/s; SSDs mixed
     assert hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0
+    assert hw.nvme.mixed_read_gb_per_s_each > 0 and hw.nvme.mixed_write_gb_per_s_each > 0
     trace = gpt_trace(layers=2, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32")
     problem = build_problem(trace, hw, trace_digest="t")
     schedule = baseline("angel", problem)
-    rows = placement_input(problem, schedule.layout).pcie_bound_rows  # the rows of the bound's model
+    data = placement_input(problem, schedule.layout)
+    # the MIP's rows, at the size of the copies below (one size: the flat rates of the preset)
+    rows, pair = ((data.pcie_time_rows, (Channel.H2D, Channel.D2H)) if link == "pcie"
+                  else (data.nvme_rows(), (Channel.NVME_READ, Channel.NVME_WRITE)))
+    assert any(x > 0 and y > 0 for x, y in rows)  # a row charging both ways: the case under test
     # a long copy one way started alone, then copies the other way issued under it until it ends
     sim = setup(schedule, hw)
-    a, b = (Channel.H2D, Channel.D2H) if first == "H2D" else (Channel.D2H, Channel.H2D)
+    a, b = pair if first == 0 else pair[::-1]
     moved = {a: 1 << 30, b: 0}
     end = _transfer(sim, (a,), moved[a], 0.0, 0.0, "long", m=0, i=0, action=None)
     t, piece = 0.0, 1 << 24
     while True:
         done = _transfer(sim, (b,), piece, t, 0.0, "short", m=0, i=1, action=None)
-        if done > end:
-            break
+        end = max(end, done)
         moved[b] += piece
         t = done
-    assert moved[b] > 0
-    for x, y in rows:  # every replay lasts at least each row: end >= x * H2D bytes + y * D2H bytes
-        assert end >= (x * moved[Channel.H2D] + y * moved[Channel.D2H]) * (1 - 1e-9), (x, y)
+        if moved[b] >= moved[a]:
+            break
+    for x, y in rows:  # every replay lasts at least each row: end >= x * first-way bytes + y * other-way bytes
+        assert end >= (x * moved[pair[0]] + y * moved[pair[1]]) * (1 - 1e-9), (x, y)

@@ -461,19 +461,31 @@ def test_prices_pageable_policy_and_shared_dram() -> None:
 
 
 def test_nvme_reads_and_writes_overlap_at_the_mixed_rates() -> None:
-    """SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server; the read
-    issued while the write runs goes at the mixed rate instead of waiting for it (simplex above)."""
+    """SSDs measured reading and writing at once (nvme.mixed_*): a read and a write server, each at its
+    rate alone, sharing the drives' two-way facets (Note [two-way links in the simulator]): the read
+    issued while the write runs no longer waits for it (simplex above: read done at 3 s), and the pair
+    takes the least time the mixed rates allow (costmodel.nvme_time_rows), never less."""
+    from planner.costmodel import nvme_time_rows
+
     hw = dataclasses.replace(HW, nvme=dataclasses.replace(HW.nvme, mixed_read_gb_per_s_each=0.8,
                                                           mixed_write_gb_per_s_each=0.4))
-    # the write alone at 0.5 GB/s, 0..2 s; the read while it runs at the mixed 0.8 GB/s, 0..1.25 s; H2D 1.25..2.25 s
+    # the write (placed first) at 0.5 GB/s alone, 0..2 s; the read ends when the rows say both are
+    # done, 2.25 s (max of 1 + 0.5 and 0.25 + 2 s per GB each way: processor sharing's makespan too,
+    # where both run at 0.8 / 0.4 GB/s to 1.25 s, then the write alone); H2D 2.25..3.25 s
+    least = max(a + b for a, b in nvme_time_rows(hw)) * CHUNK_BYTES
+    assert least == pytest.approx(2.25)
     r = simulate(_nvme_write_then_read(), hw)
-    assert r.moment_start_seconds[0] == pytest.approx(2.25)
-    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1.25)
+    assert r.moment_start_seconds[0] == pytest.approx(least + 1.0)
+    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1.0)  # at its rate alone
     assert r.busy_seconds_per_channel[Channel.NVME_WRITE] == pytest.approx(2.0)
-    # a host-side cap holds both together: 0.8 + 0.4 GB/s squeezed into 0.6 GB/s (a third each way lost)
+    # a host-side cap holds both together: 0.8 + 0.4 GB/s squeezed into 0.6 GB/s, the rates alone
+    # capped too (read 0.6 GB/s): the pair needs 3.5 s
     capped = dataclasses.replace(hw, nvme=dataclasses.replace(hw.nvme, host_cap_gb_per_s=0.6))
+    least = max(a + b for a, b in nvme_time_rows(capped)) * CHUNK_BYTES
+    assert least == pytest.approx(3.5)
     r = simulate(_nvme_write_then_read(), capped)
-    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1 / 0.4)
+    assert r.moment_start_seconds[0] == pytest.approx(least + 1.0)
+    assert r.busy_seconds_per_channel[Channel.NVME_READ] == pytest.approx(1 / 0.6)
 
 
 def _cpu_step_specs(step_moment: int) -> list:
