@@ -20,6 +20,7 @@ from planner.bounds import explain_infeasible, lower_bound
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
+from planner.policies.angel import decide as angel_decide
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
 from planner.materialize import SolverStats, materialize, materialize_replayed, replay_memo
@@ -36,6 +37,7 @@ from planner.placement import (
 from planner.problem import build_problem
 from planner.simulate import ScheduleViolation
 from planner.solution import (
+    POLICY,
     Candidate,
     SolveReport,
     build_schedule,
@@ -204,6 +206,17 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                   chunk_elements=size, wasted=wasted_elements(layout))
                 if found is not None:
                     evaluated.append(found)
+    # the Angel-PTM-like decision sets (planner.policies.angel, on their own layout and eviction rule)
+    # too: they are the strongest baseline on 13B x a100-80g-12ssd, where tide's materialization of the
+    # same placement on its layout replayed 0.8% slower (bench/RESULTS.md l17); replayed here, tide is
+    # never slower than what that baseline decides either
+    for i, decisions in enumerate(angel_decide(problem) if optimizer_overlap else ()):
+        found = _evaluate(problem, dataclasses.replace(decisions, policy=POLICY,
+                                                       notes=tuple(f"angel-like reference set: {n}" for n in decisions.notes)),
+                          what=f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}",
+                          chunk_elements=decisions.layout.chunk_elements, wasted=wasted_elements(decisions.layout))
+        if found is not None:
+            evaluated.append(found)
     if not evaluated and not solved:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     if not evaluated:

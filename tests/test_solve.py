@@ -260,7 +260,8 @@ def test_the_simulator_picks_the_plan_and_tide_is_never_slower_than_its_referenc
     report = _report(4, 4.0)
     seconds = simulate(report.schedule, hw).iteration_seconds
     assert seconds == pytest.approx(report.simulated_seconds)
-    assert {w.split(" decisions")[0] for w, _ in report.evaluated} >= {"fuyou-like", "zero-offload-like", "patrickstar-like"}
+    assert {w.split(" decisions")[0] for w, _ in report.evaluated} >= {"fuyou-like", "zero-offload-like", "patrickstar-like",
+                                                                       "angel-like"}
     assert all(seconds <= t * (1 + 1e-9) for _, t in report.evaluated)
     assert report.chosen in {w for w, _ in report.evaluated}
     assert any(report.chosen in n for n in report.schedule.header.notes)
