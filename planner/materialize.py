@@ -20,8 +20,10 @@ How, step by step: Note [materialize steps]; several ranks: Note [materialize ra
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -116,9 +118,45 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
     return materialize_replayed(problem, decisions, stats=stats)[0]
 
 
+# Note [replay memo]:
+# planner.solve replays some plans twice: the OS-margin bisection (planner.reference.os_margin_decisions)
+# materializes the count it returns, which solve then replays again, and two reference sets may decide
+# the same under two names (at 256 blocks x 4096 Fuyou's activation swap is all RECOMPUTE, so
+# "fuyou-like" and "fuyou-like, checkpoints only" are one plan; a replay is ~0.3-0.8 s there). Inside
+# `replay_memo()`, a call with the same problem (object), stats and decisions as an earlier successful
+# one, the decisions' name and notes aside (only the header carries them), returns that schedule with
+# its own name and notes in the header, and the same replay: what materializing it again gives.
+_MEMO: contextvars.ContextVar[list | None] = contextvars.ContextVar("replay_memo", default=None)
+
+
+@contextlib.contextmanager
+def replay_memo() -> Iterator[None]:
+    """Within it, `materialize_replayed` replays each plan once (Note [replay memo])."""
+    token = _MEMO.set([])
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
 def materialize_replayed(problem: Problem, decisions: Decisions, *,
                          stats: SolverStats | None = None) -> tuple[Schedule, SimResult]:
     """`materialize`, and the simulator's replay of the schedule (what its prediction is)."""
+    memo = _MEMO.get()
+    if memo is None:
+        return _materialize_replayed(problem, decisions, stats)
+    plan = dataclasses.replace(decisions, policy="", notes=())
+    for seen_problem, seen_stats, seen_plan, schedule, replay in memo:
+        if seen_problem is problem and seen_stats == stats and seen_plan == plan:
+            header = dataclasses.replace(schedule.header, policy=decisions.policy, notes=decisions.notes)
+            return dataclasses.replace(schedule, header=header), replay
+    schedule, replay = _materialize_replayed(problem, decisions, stats)
+    memo.append((problem, stats, plan, schedule, replay))
+    return schedule, replay
+
+
+def _materialize_replayed(problem: Problem, decisions: Decisions,
+                          stats: SolverStats | None) -> tuple[Schedule, SimResult]:
     _check_decisions(problem, decisions)
     plan = cache_plan(problem, decisions)
     check_budget(plan)
@@ -282,5 +320,5 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
 
 __all__ = [
     "Decisions", "EvictionRule", "ReplayError", "Reservation", "ResidencyReplay", "SolverStats", "activation_moments", "materialize",
-    "non_model_curve", "os_device_bytes", "param_budget_bytes", "replay_residency", "uniform_decisions",
+    "non_model_curve", "os_device_bytes", "param_budget_bytes", "replay_memo", "replay_residency", "uniform_decisions",
 ]

@@ -5,6 +5,7 @@ OR-Tools MathOpt model (HiGHS for the MIP; GLOP, or HiGHS's interior point metho
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import math
@@ -12,7 +13,9 @@ import os
 import sys
 from typing import Any
 
-from ortools.math_opt.python import mathopt
+import numpy as np
+from ortools.math_opt.elemental.python import enums
+from ortools.math_opt.python import bounded_expressions, mathopt, variables
 
 
 class MathOptSolver:
@@ -25,34 +28,97 @@ class MathOptSolver:
               "PDLP": mathopt.SolverType.PDLP}
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self.kind = self._TYPES[name]
+        self.use(name)
         # Note [GLOP's primal simplex]: its dual simplex was 2x faster on the 256-block LP (1.99 s vs
         # 3.84 s CPU, bench/bench_depth.py), but with the shared host-DRAM and both-ways PCIe rows it
         # ran for over 12 minutes on gpt-small's LP (cpu-emulated, 0.05 GB), past its time limit, where
         # the primal simplex solves the whole problem in 0.5 s (measured 2026-11-23, this CI machine)
-        self.model = mathopt.Model(name="placement")
+        self._model = mathopt.Model(name="placement")
         self._rows = 0
+        # rows added but not yet in the MathOpt model (Note [rows in bulk])
+        self._pending_names: list[str] = []
+        self._pending_bounds: list[tuple[float, float]] = []
+        self._pending_terms: list[dict[Any, float]] = []
+
+    def use(self, name: str) -> None:
+        """Solve with this solver from now on (the same model: a relaxation turned into its MIP)."""
+        self.name = name
+        self.kind = self._TYPES[name]
+
+    @property
+    def model(self) -> mathopt.Model:
+        """The MathOpt model with every row added so far."""
+        self._flush()
+        return self._model
 
     @staticmethod
     def infinity() -> float:
         return math.inf
 
     def NumVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802 (pywraplp's spelling)
-        return self.model.add_variable(lb=lo, ub=hi, name=name)
+        return self._model.add_variable(lb=lo, ub=hi, name=name)
 
     def IntVar(self, lo: float, hi: float, name: str) -> Any:  # noqa: N802
-        return self.model.add_variable(lb=lo, ub=hi, is_integer=True, name=name)
+        return self._model.add_variable(lb=lo, ub=hi, is_integer=True, name=name)
 
     def BoolVar(self, name: str) -> Any:  # noqa: N802
-        return self.model.add_binary_variable(name=name)
+        return self._model.add_binary_variable(name=name)
 
+    # Note [rows in bulk]:
+    # MathOpt's `add_linear_constraint` flattens the expression tree through one Python method call
+    # per node and writes the row into the C++ model one coefficient at a time: at 256 blocks
+    # (hidden 4096, a100-80g-12ssd) 160k rows and 800k coefficients took 20.5 of the solve's 37 s of
+    # model building (cProfile, bench/RESULTS.md "Solve time: fewer and faster model builds").
+    # `Add` flattens with `flat_linear` (MathOpt's own algorithm, so every coefficient is the same
+    # float) and keeps the row; `_flush` adds the pending rows in the order they were added (the same
+    # ids) and writes their bounds and coefficients in three bulk calls, before anything reads the
+    # model (`model`, `solve`). The model is the same one: tests/test_mathopt_rows.py compares the
+    # exported model with MathOpt's own rows.
     def Add(self, bounded: Any, name: str = "") -> Any:  # noqa: N802
+        """Add the row `bounded` (lb <= expr <= ub); it reaches the model at the next `model`/`solve`."""
         self._rows += 1
-        return self.model.add_linear_constraint(bounded, name=name)
+        if type(bounded) not in _BOUNDED:  # VarEqVar, a bool, a bad type: MathOpt's path (and its errors)
+            self._flush()
+            return self._model.add_linear_constraint(bounded, name=name)
+        terms, offset = flat_linear(bounded.expression)
+        if math.isinf(offset):  # what MathOpt refuses (its message)
+            self._flush()
+            return self._model.add_linear_constraint(bounded, name=name)
+        self._pending_names.append(name)
+        self._pending_bounds.append((bounded.lower_bound - offset, bounded.upper_bound - offset))
+        self._pending_terms.append(terms)
+        return None
+
+    def _flush(self) -> None:
+        if not self._pending_names:
+            return
+        elemental = self._model._elemental  # noqa: SLF001 (MathOpt's bulk interface)
+        # one add_element per row: add_named_elements pads every name to the longest with NULs
+        add, row_type = elemental.add_element, enums.ElementType.LINEAR_CONSTRAINT
+        ids = np.array([add(row_type, name) for name in self._pending_names], dtype=np.int64)
+        bounds = np.array(self._pending_bounds, dtype=np.float64).reshape(-1, 2)
+        keys = ids.reshape(-1, 1)
+        elemental.set_attrs(enums.DoubleAttr1.LINEAR_CONSTRAINT_LOWER_BOUND, keys, bounds[:, 0].copy())
+        elemental.set_attrs(enums.DoubleAttr1.LINEAR_CONSTRAINT_UPPER_BOUND, keys, bounds[:, 1].copy())
+        rows = [(row, var.id, coef) for row, terms in zip(ids.tolist(), self._pending_terms) for var, coef in terms.items()]
+        if rows:
+            elemental.set_attrs(enums.DoubleAttr2.LINEAR_CONSTRAINT_COEFFICIENT,
+                                np.array([(r, v) for r, v, _ in rows], dtype=np.int64),
+                                np.array([c for _, _, c in rows], dtype=np.float64))
+        self._pending_names, self._pending_bounds, self._pending_terms = [], [], []
 
     def Minimize(self, expr: Any) -> None:  # noqa: N802
-        self.model.minimize(expr)
+        """What `model.minimize(expr)` sets (offset, coefficients, direction), flattened by `flat_linear`
+        and its coefficients written in one bulk call (Note [rows in bulk])."""
+        terms, offset = flat_linear(expr)
+        objective = self.model.objective
+        objective.clear()
+        objective.offset = offset
+        if terms:
+            self._model._elemental.set_attrs(  # noqa: SLF001
+                enums.DoubleAttr1.OBJECTIVE_LINEAR_COEFFICIENT,
+                np.array([v.id for v in terms], dtype=np.int64).reshape(-1, 1), np.array(list(terms.values()), dtype=np.float64))
+        objective.is_maximize = False
 
     def NumVariables(self) -> int:  # noqa: N802
         return sum(1 for _ in self.model.variables())
@@ -84,14 +150,79 @@ class MathOptSolver:
             params.lp_algorithm = mathopt.LPAlgorithm.BARRIER
             # (MathOpt refuses `threads` for HiGHS; IPX and its crossover run serially: the same
             # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
+        model = self.model
         with quiet_stdout():
-            result = mathopt.solve(self.model, self.kind, params=params)
+            result = mathopt.solve(model, self.kind, params=params, model_params=_PRIMAL_ONLY)
             if self.kind is mathopt.SolverType.GLOP and result.termination.reason is mathopt.TerminationReason.IMPRECISE:
                 # GLOP's primal simplex gave up on the numerics (gpt-small on cpu-emulated at 0.05 GB, once
                 # CPU Adam was priced at the worker's 1 thread beside the both-ways PCIe row): the same LP
                 # through HiGHS's simplex, deterministic too, reaches its optimum
-                result = mathopt.solve(self.model, mathopt.SolverType.HIGHS, params=params)
+                result = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params, model_params=_PRIMAL_ONLY)
             return result
+
+
+# The placement reads the primal values only: no dual values or reduced costs are handed back (MathOpt
+# filters what it returns, the solve is the same), which were half of parsing an LP's result (256 blocks:
+# 0.8 of MathOpt's 1.9 s under cProfile, bench/RESULTS.md "Solve time: fewer and faster model builds")
+_PRIMAL_ONLY = mathopt.ModelSolveParameters(dual_values_filter=mathopt.SparseVectorFilter(filtered_items=()),
+                                            reduced_costs_filter=mathopt.SparseVectorFilter(filtered_items=()))
+
+_BOUNDED = (bounded_expressions.BoundedExpression, bounded_expressions.UpperBoundedExpression,
+            bounded_expressions.LowerBoundedExpression)
+
+
+def flat_linear(expr: Any) -> tuple[dict[Any, float], float]:
+    """(coefficient per variable, offset) of a linear expression: `mathopt.LinearExpression(expr)`'s
+    terms and offset, by the same breadth-first walk adding the same products in the same order (so
+    the same floats), with the node types dispatched here instead of one method call per node.
+    An expression with a node type it does not know goes through MathOpt's own flattening."""
+    terms: dict[Any, float] = {}
+    offset = 0.0
+    queue = collections.deque([(expr, 1.0)])
+    pop, push = queue.popleft, queue.append
+    while queue:
+        node, scale = pop()
+        kind = type(node)
+        if kind is _VARIABLE:
+            terms[node] = terms.get(node, 0.0) + scale
+        elif kind is _TERM:
+            var = node._variable  # noqa: SLF001
+            terms[var] = terms.get(var, 0.0) + node._coefficient * scale  # noqa: SLF001
+        elif kind is _SUM:
+            for item in node._elements:  # noqa: SLF001
+                if isinstance(item, (int, float)):
+                    offset += scale * float(item)
+                else:
+                    push((item, scale))
+        elif kind is _PRODUCT:
+            push((node._linear, node._scalar * scale))  # noqa: SLF001
+        elif kind is _EXPRESSION:
+            for var, coef in node._terms.items():  # noqa: SLF001
+                terms[var] = terms.get(var, 0.0) + coef * scale
+            offset += scale * node._offset  # noqa: SLF001
+        elif isinstance(node, (int, float)):  # the whole expression is a number
+            offset += scale * float(node)
+        else:  # another node type (or not linear): MathOpt's own flattening of the whole (and its errors)
+            flat = variables.LinearExpression(expr)
+            return dict(flat.terms), flat.offset
+    return terms, offset
+
+
+def evaluate_linear(expr: Any, values_by_id: dict[int, float]) -> float:
+    """`mathopt.evaluate_expression(expr, values)` for a linear expression (the same sum in the same
+    order: offset, then the terms by variable id), on `flat_linear`. `values_by_id`: the solution's
+    values keyed by variable id (`result.variable_values()` is keyed by other Variable objects than
+    the model's, so every lookup there compares two variables through MathOpt's `==`)."""
+    if isinstance(expr, (int, float)):
+        return float(expr)
+    terms, result = flat_linear(expr)
+    for vid, coef in sorted((var.id, coef) for var, coef in terms.items()):
+        result += coef * values_by_id[vid]
+    return result
+
+
+_VARIABLE, _TERM, _SUM = variables.Variable, variables.LinearTerm, variables.LinearSum
+_PRODUCT, _EXPRESSION = variables.LinearProduct, variables.LinearExpression
 
 
 @contextlib.contextmanager
@@ -112,4 +243,4 @@ def quiet_stdout():
         os.close(saved)
 
 
-__all__ = ["MathOptSolver", "quiet_stdout"]
+__all__ = ["MathOptSolver", "evaluate_linear", "flat_linear", "quiet_stdout"]

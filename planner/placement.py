@@ -79,6 +79,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.with_late_arrivals = late_arrivals  # Note [late arrivals] in planner.placement_time
         self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
         self.flags: dict[str, Any] = {}
+        self.integral: list[Any] = []  # the variables that are integers in the MIP (`as_mip`)
         self.fixed_flags = dict(fixed_flags or {})
         # rows mixing 1e11 bytes and 0.1 s stall the simplex: the model works in MiB and milliseconds
         self.data = scaled_input(data)
@@ -100,10 +101,39 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     # -- variables -----------------------------------------------------------------------
 
     def _int(self, lo: float, hi: float, name: str) -> Any:
-        return self.solver.NumVar(lo, hi, name) if self.relax else self.solver.IntVar(lo, hi, name)
+        v = self.solver.NumVar(lo, hi, name) if self.relax else self.solver.IntVar(lo, hi, name)
+        self.integral.append(v)
+        return v
 
     def _bool(self, name: str) -> Any:
-        return self.solver.NumVar(0, 1, name) if self.relax else self.solver.BoolVar(name)
+        v = self.solver.NumVar(0, 1, name) if self.relax else self.solver.BoolVar(name)
+        self.integral.append(v)
+        return v
+
+    def as_mip(self, *, fixed_flags: dict[str, int] | None = None,
+               fixed_modes: Sequence[ActivationMode] | None = None) -> PlacementModel:
+        """This relaxation (unpinned, or pinned as asked), solved, turned into the MIP that
+        `type(self)(data, fixed_flags=..., fixed_modes=...)` builds (integrality switched on, switches
+        and modes pinned) instead of building that MIP again: the same model bit for bit
+        (tests/test_mathopt_rows.py), so the same plan. 256 blocks x 4096: a build is ~0.5 s of the
+        solve's CPU, one per MIP."""
+        modes = tuple(fixed_modes) if fixed_modes is not None else None
+        assert self.relax and ((not self.fixed_flags and self.fixed_modes is None)
+                               or (self.fixed_flags == dict(fixed_flags or {}) and self.fixed_modes == modes)), \
+            "a relaxation pinned otherwise"
+        self.relax = False
+        self.solver.use("HIGHS")
+        self.solver_name = self.solver.name
+        for v in self.integral:
+            v.integer = True
+        self.fixed_flags = dict(fixed_flags or {})
+        for name, v in self.flags.items():
+            self._pin_flag(name, v)
+        if modes is not None:
+            self.fixed_modes = modes
+            for i, (b, choice) in enumerate(zip(self.data.blocks, self.act)):
+                self._pin_modes(i, b, choice)
+        return self
 
     # Note [placement mechanism switches]:
     # Mechanism switches (`any_stream`, `any_nvme_stream`, `any_nvme_os`, `any_nvme_param`: some chunk
@@ -133,9 +163,12 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         (solve pins them to the rounded LP values: a HiGHS MIP of 175B went from > 60 s to 3 s)."""
         v = self._bool(name)
         self.flags[name] = v
+        self._pin_flag(name, v)
+        return v
+
+    def _pin_flag(self, name: str, v: Any) -> None:
         if name in self.fixed_flags:
             v.lower_bound = v.upper_bound = float(self.fixed_flags[name])
-        return v
 
     def flag_values(self) -> dict[str, float]:
         """The solved values of the mechanism switches (after `solve`)."""
@@ -235,14 +268,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.act = [{m: self._bool(f"act[{b.id},{m.value}]") for m in ACT_MODES} for b in d.blocks]
         for i, (b, choice) in enumerate(zip(d.blocks, self.act)):
             self.solver.Add(sum(choice.values()) == 1, f"one_mode[{b.id}]")
-            if self.fixed_modes is not None:  # pinned (solve: the LP's choice on big traces)
-                for m, v in choice.items():
-                    v.lower_bound = v.upper_bound = 1.0 if m is self.fixed_modes[i] else 0.0
-            if not d.has_nvme:
-                choice[ActivationMode.SWAP_NVME].upper_bound = 0
-            if b.forward_stage < 0 or b.backward_stage < 0:  # no forward or no backward: nothing to plan
-                for m in ACT_MODES[1:]:
-                    choice[m].upper_bound = 0
+            self._pin_modes(i, b, choice)
         # RECOMPUTE blocks' inputs (checkpoints) offloaded to HOST: one global choice (materialize's
         # Decisions.checkpoint_tier); ckpt_block[b] = act[b,RECOMPUTE] AND ckpt, linearized
         self.ckpt: Any = 0
@@ -262,6 +288,18 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         if self.capacity_variable is not None:
             self.capacity = self.solver.NumVar(0, inf, f"capacity[{self.capacity_variable.value}]")
 
+    def _pin_modes(self, i: int, b: BlockData, choice: dict[ActivationMode, Any]) -> None:
+        """Block i's mode bounds: pinned to `fixed_modes` (solve: the LP's choice on big traces), no
+        SWAP_NVME without SSDs, only KEEP for a block without forward or backward."""
+        if self.fixed_modes is not None:
+            for m, v in choice.items():
+                v.lower_bound = v.upper_bound = 1.0 if m is self.fixed_modes[i] else 0.0
+        if not self.data.has_nvme:
+            choice[ActivationMode.SWAP_NVME].upper_bound = 0
+        if b.forward_stage < 0 or b.backward_stage < 0:  # no forward or no backward: nothing to plan
+            for m in ACT_MODES[1:]:
+                choice[m].upper_bound = 0
+
 
 class SparsePlacementModel(PlacementModel):
     """PlacementModel with the DEVICE rows kept sparse: the same model, reformulated (planner.solve
@@ -279,6 +317,8 @@ class SparsePlacementModel(PlacementModel):
     7.8 s against 12.6 s CPU on the dense rows, Note [the placement LP on HiGHS's interior point]
     in planner/mathopt_solver.py), which is how planner.solve solves its LP.
     """
+
+    ARRIVALS_AS_RUNNING_SUMS = True
 
     def _build_memory_terms(self) -> None:
         super()._build_memory_terms()

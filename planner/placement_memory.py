@@ -31,6 +31,10 @@ def scaled(expr: Any, factor: float) -> Any:
 class MemoryRows:
     """DEVICE, HOST and NVME bytes per stage, and the capacity rows over them."""
 
+    # arrived chunks through running sums (planner.placement.SparsePlacementModel) instead of one term
+    # per stage until the use: the dense terms are then not built at all (quadratic in depth)
+    ARRIVALS_AS_RUNNING_SUMS = False
+
     def _interval_sums(self, name: str, items: list[tuple[int, int, Any]]) -> list[Any]:
         """Per stage s, the sum of the expressions whose interval [first, last] contains s.
 
@@ -87,8 +91,9 @@ class MemoryRows:
                     kept.append((first, last, self.keep[gi][i] * (g.param_bytes * p)))
                 pos = {s: j for j, s in enumerate(gap.stages)}
                 for k, s_in in enumerate(gap.lookahead):
-                    for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
-                        self.arrived[s].append(self.incoming[gi][i][k] * (g.param_bytes * p))
+                    if not self.ARRIVALS_AS_RUNNING_SUMS:  # (else the subclass writes them as running sums)
+                        for s in gap.stages[pos[s_in]:]:  # arrived chunks occupy DEVICE until the use
+                            self.arrived[s].append(self.incoming[gi][i][k] * (g.param_bytes * p))
                     self.arriving[s_in].append(self.incoming[gi][i][k] * (g.param_bytes * p))
                     if self.nvme_incoming[gi][i]:
                         # the staging copy of an NVMe-homed chunk stays on HOST until the use

@@ -13,6 +13,7 @@ from ortools.math_opt.python import mathopt
 
 from schemas._base import frozen
 from schemas.schedule import ActivationMode, SolverStatus
+from planner.mathopt_solver import evaluate_linear
 from planner.placement_terms import ACT_MODES, BYTE_UNIT, MIP_RELATIVE_GAP, SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT
 
 
@@ -74,13 +75,13 @@ class SolutionExtraction:
         if not result.has_primal_feasible_solution():
             raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s ({reason.name})")
         self.values = result.variable_values()
+        self._values_by_id = {var.id: x for var, x in self.values.items()}
         self.result = result
         return self._solution(reason is mathopt.TerminationReason.OPTIMAL, seconds)
 
     def _value(self, expr: Any) -> float:
-        if isinstance(expr, (int, float)):
-            return float(expr)
-        return float(mathopt.evaluate_expression(expr, self.values))
+        # mathopt.evaluate_expression's value, without its per-node flattening (planner.mathopt_solver)
+        return float(evaluate_linear(expr, self._values_by_id))
 
     def _solution(self, optimal: bool, seconds: float) -> PlacementSolution:
         d, n = self.data, len(self.data.stages)

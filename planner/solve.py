@@ -24,7 +24,7 @@ from planner.exact import solve_exact_report
 from planner.policies.angel import decide as angel_decide
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.materialize import SolverStats, materialize, materialize_replayed
+from planner.materialize import SolverStats, materialize, materialize_replayed, replay_memo
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
@@ -127,6 +127,15 @@ def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
                  progress: Callable[[str], None] | None = None) -> SolveReport:
+    with replay_memo():  # a plan replayed twice is replayed once (Note [replay memo] in planner.materialize)
+        return _solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
+                             device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
+                             checkpoint_offload=checkpoint_offload, progress=progress)
+
+
+def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float, exact: bool,
+                  device_bytes: int | None, optimizer_overlap: bool, checkpoint_offload: bool,
+                  progress: Callable[[str], None] | None) -> SolveReport:
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     problem = build_problem(trace, hardware, trace_digest=trace_digest, device_bytes=device_bytes)
@@ -365,6 +374,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     flags: dict[int, dict[str, float]] = {}
     lp_modes: dict[int, tuple] = {}
     lp_values: dict[int, dict[str, float]] = {}
+    lp_models: dict[int, SparsePlacementModel] = {}  # solved, unpinned: each becomes its chunk size's MIP
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     # with several ranks the systems' packing (tensors across block boundaries, only the last comm
@@ -402,6 +412,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
             flags[size] = lp_model.flag_values()
             lp_modes[size] = lp.activation_modes
             lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+            lp_models[size] = lp_model
         except PlacementInfeasible:
             value = bounds[size] = math.inf
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
@@ -422,7 +433,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         try:
             sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
                              lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
-                             lp_seconds=cand.relaxation_seconds)
+                             lp_seconds=cand.relaxation_seconds, lp_model=lp_models.pop(cand.chunk_elements, None))
         except PlacementInfeasible as exc:
             if "no solution within" in str(exc) and not solved:
                 raise PlannerError(f"the placement MIP found no integral plan within its node limit "
@@ -497,7 +508,7 @@ def _pin_tries(data: PlacementInput, lp_flags: dict[str, float],
 
 def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
                lp_modes: tuple | None = None, *, lp_values: dict[str, float] | None = None,
-               lp_seconds: float = 0.0) -> PlacementSolution:
+               lp_seconds: float = 0.0, lp_model: SparsePlacementModel | None = None) -> PlacementSolution:
     """The placement MIP, by LP-integral fixing (a relax-and-fix dive, Wolsey 1998 §12.5) under
     pinned mechanism switches and (on traces of PIN_MODES_BLOCKS blocks or more; 175B: 23 s -> 3 s
     of CPU for a model objective 1% higher) activation modes:
@@ -511,13 +522,15 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
        too, and the better of the two (a tie to the pinned MIP's). `lp_seconds` is unused (kept
-       for the callers).
+       for the callers). `lp_model`, the solved unpinned LP of `lp_values`, becomes the first pin
+       set's MIP (`PlacementModel.as_mip`: the same model, not built again).
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
     so the plan does not depend on the machine's speed. The solution's bound is the restricted
     model's: no bound of the placement model (planner.solve takes the LP's or the root's)."""
     tries = _pin_tries(data, lp_flags, lp_modes) if lp_flags else []
     for flags, modes in tries:
-        sol = _fixed(data, flags, modes, lp_values, budget)
+        sol = _fixed(data, flags, modes, lp_values, budget,
+                     lp_model=lp_model if lp_values is not None and (flags, modes) == tries[0] else None)
         if sol is None:
             continue
         if len(data.blocks) >= POLISH_MAX_BLOCKS:
@@ -570,20 +583,23 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 
 
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
-           budget: float) -> PlacementSolution | None:
+           budget: float, *, lp_model: SparsePlacementModel | None = None) -> PlacementSolution | None:
     """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
-    ones; None when neither leaves a plan."""
-    model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
-    integer = [v for v in model.solver.model.variables() if v.integer]
-    original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
+    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`), or else the
+    pinned LP solved here, becomes the MIP."""
     values = lp_values
     if values is None:
         try:
-            lp = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
-            lp.solve(time_limit_seconds=budget)
+            lp_model = SparsePlacementModel(data, relax=True, fixed_flags=flags, fixed_modes=modes, lp_solver=LP_SOLVER)
+            lp_model.solve(time_limit_seconds=budget)
         except PlacementInfeasible:
             return None
-        values = {v.name: float(lp.values[v]) for v in lp.solver.model.variables()}
+        values = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+    # the solved LP becomes the MIP (PlacementModel.as_mip: the model the constructor builds, not built again)
+    model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes) if lp_model is not None else \
+        SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    integer = [v for v in model.solver.model.variables() if v.integer]
+    original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
     fractional = [v.name for v in integer
                   if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
     skip = set(fractional)

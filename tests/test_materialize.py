@@ -400,3 +400,24 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
     assert kept.prediction.iteration_seconds == min(plain.prediction.iteration_seconds,
                                                     schedule.prediction.iteration_seconds)
     assert kept.actions == plain.actions
+
+
+def test_replay_memo_replays_a_plan_once_under_any_name(monkeypatch) -> None:
+    import planner.materialize as mat
+    p = problem()
+    d = uniform_decisions(p, layout_of(p), param_budget=450_000, os_tier=Tier.NVME)
+    twin = dataclasses.replace(d, policy="twin", notes=("another name, the same plan",))
+    other = dataclasses.replace(d, prefetch=False)
+    expected = [mat.materialize_replayed(p, x) for x in (d, twin, other)]
+    calls = []
+    real = mat._materialize_replayed
+    monkeypatch.setattr(mat, "_materialize_replayed", lambda *a: calls.append(a[1].policy) or real(*a))
+    with mat.replay_memo():
+        got = [mat.materialize_replayed(p, x) for x in (d, twin, other, d)]
+        # another problem object (planner.solve's HOST-shortfall probe) is not the same plan
+        mat.materialize_replayed(dataclasses.replace(p), d)
+    assert calls == ["tide", "tide", "tide"]  # d, other, d on the copied problem: the twin and the repeat are not replayed
+    for (schedule, replay), (want, want_replay) in zip(got, expected + [expected[0]]):
+        assert schedule.to_msgpack() == want.to_msgpack() and replay == want_replay
+    mat.materialize_replayed(p, d)
+    assert len(calls) == 4  # outside the memo every call replays
