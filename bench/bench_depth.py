@@ -95,7 +95,7 @@ def _instrument() -> None:
     solve_mod.placement_input = _timed("placement input", solve_mod.placement_input)
     layout_mod.build_layout = _timed("layout", layout_mod.build_layout)
     solve_mod.materialize = _timed("materialize", solve_mod.materialize)  # solve's own names
-    solve_mod.simulate = _timed("simulate", solve_mod.simulate)
+    materialize_mod.simulate = _timed("simulate", materialize_mod.simulate)  # the replays of materialize_replayed
     solve_mod.lower_bound = _timed("physical bound", bounds_mod.lower_bound)
     solve_mod.root_bound_seconds = _timed("root node bound", solve_mod.root_bound_seconds)
     solve_mod._fixed = _timed("LP-integral fixing (build + MIP)", solve_mod._fixed)
