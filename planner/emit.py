@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
-from planner.decisions import activation_moments
+from planner.decisions import activation_moments, non_model_curve, os_device_bytes
 from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
 from planner.problem import Problem
 from schemas.schedule import (
@@ -87,6 +87,8 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     first_tick_of = {tick: m for m, tick in plan.first_tick.items()}
     key = lambda iv: iv.entry  # noqa: E731 - determinism inside a tick
     written_back_later: list[int] = []
+    deferred_write_back: list[int] = []  # the DEVICE step whose OS goes down after the next step's fetch
+    room = _streaming_room(plan) if device_order else None
 
     for tick in range(n_ticks + 1):
         if tick in first_tick_of:
@@ -146,7 +148,23 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 # FIFO (simplex), so a write-back queued first would hold the next read behind the
                 # whole DEVICE round trip of this step (the streamed steps pipeline instead)
                 _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
-            _device_step(out, plan, device_steps[tick], tick)
+            g = device_steps[tick]
+            nxt = device_order[k + 1] if k + 1 < len(device_order) else None
+            defer = nxt is not None and room is not None and _may_defer_write_back(plan, room, g, nxt, tick, intervals)
+            if not deferred_write_back and not defer:
+                _device_step(out, plan, g, tick)
+                continue
+            # Note [streamed write-back after the next fetch]
+            if deferred_write_back:
+                _device_step_swap(out, plan, deferred_write_back[0], g, tick)
+            else:
+                _device_step_fetch(out, plan, g, tick)
+            _device_step_run(out, plan, g, tick)
+            if defer:
+                deferred_write_back = [g]
+            else:
+                _device_step_write_back(out, plan, g, tick)
+                deferred_write_back = []
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
 
@@ -374,6 +392,59 @@ def _device_step_nvme_reads(out: _Emitter, plan: CachePlan, g: int, tick: int) -
                 out.copy(tick, Op.FETCH, lst, c, Tier.NVME, Tier.HOST)
 
 
+# Note [streamed write-back after the next fetch]:
+# GPU Adam on streamed OS (OS on HOST, DEVICE step) moves each step's OS up (H2D) and down again
+# (D2H) in the OPTIMIZER moment. Emitted as fetch k, step k, write-back k, then fetch k+1, the
+# simulator places the whole write-back k on the PCIe link before fetch k+1: the link's two-way
+# facets go to the copy placed first (Note [two-way links in the simulator] in
+# planner/sim_actions.py), so write-back k runs at its D2H rate alone and fills the facet that
+# charges D2H most, and fetch k+1 (and every PARAM or GRAD prefetch queued on H2D) waits for it to
+# end: per step H2D alone, then D2H alone. The placement model prices the stage by the both-ways
+# rows (`pcie_time_rows`). Measured (bench/bench_stage_gap.py, 256 blocks x 4096 on a100-80g-12ssd,
+# 211 streamed steps of 807 MB of OS each): the tail after backward took 14.75 s in the replay against
+# the model's 13.12 s, H2D busy 14.71 s of it. Now step k's OS goes down in step k+1's tick, list by
+# list, each list's write-back followed by the same list of step k+1 coming up into its room
+# (`_device_step_swap`): the link gets D2H and H2D copies alternately, each placed while the
+# other direction's last one still runs, so each takes the facets' time the other leaves and the
+# link moves both ways at once (tail 13.19 s). DEVICE holds at most one step's OS at a time, as
+# before, beside what tick k+1 holds (`_may_defer_write_back` checks it against the room the
+# OPTIMIZER moment leaves). One rank only (a step's comm group is all-gathered after its
+# write-back), OS on HOST only (an NVMe OS's HOST staging is two chunks, `_device_step_nvme_reads`).
+def _os_bytes_streamed(plan: CachePlan, g: int) -> int:
+    """DEVICE bytes of comm group g's OS fetched for its DEVICE step (0 where its OS lives on DEVICE)."""
+    return sum(plan.chunk_bytes[lst][c] for c in plan.trainable_chunks[g] if plan.os_tier[c] is not Tier.DEVICE
+               for lst in plan.problem.os_lists)
+
+
+def _streaming_room(plan: CachePlan) -> int | None:
+    """DEVICE bytes the OPTIMIZER moment leaves for PARAM, GRAD and streamed OS chunks: the schedule's
+    DEVICE budget minus the non-model bytes there and the OS kept on DEVICE (None: several ranks)."""
+    if plan.ws > 1:
+        return None
+    problem, d = plan.problem, plan.decisions
+    reserved = sum(r.bytes for r in d.reserved_bytes if r.tier is Tier.DEVICE)
+    curve = non_model_curve(problem, d.activation_modes, d.checkpoint_tier)
+    fixed = os_device_bytes(problem, d.layout, d.chunk_plans)
+    return problem.device_bytes - reserved - int(curve[problem.optimizer_moment]) - fixed
+
+
+def _may_defer_write_back(plan: CachePlan, room: int, g: int, nxt: int, tick: int,
+                          intervals: list[CacheInterval]) -> bool:
+    """Whether step g's OS may stay on DEVICE into the next step's tick (tick + 1, `_device_step_swap`):
+    the larger of the two steps' OS beside every entry resident at tick + 1 after its evictions and
+    prefetches (each entry at its full bytes) fits in `room`."""
+    mine, theirs = _os_bytes_streamed(plan, g), _os_bytes_streamed(plan, nxt)
+    if not mine or not theirs:
+        return False
+    if any(plan.os_tier[c] is not Tier.HOST for c in (*plan.trainable_chunks[g], *plan.trainable_chunks[nxt])):
+        return False
+    resident = 0
+    for iv in intervals:
+        if iv.pinned or (iv.start <= tick + 1 and (iv.end < 0 or iv.end > tick + 1)):
+            resident += int(plan.entry_bytes[iv.entry])
+    return resident + max(mine, theirs) <= room
+
+
 def _device_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
     """GPU Adam: OS that lives lower comes up for the step and goes back down after it (the NVME
     reads were issued by `_device_step_nvme_reads`, one step ahead)."""
@@ -392,6 +463,40 @@ def _device_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
                 out.evict(tick, lst, c, Tier.HOST)
     if plan.persistent[g] and plan.ws > 1:
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
+
+
+def _device_step_fetch(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """GPU Adam's OS that lives lower comes up for the step (the NVME reads were issued by
+    `_device_step_nvme_reads`, one step ahead)."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is not Tier.DEVICE:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.FETCH, lst, c, Tier.HOST, Tier.DEVICE)
+
+
+def _device_step_run(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    for c in plan.trainable_chunks[g]:
+        out.add(tick, op=Op.OPTIMIZER_STEP, chunk=c, dst=Tier.DEVICE, channel=Channel.COMPUTE)
+
+
+def _device_step_swap(out: _Emitter, plan: CachePlan, previous: int, g: int, tick: int) -> None:
+    """The deferred step's OS goes down list by list, each list's room taken by the next step's
+    same list coming up (`_may_defer_write_back`: one rank, both on HOST, the same lists)."""
+    for lst in plan.problem.os_lists:
+        for c in plan.trainable_chunks[previous]:
+            out.copy(tick, Op.WRITE_BACK, lst, c, Tier.DEVICE, Tier.HOST)
+            out.evict(tick, lst, c, Tier.DEVICE)
+        for c in plan.trainable_chunks[g]:
+            out.copy(tick, Op.FETCH, lst, c, Tier.HOST, Tier.DEVICE)
+
+
+def _device_step_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """A deferred step's OS goes back down to HOST (one rank, OS on HOST: `_may_defer_write_back`)."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is not Tier.DEVICE:
+            for lst in plan.problem.os_lists:
+                out.copy(tick, Op.WRITE_BACK, lst, c, Tier.DEVICE, Tier.HOST)
+                out.evict(tick, lst, c, Tier.DEVICE)
 
 
 def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],
