@@ -421,3 +421,33 @@ def test_replay_memo_replays_a_plan_once_under_any_name(monkeypatch) -> None:
         assert schedule.to_msgpack() == want.to_msgpack() and replay == want_replay
     mat.materialize_replayed(p, d)
     assert len(calls) == 4  # outside the memo every call replays
+
+
+def test_streamed_device_steps_swap_their_os_so_the_link_moves_both_ways(monkeypatch) -> None:
+    # Note [streamed write-back after the next fetch] in planner/emit.py: on a link with measured
+    # both-ways rates (a100-80g-12ssd), step k's OS goes down between step k+1's OS fetches, and the
+    # replay is faster than fetch k, step k, write-back k, fetch k+1 (which runs the link one way at a time)
+    import planner.emit as emit
+
+    hw = resolve_hardware("a100-80g-12ssd")
+    assert hw.links.duplex_h2d_gb_per_s > 0
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    swapped = materialize(p, decisions)
+    check(swapped, decisions, hardware=hw)
+    os_lists = {ChunkList.MASTER, ChunkList.M, ChunkList.V}
+    opt = [a for a in swapped.actions if a.moment == p.optimizer_moment and a.list in os_lists
+           and a.op in (Op.FETCH, Op.WRITE_BACK)]
+    steps = [a.chunk for a in swapped.actions if a.op is Op.OPTIMIZER_STEP and a.dst is Tier.DEVICE]
+    assert len(steps) >= 2
+    first_fetch = {}
+    for i, a in enumerate(opt):
+        if a.op is Op.FETCH:
+            first_fetch.setdefault(a.chunk, i)
+    last_write = {a.chunk: i for i, a in enumerate(opt) if a.op is Op.WRITE_BACK}
+    # every step but the last writes its OS back after the next step's OS started coming up
+    assert all(last_write[c] > first_fetch[n] for c, n in zip(steps, steps[1:]))
+    monkeypatch.setattr(emit, "_may_defer_write_back", lambda *a, **k: False)
+    serial = materialize(p, decisions)
+    check(serial, decisions, hardware=hw)
+    assert swapped.prediction.iteration_seconds < serial.prediction.iteration_seconds
