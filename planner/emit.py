@@ -89,6 +89,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     written_back_later: list[int] = []
     deferred_write_back: list[int] = []  # the DEVICE step whose OS goes down after the next step's fetch
     room = _streaming_room(plan) if device_order else None
+    resident = _resident_bytes(plan, intervals) if room is not None else None
 
     for tick in range(n_ticks + 1):
         if tick in first_tick_of:
@@ -150,7 +151,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
             g = device_steps[tick]
             nxt = device_order[k + 1] if k + 1 < len(device_order) else None
-            defer = nxt is not None and room is not None and _may_defer_write_back(plan, room, g, nxt, tick, intervals)
+            defer = nxt is not None and resident is not None and _may_defer_write_back(plan, room, resident, g, nxt)
             if not deferred_write_back and not defer:
                 _device_step(out, plan, g, tick)
                 continue
@@ -428,21 +429,33 @@ def _streaming_room(plan: CachePlan) -> int | None:
     return problem.device_bytes - reserved - int(curve[problem.optimizer_moment]) - fixed
 
 
-def _may_defer_write_back(plan: CachePlan, room: int, g: int, nxt: int, tick: int,
-                          intervals: list[CacheInterval]) -> bool:
-    """Whether step g's OS may stay on DEVICE into the next step's tick (tick + 1, `_device_step_swap`):
-    the larger of the two steps' OS beside every entry resident at tick + 1 after its evictions and
-    prefetches (each entry at its full bytes) fits in `room`."""
+def _resident_bytes(plan: CachePlan, intervals: list[CacheInterval]) -> list[int]:
+    """Per tick: DEVICE bytes of the entries resident there after the tick's evictions and prefetches,
+    each at its full bytes (pinned ones at every tick)."""
+    n = len(plan.tick_moment)
+    delta = [0] * (n + 1)
+    for iv in intervals:
+        b = int(plan.entry_bytes[iv.entry])
+        lo, hi = (0, n) if iv.pinned else (iv.start, n if iv.end < 0 else min(iv.end, n))
+        if lo < hi:
+            delta[lo] += b
+            delta[hi] -= b
+    out, run = [], 0
+    for t in range(n):
+        run += delta[t]
+        out.append(run)
+    return out
+
+
+def _may_defer_write_back(plan: CachePlan, room: int, resident: list[int], g: int, nxt: int) -> bool:
+    """Whether step g's OS may stay on DEVICE into the next step's tick t (`_device_step_swap`): the
+    larger of the two steps' OS beside every entry resident at t fits in `room`."""
     mine, theirs = _os_bytes_streamed(plan, g), _os_bytes_streamed(plan, nxt)
     if not mine or not theirs:
         return False
     if any(plan.os_tier[c] is not Tier.HOST for c in (*plan.trainable_chunks[g], *plan.trainable_chunks[nxt])):
         return False
-    resident = 0
-    for iv in intervals:
-        if iv.pinned or (iv.start <= tick + 1 and (iv.end < 0 or iv.end > tick + 1)):
-            resident += int(plan.entry_bytes[iv.entry])
-    return resident + max(mine, theirs) <= room
+    return resident[plan.device_step_tick[nxt]] + max(mine, theirs) <= room
 
 
 def _device_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
