@@ -521,7 +521,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        then the next pin set (modes released, then the switches one at a time); the pinned MIP
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
-       too, and the better of the two (a tie to the pinned MIP's). `lp_seconds` is unused (kept
+       too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes'
+       pin was tried and failed (a free-mode polish at PIN_MODES_BLOCKS blocks or more). `lp_seconds` is unused (kept
        for the callers). `lp_model`, the solved unpinned LP of `lp_values`, becomes the first pin
        set's MIP (`PlacementModel.as_mip`: the same model, not built again).
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
@@ -535,6 +536,15 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
             continue
         if len(data.blocks) >= POLISH_MAX_BLOCKS:
             return sol  # too deep to polish
+        if data.ranks == 1 and modes is None and tries[0][1] is not None:
+            # the modes' pin (PIN_MODES_BLOCKS) was tried and left no fixed plan: a polish would be the
+            # free-mode MIP on the dense rows that PIN_MODES_BLOCKS exists to avoid. Measured (175B on
+            # a100-80g-12ssd, chunk 605212776, CPU s on the shared 2-core box): 10.4 of the solve's 17.3 s
+            # for a plan replaying 118.78 s against the fixed plan's 117.44 s and the chosen 112.85 s;
+            # with the fixed plan as a MathOpt solution hint 10.1 s, the same plan; on the sparse rows
+            # 16.1 s; modes pinned, infeasible (bench/RESULTS.md "Issue 18: the 175B polish").
+            # The several-rank switch releases below keep their polish (measured apart, not here).
+            return sol
         # Fixing can cost a few percent against the pinned MIP where the LP is loose (GPT-3 13B on
         # rtx4090-768g-12ssd: 7.426 s fixed vs 7.279 s pinned, model objective): the pinned MIP
         # under a node limit too, the better plan of the two (ties to the fixed one). On the dense

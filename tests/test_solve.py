@@ -401,3 +401,36 @@ def test_a_bound_above_a_replay_for_cpu_adams_price_falls_back_to_the_lps_at_ada
     assert h.lower_bound_seconds == pytest.approx(report.relaxation_bound_seconds, rel=1e-12)
     assert all(h.lower_bound_seconds <= s * (1 + 1e-9) for _, s in report.evaluated)
     assert h.lower_bound_seconds <= angel * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("modes_pin_holds", [True, False])
+def test_no_free_mode_polish_where_the_modes_pin_failed_on_a_deep_trace(monkeypatch, modes_pin_holds):
+    """At PIN_MODES_BLOCKS blocks or more with one rank, a fixed plan from a pin set whose modes are free
+    (the modes' pin left none) is not polished by the free-mode dense MIP (175B x a100-80g-12ssd: 10.4 s
+    of CPU for a plan replaying slower); where the modes' pin holds, the polish runs as before."""
+    import types
+
+    import planner.solve as solve_mod
+
+    modes = ("pinned-modes",)
+    tries = [({"any_stream": 1}, modes), ({"any_stream": 1}, None)]
+    monkeypatch.setattr(solve_mod, "_pin_tries", lambda data, flags, lp_modes: tries)
+    fixed = types.SimpleNamespace(objective_seconds=2.0)
+    monkeypatch.setattr(solve_mod, "_fixed", lambda data, flags, m, values, budget, lp_model=None:
+                        fixed if (m is not None) == modes_pin_holds else None)
+    built = []
+
+    class Polish:
+        def __init__(self, data, *, fixed_flags, fixed_modes):
+            built.append(fixed_modes)
+
+        def solve(self, **kw):
+            return types.SimpleNamespace(objective_seconds=1.0)
+
+    monkeypatch.setattr(solve_mod, "PlacementModel", Polish)
+    data = types.SimpleNamespace(blocks=[None] * solve_mod.PIN_MODES_BLOCKS, ranks=1)
+    sol = solve_mod._solve_mip(data, {"any_stream": 1.0}, 1.0, modes)
+    if modes_pin_holds:
+        assert built == [modes] and sol.objective_seconds == 1.0
+    else:
+        assert built == [] and sol is fixed
