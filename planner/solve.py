@@ -433,7 +433,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         try:
             sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
                              lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
-                             lp_seconds=cand.relaxation_seconds, lp_model=lp_models.pop(cand.chunk_elements, None))
+                             lp_model=lp_models.pop(cand.chunk_elements, None))
         except PlacementInfeasible as exc:
             if "no solution within" in str(exc) and not solved:
                 raise PlannerError(f"the placement MIP found no integral plan within its node limit "
@@ -508,7 +508,7 @@ def _pin_tries(data: PlacementInput, lp_flags: dict[str, float],
 
 def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
                lp_modes: tuple | None = None, *, lp_values: dict[str, float] | None = None,
-               lp_seconds: float = 0.0, lp_model: SparsePlacementModel | None = None) -> PlacementSolution:
+               lp_model: SparsePlacementModel | None = None) -> PlacementSolution:
     """The placement MIP, by LP-integral fixing (a relax-and-fix dive, Wolsey 1998 §12.5) under
     pinned mechanism switches and (on traces of PIN_MODES_BLOCKS blocks or more; 175B: 23 s -> 3 s
     of CPU for a model objective 1% higher) activation modes:
@@ -522,9 +522,9 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
        too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes'
-       pin was tried and failed (a free-mode polish at PIN_MODES_BLOCKS blocks or more). `lp_seconds` is unused (kept
-       for the callers). `lp_model`, the solved unpinned LP of `lp_values`, becomes the first pin
-       set's MIP (`PlacementModel.as_mip`: the same model, not built again).
+       pin was tried and failed (a free-mode polish at PIN_MODES_BLOCKS blocks or more). `lp_model`,
+       the solved unpinned LP of `lp_values`, becomes the first pin set's MIP (`PlacementModel.as_mip`:
+       the same model, not built again).
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
     so the plan does not depend on the machine's speed. The solution's bound is the restricted
     model's: no bound of the placement model (planner.solve takes the LP's or the root's)."""

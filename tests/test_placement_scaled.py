@@ -43,7 +43,7 @@ def test_solve_mip_is_no_worse_than_the_fixed_plan_and_within_its_gap_of_the_lp(
     lp = PlacementModel(data, relax=True)
     relaxed = lp.solve()
     values = {v.name: float(lp.values[v]) for v in lp.solver.model.variables()}
-    sol = _solve_mip(data, lp.flag_values(), 30.0, None, lp_values=values, lp_seconds=relaxed.objective_seconds)
+    sol = _solve_mip(data, lp.flag_values(), 30.0, None, lp_values=values)
     flags = {k: int(v > 1e-6) for k, v in lp.flag_values().items()}
     assert sol.objective_seconds <= _fixed(data, flags, None, values, 30.0).objective_seconds * (1 + 1e-9)
     assert sol.objective_seconds >= relaxed.objective_seconds * (1 - 1e-6)
