@@ -121,6 +121,8 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
     for ch in channels:  # both ways on one link: its share of each facet (Note [two-way links in the simulator])
         if ch in _LINK_OF:
             end = max(end, _draw_link(sim, ch, rank, moved[ch], start, pageable=pageable, nbytes_per_copy=nbytes))
+    if any(ch in _COPY_CHANNELS for ch in channels):  # CPU Adam runs slower meanwhile (Note [CPU Adam beside copies])
+        _slow_steps(sim, sim.node_of[rank], start, end)
     for ch in channels:
         sim.servers[(ch, rank)].free_at = end
         sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
@@ -132,6 +134,44 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
 
 
 _COPY_OPS = frozenset({Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.ACT_OFFLOAD, Op.ACT_RELOAD})
+# the channels whose traffic the CPU Adam rate "with copies" was measured beside (executor/profile.py
+# `_Load`: memcpy through host DRAM and SSD writes); the simulator's old rule tested the same servers
+_COPY_CHANNELS = frozenset({Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE})
+
+
+# Note [CPU Adam beside copies]:
+# A CPU Adam step runs at its rate alone while no copy runs on its node and at the rate measured with
+# copies beside it (`host.adam_rates[].params_per_s_with_copies`, executor/profile.py `_Load`: a memcpy
+# thread and SSD writes through host DRAM) while some copy does, instant by instant, for its whole
+# duration, as DRAM and the cores are shared: `Coverage` keeps, per node, the union of the intervals
+# in which an H2D, D2H or NVMe copy runs. A step placed after the copies it overlaps is timed through
+# them (`Coverage.run`: 1 s alone per second outside, `slow` = rate with / rate alone inside); a copy
+# placed after a step it overlaps (issued at a later moment, while the step still runs) charges the
+# steps under the part of its interval no other copy covered yet `1 - slow` seconds per second of
+# overlap, which the node's CPU optimizer server pays before its next step (and the iteration's end):
+# the same totals, the step placed first keeping its own end, as the two-way links' calendars grant
+# the copy placed first (Note [two-way links in the simulator]). One rate with copies whatever their
+# number or direction: the profile measured one mix. Never faster than before for a step that ran
+# alone, never slower than the with-copies rate throughout. Before (session 5, sim17), a step took
+# the with-copies rate for its whole duration if a copy server was busy as it started and the alone
+# rate otherwise: a step started alone ran at the alone rate under copies started later (97% of the
+# GPT-3 175B golden's CPU Adam time ran under copies), one started under a short copy at the slow rate
+# after it ended.
+
+
+def _slow_steps(sim: SimState, node: int, start: float, end: float) -> None:
+    """A copy runs on `node` over [start, end): the steps placed there already lose time under its new part."""
+    cov = sim.coverage[node]
+    pieces = cov.add(start, end)
+    if not pieces or not cov.steps:
+        return
+    lost = cov.lost_seconds(pieces)
+    if lost <= 0:
+        return
+    server = sim.servers[(Channel.CPU_OPTIMIZER, sim.node_of.index(node))]
+    server.free_at += lost
+    sim.busy[Channel.CPU_OPTIMIZER] = sim.busy.get(Channel.CPU_OPTIMIZER, 0.0) + lost
+    sim.last_end = max(sim.last_end, server.free_at)
 
 
 def blocks_host(a: Action) -> bool:
@@ -185,6 +225,19 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
     return end
 
 
+# Note [simulator evictions]:
+# An EVICT frees its copy's bytes when the copies reading it (a WRITE_BACK or a copy to another tier)
+# and the copy or CPU optimizer step writing it have ended, not when it is issued: the executor's
+# `ChunkStore.evict` (executor/store.py) waits on the training thread for the payload's readers
+# (`_drain_readers`: CUDA event or future of each copy from it) and, while it is ARRIVING, for the
+# copy or step writing it, and only then returns the buffer to its pool, whose cache hands it out
+# again (so the pool never reuses a buffer a copy still reads; a CPU step's GRAD input is the one
+# exception, retired after the step without waiting, and the simulator does not time that read). So
+# `apply_action` returns, for an EVICT, when the training thread goes on: the moment's later actions
+# are issued then and its work starts no earlier (`simulate`, a stall). Likewise ACT_RELOAD: the
+# executor's `wait_offloaded` holds the thread until the block's offload copy has landed. Before
+# (session 5, sim17), an EVICT freed the bytes as it was issued, which the executor never does.
+#
 # Note [simulator validity]:
 # Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
 # it is valid. Copies make the destination valid when issued (its arrival time is tracked
@@ -224,10 +277,13 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
         sim.copies.copy(li, c, s, d)
         resync_slot(sim, c)  # a slotted chunk's final grad takes its PARAM's slot there (PS.2)
         sim.ready[li][c][d] = end
+        sim.read_until[li][c][s] = max(sim.read_until[li][c][s], end)  # Note [simulator evictions]
         return end
     if a.op is Op.EVICT:
         li = _list(sim, a, i)
         c, s = a.chunk, TIER_INDEX[a.src]
+        # the training thread waits for what still reads or writes the copy (Note [simulator evictions])
+        lands = max(issue, sim.read_until[li][c][s], sim.ready[li][c][s])
         try:
             sim.copies.evict(li, c, s)
         except ResidencyRefused as exc:
@@ -239,7 +295,8 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                                     "drops its last valid copy (write it back first)",
                                     moment=m, action_index=i, list_=a.list, chunk=c) from None
         drop(sim, li, c, s)
-        return issue
+        sim.read_until[li][c][s] = 0.0
+        return lands
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
         c, d = a.chunk, TIER_INDEX[a.dst]
@@ -309,25 +366,28 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
     server_key = (Channel.CPU_OPTIMIZER if d == HOST_INDEX else Channel.COMPUTE, sim.schedule.layout.chunks[c].owner_rank)
     start = max(ready, sim.servers[server_key].free_at)
     if d == HOST_INDEX:
-        # with copies beside it: a PCIe or SSD server still busy as the step starts (findings 2026-11-23)
-        copies = any(srv.free_at > start for (ch, _), srv in sim.servers.items()
-                     if ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE))
         # the executor's thread count: a step overlapped with backward (issued before the OPTIMIZER
         # moment) runs on its optimizer worker, which on an emulated DEVICE has half the cores
-        overlapped = sim.schedule.moments[m].phase is not Phase.OPTIMIZER
+        threads = cpu_adam_threads(sim.hardware, overlapped=sim.schedule.moments[m].phase is not Phase.OPTIMIZER)
         channel = Channel.CPU_OPTIMIZER
-        price = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=copies,
-                                     threads=cpu_adam_threads(sim.hardware, overlapped=overlapped))
+        price = optimizer_step_price(sim.hardware, Tier.HOST, params, threads=threads)
+        slowed = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=True, threads=threads)
+        slow = min(1.0, price.seconds / slowed.seconds) if slowed.seconds > 0 else 1.0
+        cov = sim.coverage[sim.node_of[server_key[1]]]
+        end = cov.run(start, price.seconds, slow)  # Note [CPU Adam beside copies]
     elif d == DEVICE_INDEX:
         channel, price = Channel.COMPUTE, optimizer_step_price(sim.hardware, Tier.DEVICE, params)
+        end = start + price.seconds
     else:
         raise ScheduleViolation(ViolationKind.BAD_ACTION, "OPTIMIZER_STEP runs on DEVICE or HOST, found NVME",
                                 moment=m, action_index=i, chunk=c)
     server = sim.servers[server_key]
-    end = start + price.seconds
+    busy = end - start
     end = max(end, _draw_dram(sim, price.dram_bytes, start))
+    if d == HOST_INDEX:
+        cov.place_step(start, end, slow)
     server.free_at = end
-    sim.busy[channel] = sim.busy.get(channel, 0.0) + price.seconds
+    sim.busy[channel] = sim.busy.get(channel, 0.0) + busy
     sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
     sim.last_end = max(sim.last_end, end)
     for li in inputs:

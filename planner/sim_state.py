@@ -109,6 +109,75 @@ class Calendar:
         return t
 
 
+class Coverage:
+    """When some copy (H2D, D2H, NVMe read or write) runs on a node: a union of disjoint intervals, and the
+    CPU Adam steps placed there so far, for Note [CPU Adam beside copies] in planner/sim_actions.py."""
+
+    __slots__ = ("ends", "starts", "step_ends", "steps")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []  # disjoint copy-busy intervals, sorted
+        self.ends: list[float] = []
+        self.steps: list[tuple[float, float, float]] = []  # (start, end, slow) of each step, FIFO (sorted)
+        self.step_ends: list[float] = []
+
+    def add(self, start: float, end: float) -> list[tuple[float, float]]:
+        """Mark [start, end) busy; returns the pieces of it that were not busy before."""
+        if end <= start:
+            return []
+        lo = bisect.bisect_left(self.ends, start)  # the first interval ending at or after start
+        hi = bisect.bisect_right(self.starts, end)  # past the last interval starting at or before end
+        new, t = [], start
+        for k in range(lo, hi):
+            if self.starts[k] > t:
+                new.append((t, self.starts[k]))
+            t = max(t, self.ends[k])
+        if t < end:
+            new.append((t, end))
+        merged_start = min(start, self.starts[lo]) if lo < hi else start
+        merged_end = max(end, self.ends[hi - 1]) if lo < hi else end
+        self.starts[lo:hi] = [merged_start]
+        self.ends[lo:hi] = [merged_end]
+        return new
+
+    def run(self, start: float, seconds_alone: float, slow: float) -> float:
+        """When a step that needs `seconds_alone` at its rate alone ends if it starts at `start`, running at
+        its rate alone outside the busy intervals and at `slow` times it inside them."""
+        t, left = start, seconds_alone
+        k = bisect.bisect_right(self.ends, start)  # the first interval ending after start
+        while left > 0:
+            if k < len(self.starts) and self.starts[k] <= t:  # inside a busy interval: slow
+                span = self.ends[k] - t
+                if left <= span * slow:
+                    return t + left / slow
+                left -= span * slow
+                t = self.ends[k]
+                k += 1
+                continue
+            gap = (self.starts[k] if k < len(self.starts) else math.inf) - t
+            if left <= gap:
+                return t + left
+            left -= gap
+            t += gap
+        return t
+
+    def place_step(self, start: float, end: float, slow: float) -> None:
+        self.steps.append((start, end, slow))
+        self.step_ends.append(end)
+
+    def lost_seconds(self, pieces: list[tuple[float, float]]) -> float:
+        """The CPU time the steps placed so far lose to newly busy `pieces`: per second of overlap,
+        1 - slow (what a step at the slower rate leaves undone, made up at its rate alone)."""
+        lost = 0.0
+        for a, b in pieces:
+            k = bisect.bisect_right(self.step_ends, a)
+            while k < len(self.steps) and self.steps[k][0] < b:
+                s, e, slow = self.steps[k]
+                lost += max(0.0, min(b, e) - max(a, s)) * (1.0 - slow)
+                k += 1
+        return lost
+
+
 @dataclass(slots=True)
 class SimState:
     schedule: Schedule
@@ -118,6 +187,9 @@ class SimState:
     chunk_bytes: list[list[int]]  # [list][chunk]
     copies: ValidCopies  # which tiers hold a (valid) copy of each chunk: the residency rules
     ready: list[list[list[float]]]  # [list][chunk][tier] when the copy there is complete
+    # [list][chunk][tier] when the last copy reading the copy there ends (an EVICT waits for it: Note
+    # [simulator evictions] in planner/sim_actions.py)
+    read_until: list[list[list[float]]]
     stepped: list[int]
     world: int
     owner: list[int]  # per chunk: its owner rank
@@ -136,6 +208,8 @@ class SimState:
     # time: Note [two-way links in the simulator] in planner/sim_actions.py), created on first use
     links: dict[tuple[str, int, str], Calendar] = field(default_factory=dict)
     facets: dict[tuple[str, bool, float], dict[str, tuple[float, float]]] = field(default_factory=dict)  # per (kind, pageable, copy bytes)
+    # per node: when copies run there, and its CPU Adam steps (Note [CPU Adam beside copies])
+    coverage: list[Coverage] = field(default_factory=list)
     dram_rate: float = float("inf")
     dram_busy: float = 0.0
     bytes_per_channel: dict[Channel, int] = field(default_factory=dict)
@@ -202,7 +276,8 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
     rate = {ch: channel_bytes_per_s(hardware, ch)  # pinned; NVMe behind the host-side cap
             for ch in (Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE, Channel.INTER_GPU)}
     sim = SimState(schedule=schedule, hardware=hardware, lists=lists, list_index=list_index, chunk_bytes=chunk_bytes,
-               copies=ValidCopies(lists, n, slotted=[p.grad_in_param_slot for p in schedule.chunk_plans]), ready=ready, stepped=[0] * n, world=world,
+               copies=ValidCopies(lists, n, slotted=[p.grad_in_param_slot for p in schedule.chunk_plans]), ready=ready,
+               read_until=[[[0.0, 0.0, 0.0] for _ in range(n)] for _ in lists], stepped=[0] * n, world=world,
                owner=[c.owner_rank for c in layout.chunks], node_of=node_of,
                ranks_in_node=[node_of.count(k) for k in range(n_nodes)],
                replicated=[[False] * n for _ in lists],
@@ -210,7 +285,8 @@ def setup(schedule: Schedule, hardware: Hardware) -> SimState:
                place_total=[[0] * places[t] for t in TIER_INDEX.values()],
                servers=servers, rate=rate, comm_groups=_comm_groups(layout),
                pageable=schedule.header.host_staging is HostStaging.PAGEABLE, dram_rate=dram_bytes_per_s(hardware),
-               serial_swap=schedule.header.optimizer_swap is OptimizerSwap.SERIAL)
+               serial_swap=schedule.header.optimizer_swap is OptimizerSwap.SERIAL,
+               coverage=[Coverage() for _ in range(n_nodes)])
     for r in schedule.initial_residency:
         li = list_index[r.list]
         for tier in r.tiers:

@@ -129,9 +129,14 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             held_act_recorded += blk.bytes
             act_bytes[DEVICE_INDEX] += blk.device_bytes()
         deps = event
+        host = event  # the training thread: it waits in an EVICT or an ACT_RELOAD (Note [simulator evictions])
         for i in by_moment[m]:
             a = actions[i]
-            end = apply_action(sim, a, i, event, blocks, act_bytes, last_grad_write)
+            if a.op is Op.ACT_RELOAD and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
+                host = max(host, blocks[a.block].ready_at)  # the executor's wait_offloaded
+            end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
+            if a.op is Op.EVICT:
+                host = max(host, end)
             if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
             for t in TIER_INDEX.values():
@@ -153,6 +158,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             act_bytes[DEVICE_INDEX] -= blk.device_bytes()
             blk.state = ActState.CONSUMED
 
+        deps = max(deps, host)
         # the work: its chunks on DEVICE (and arrived), its block's activations back
         for c in needs[m]:
             if not sim.copies.is_valid(pi, c, DEVICE_INDEX):
