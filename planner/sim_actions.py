@@ -420,7 +420,10 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
                                     moment=m, action_index=i, block=b)
         path = _activation_path(dataclasses.replace(a, src=Tier.DEVICE), i, f"ACT_OFFLOAD to {a.dst.value}")
         end = _transfer(sim, path, nbytes, issue, issue, f"offload act {b}", m=m, i=i, action=a, node_ranks=sim.ranks_in_node[0])
-        act_bytes[DEVICE_INDEX] -= blk.device_bytes()
+        freed = blk.device_bytes()
+        act_bytes[DEVICE_INDEX] -= freed
+        if freed and end > issue:
+            sim.landing.append((end, freed))  # held on DEVICE until the copy lands (Note [activation offloads land])
         blk.state, blk.tier = ActState.OFFLOADED, a.dst
         act_bytes[TIER_INDEX[a.dst]] += moved
         blk.ready_at = end  # a reload cannot start before the offload is done

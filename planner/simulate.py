@@ -26,6 +26,8 @@ from planner.sim_state import (
     block_states,
     busiest,
     hold,
+    land,
+    landing_bytes,
     place_name,
     setup,
     used_bytes,
@@ -134,11 +136,14 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             a = actions[i]
             if a.op is Op.ACT_RELOAD and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
                 host = max(host, blocks[a.block].ready_at)  # the executor's wait_offloaded
+            land(sim, host)
             end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
             if a.op is Op.EVICT:
                 host = max(host, end)
             if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
+            if sim.landing and used_bytes(sim, DEVICE_INDEX, act_bytes) > budgets[DEVICE_INDEX]:
+                host = land(sim, host, all_=True)  # the allocator waits for the offloads in flight
             for t in TIER_INDEX.values():
                 used = used_bytes(sim, t, act_bytes)
                 if used > budgets[t]:
@@ -181,7 +186,14 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
                 extra = blk.recompute_seconds
                 recompute_flops += blk.recompute_flops
 
+        recorded_nm = m_ref.non_model_bytes
+        non_model = max(0, recorded_nm - held_act_recorded)
+        if sim.landing:  # the work's own allocations wait for the offloads in flight when it needs their bytes
+            land(sim, max(deps, host))
+            if used_bytes(sim, DEVICE_INDEX, act_bytes) + non_model > budgets[DEVICE_INDEX]:
+                deps = max(deps, land(sim, max(deps, host), all_=True))
         start = max(deps, *(c.free_at for c in computes))
+        land(sim, start)
         stall += max(0.0, deps - event)
         duration = m_ref.compute_seconds + extra
         end = start + duration
@@ -210,13 +222,25 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         # and back: how ZeRO-Infinity and Fuyou keep activation checkpoints off the GPU (Fuyou §2.2, §4.5).
         # Capacity is checked against `schedule.budgets` per moment (and, without the non-model bytes,
         # after every action, because the executor's store allocates as it goes).
-        recorded_nm = m_ref.non_model_bytes
-        non_model = max(0, recorded_nm - held_act_recorded)
+        #
+        # Note [activation offloads land]:
+        # A swapped block's (or offloaded checkpoint's) DEVICE bytes stay on DEVICE until its offload copy
+        # lands, not only until it is issued: the executor drops its reference when it starts the copy,
+        # but the copy engine records the source on the D2H stream (executor/copies.py `record_stream`),
+        # so PyTorch's caching allocator hands the memory out only once the copy's event has fired; an
+        # allocation that finds no room first waits for every outstanding event
+        # (c10/cuda/CUDACachingAllocator.cpp: `release_cached_blocks` calls `synchronize_and_free_events`).
+        # So the simulator keeps them (`SimState.landing`) until the copy ends; when an action or the
+        # moment's work would go over the DEVICE budget with them, the training thread (or the work)
+        # waits until all have landed, as the allocator does (the action that needed them keeps its
+        # start: the simulator placed it first). The executor's own budget check counts an offload in
+        # flight as gone (executor/runtime.py `_activation_device_bytes`): that under-counts what the
+        # GPU holds during the copy (no corruption: only the allocator's wait, at the GPU's capacity).
         for t in TIER_INDEX.values():
             place = busiest(sim, t)
             chunk_b = {lst: sim.place_bytes[t][place][li] for li, lst in enumerate(sim.lists)}
             nm = non_model if t == DEVICE_INDEX else 0
-            acts = act_bytes[t] * (1 if t == DEVICE_INDEX else sim.ranks_in_node[place])
+            acts = act_bytes[t] + landing_bytes(sim) if t == DEVICE_INDEX else act_bytes[t] * sim.ranks_in_node[place]
             total = sum(chunk_b.values()) + acts + nm
             if total > budgets[t]:
                 raise ScheduleViolation(ViolationKind.CAPACITY,
