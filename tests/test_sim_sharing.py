@@ -1,0 +1,94 @@
+"""The simulator's two rules made true in session 5 (issue 17, sim17): CPU Adam slowed by copies for
+exactly the time they run beside it (Note [CPU Adam beside copies] in planner/sim_actions.py), whichever
+is placed first, and an EVICT that waits for the copies still reading its copy (Note [simulator
+evictions])."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from schemas.hardware import AdamRate
+from schemas.schedule import Channel, Op
+
+from planner.sim_state import Coverage
+from planner.simulate import simulate
+
+from test_simulate_builders import ELEMENTS, RESIDENT, D, G, H, N, P, resident_specs, tiny_hardware, tiny_schedule
+
+
+def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> None:
+    cov = Coverage()
+    assert cov.add(1.0, 2.0) == [(1.0, 2.0)]
+    assert cov.add(3.0, 4.0) == [(3.0, 4.0)]
+    assert cov.add(1.5, 3.5) == [(2.0, 3.0)]  # only the gap between the two is new
+    assert cov.add(0.0, 5.0) == [(0.0, 1.0), (4.0, 5.0)]
+    assert (cov.starts, cov.ends) == ([0.0], [5.0])
+    cov = Coverage()
+    cov.add(1.0, 2.0)
+    # 2 s alone from 0: 1 s alone, then [1, 2] at half speed (0.5 s of work), then 0.5 s alone
+    assert cov.run(0.0, 2.0, 0.5) == pytest.approx(2.5)
+    assert cov.run(1.5, 0.1, 0.5) == pytest.approx(1.7)  # inside the busy interval throughout
+    assert cov.run(2.0, 1.0, 0.5) == pytest.approx(3.0)  # after it: alone
+    cov.place_step(0.0, 2.5, 0.5)
+    assert cov.lost_seconds(cov.add(2.0, 3.0)) == pytest.approx(0.25)  # 0.5 s of new overlap x (1 - 0.5)
+
+
+def _half_speed_with_copies():
+    """The tiny machine, its CPU Adam measured at half its rate alone with copies beside it."""
+    hw = tiny_hardware()
+    host = dataclasses.replace(hw.host, adam_chunk_params=ELEMENTS, adam_rates=(
+        AdamRate(threads=2, params_per_s=ELEMENTS / 2.0, params_per_s_with_copies=ELEMENTS / 4.0),))
+    return dataclasses.replace(hw, host=host)
+
+
+def _step_and_copy(copy_first: bool) -> list:
+    """Chunk 0 lives on HOST and steps there at moment 8 (its grads land at 9 s; the emulated DEVICE's
+    GPU step of chunk 1 runs 9 -> 9.1 s first, then CPU Adam needs 2 s alone); a 1 s write-back of the
+    stepped PARAM 1 (9.1 -> 10.1 s) runs beside it, its action placed before or after the step's."""
+    copy = [(8, Op.WRITE_BACK, P, 1, D, H)]
+    step = [(8, Op.OPTIMIZER_STEP, None, 0, None, H)]
+    return [
+        (0, Op.FETCH, P, 0, H, D),
+        (1, Op.EVICT, P, 0, D, None),
+        (4, Op.ALLOCATE, G, 1, None, D),
+        (6, Op.FETCH, P, 0, H, D),
+        (6, Op.ALLOCATE, G, 0, None, D),
+        (7, Op.WRITE_BACK, G, 0, D, H),
+        (7, Op.EVICT, G, 0, D, None),
+        (7, Op.EVICT, P, 0, D, None),
+        (8, Op.OPTIMIZER_STEP, None, 1, None, D),
+        *(copy + step if copy_first else step + copy),
+        (8, Op.EVICT, G, 0, H, None),
+        (8, Op.EVICT, G, 1, D, None),
+        (8, Op.EVICT, P, 1, H, None),  # last: it holds the thread until the write-back has landed
+    ]
+
+
+@pytest.mark.parametrize("copy_first", [True, False])
+def test_cpu_adam_runs_slower_exactly_while_a_copy_runs_beside_it(copy_first: bool) -> None:
+    """[9.1, 10.1] s beside the write-back at half speed (0.5 s of work), the other 1.5 s alone: 11.6 s,
+    whether the copy's action comes first (before: the with-copies rate for all 2 s, 4 s, 13.1 s) or the
+    step's (before: the rate alone throughout, 11.1 s)."""
+    r = simulate(tiny_schedule(_step_and_copy(copy_first), {(P, 0): (H,), (P, 1): (D,)}), _half_speed_with_copies())
+    assert r.bytes_per_channel[Channel.D2H] == 2 * ELEMENTS * 4
+    assert r.iteration_seconds == pytest.approx(11.6)
+    assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(2.5)
+
+
+def test_an_evict_waits_for_the_copy_reading_it() -> None:
+    """PARAM 1 written back to HOST, then on to NVMe, and its HOST copy evicted, all at moment 0: the
+    executor's store.evict waits for the SSD write before the moment's work can start (Note [simulator
+    evictions]); before, the work started at 0 s."""
+    specs = [
+        (0, Op.WRITE_BACK, P, 1, D, H),
+        (0, Op.WRITE_BACK, P, 1, H, N),
+        (0, Op.EVICT, P, 1, H, None),
+        *resident_specs(),
+        (8, Op.EVICT, P, 1, N, None),  # stale after the DEVICE step: the iteration ends as it started
+    ]
+    r = simulate(tiny_schedule(specs, RESIDENT), tiny_hardware())
+    # D2H 0 -> 1 s, then the SSD write of 1 GB at 0.5 GB/s 1 -> 3 s, which the EVICT waits for
+    assert r.moment_start_seconds[0] == pytest.approx(3.0)
+    assert r.stall_seconds == pytest.approx(3.0)
