@@ -52,8 +52,8 @@ from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, C
 # CPU_OPTIMIZER runs OPTIMIZER_STEP on HOST at the cost model's one price of a step
 # (`costmodel.optimizer_step_price`): the CPU Adam rate at the chunk size with the executor's thread
 # count (`costmodel.cpu_adam_threads`: all cores, or half of them for a step overlapped with
-# backward on an emulated DEVICE), at the rate measured with copies beside it when a PCIe or SSD
-# server is busy as the step starts; an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
+# backward on an emulated DEVICE), at the rate measured with copies beside it while a PCIe or SSD
+# copy runs on its node (Note [CPU Adam beside copies]); an OPTIMIZER_STEP on DEVICE queues on COMPUTE at
 # `device.optimizer_params_per_s`. On an emulated DEVICE (`device.kind = "cpu-emulated"`) the
 # device's compute IS the host's cores, so CPU_OPTIMIZER queues on the rank's COMPUTE server in
 # issue order: a CPU step overlapped with backward delays the backward work issued after it (busy

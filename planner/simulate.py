@@ -5,9 +5,10 @@ compute seconds, FLOPs, non-model bytes and parameter tensors; its activation pl
 recompute seconds) and returns a `SimResult`, or raises `ScheduleViolation` naming the moment, the
 action index, the chunk list and the chunk of the first rule the schedule breaks. The rules follow
 the action semantics of `schemas/schedule.py`; each sits beside its code as a Note:
-Note [simulator time], Note [simulator memory per moment] and Note [simulator simplifications] here;
-Note [simulator ranks] and Note [simulator memory per rank and node] in `planner/sim_state.py`;
-Note [simulator channels] and Note [simulator validity] in `planner/sim_actions.py`.
+Note [simulator time], Note [simulator memory per moment], Note [activation offloads land] and Note
+[simulator simplifications] here; Note [simulator ranks] and Note [simulator memory per rank and node] in
+`planner/sim_state.py`; Note [simulator channels], Note [two-way links in the simulator], Note [CPU Adam
+beside copies], Note [simulator evictions] and Note [simulator validity] in `planner/sim_actions.py`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # (on COMPUTE) starts after the previous work, after every FETCH of moment m (and, for a policy
 # staging through pageable memory, every DEVICE <-> HOST copy of moment m: `blocks_host`), after every chunk
 # its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
-# activations of a block whose backward starts at m are back on DEVICE; it lasts the moment's
+# activations of a block whose backward starts at m are back on DEVICE, and after the training thread
+# got past the moment's actions (an EVICT or ACT_RELOAD waits for copies: Note [simulator evictions];
+# later actions of the moment are issued then); it lasts the moment's
 # compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
 # The time the work waits past its event is a stall. The iteration ends when the last work and the
 # last transfer or optimizer step are done.
@@ -52,10 +55,15 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # Note [simulator simplifications]:
 # Simplifications (documented so nobody mistakes them for physics): one iteration in isolation (the
 # next iteration's first fetches do not overlap this one's tail), the CPU thread issues actions
-# instantly, collectives cost `Hardware.collective_seconds`, staging buffers in HOST for NVMe copies
+# instantly (but for the waits the executor makes, above), collectives cost `Hardware.collective_seconds`, staging buffers in HOST for NVMe copies
 # are not counted, a copy runs at its rate alone and a two-way link's (or DRAM's) shared time goes to
 # the transfer placed first (Calendars: not re-shared as other traffic comes and goes; the totals are
-# the link's, Note [two-way links in the simulator]), a CPU Adam step's rate is fixed when it starts.
+# the link's, Note [two-way links in the simulator]), a CPU Adam step slowed by a copy issued after it
+# keeps its own end and its node's CPU optimizer pays the time lost before its next step (Note [CPU Adam
+# beside copies] in planner/sim_actions.py), an allocation that needs the DEVICE bytes of activation
+# offloads still in flight waits for all of them after it was placed, not before (Note [activation
+# offloads land]). Evictions and offloads free their bytes when their copies land (Note [simulator
+# evictions] in planner/sim_actions.py).
 
 
 def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
