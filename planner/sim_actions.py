@@ -393,6 +393,10 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
     for li in inputs:
         if sim.lists[li] is not ChunkList.GRAD:
             sim.ready[li][c][d] = end
+        elif d == HOST_INDEX:
+            # an EVICT of the grads a CPU step read does not wait for the copy that brought them: the
+            # executor retires the buffer after the step (store.evict, `p.users`; Note [simulator evictions])
+            sim.ready[li][c][d] = 0.0
     return end
 
 
