@@ -226,17 +226,27 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
 
 
 # Note [simulator evictions]:
-# An EVICT frees its copy's bytes when the copies reading it (a WRITE_BACK or a copy to another tier)
-# and the copy or CPU optimizer step writing it have ended, not when it is issued: the executor's
-# `ChunkStore.evict` (executor/store.py) waits on the training thread for the payload's readers
-# (`_drain_readers`: CUDA event or future of each copy from it) and, while it is ARRIVING, for the
-# copy or step writing it, and only then returns the buffer to its pool, whose cache hands it out
-# again (so the pool never reuses a buffer a copy still reads; a CPU step's GRAD input is the one
-# exception, retired after the step without waiting, and the simulator does not time that read). So
-# `apply_action` returns, for an EVICT, when the training thread goes on: the moment's later actions
-# are issued then and its work starts no earlier (`simulate`, a stall). Likewise ACT_RELOAD: the
-# executor's `wait_offloaded` holds the thread until the block's offload copy has landed. Before
-# (session 5, sim17), an EVICT freed the bytes as it was issued, which the executor never does.
+# DEVICE bytes leave when the copies reading them have landed, not when their EVICT or ACT_OFFLOAD is
+# issued: a chunk's DEVICE copy stays until every copy reading it (a WRITE_BACK, a copy to another
+# tier) and the copy writing it have ended; a swapped block's activations (or an offloaded checkpoint)
+# until its offload copy has. That is the GPU's rule: the copy engine records its source on the copy's
+# stream (executor/copies.py `record_stream`), so PyTorch's caching allocator hands the memory out only
+# once the copy's event has fired, and an allocation that finds no room first waits for every
+# outstanding event (c10/cuda/CUDACachingAllocator.cpp: `release_cached_blocks` calls
+# `synchronize_and_free_events`). So the simulator keeps those bytes (`SimState.landing`, per rank) until
+# the copy lands; when an action or the moment's work would go over the DEVICE budget with them, the
+# training thread (or the work) waits until all have landed, as the allocator does (the action that
+# needed them keeps its start: the simulator placed it first). HOST and NVME copies are freed as issued.
+# ACT_RELOAD waits on the training thread for the block's offload (the executor's `wait_offloaded`).
+# What the executor does differs, and the simulator does not follow it here: `ChunkStore.evict`
+# (executor/store.py) blocks the training thread on EVERY eviction until the copies reading the payload
+# have landed (`_drain_readers`), on DEVICE and HOST alike (a CPU step's GRAD input excepted, retired after
+# the step), whether or not the memory is needed: modelled literally (branch sim17-evict-blocks) GPT-3
+# 175B's golden replays in 202 s instead of 132 s, and tide's MIP plans lose to reference decision sets.
+# The executor's activation budget check, conversely, counts an offload in flight as gone
+# (executor/runtime.py `_activation_device_bytes`), under-counting what the GPU holds during the copy
+# (no corruption: the allocator waits). Before (session 5, sim17), every EVICT and ACT_OFFLOAD freed its
+# DEVICE bytes as it was issued.
 #
 # Note [simulator validity]:
 # Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether
@@ -282,8 +292,9 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
     if a.op is Op.EVICT:
         li = _list(sim, a, i)
         c, s = a.chunk, TIER_INDEX[a.src]
-        # the training thread waits for what still reads or writes the copy (Note [simulator evictions])
+        # its bytes are free once what still reads or writes the copy has landed (Note [simulator evictions])
         lands = max(issue, sim.read_until[li][c][s], sim.ready[li][c][s])
+        ranks = tuple(range(sim.world)) if sim.replicated[li][c] else (sim.owner[c],)
         try:
             sim.copies.evict(li, c, s)
         except ResidencyRefused as exc:
@@ -296,7 +307,9 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                                     moment=m, action_index=i, list_=a.list, chunk=c) from None
         drop(sim, li, c, s)
         sim.read_until[li][c][s] = 0.0
-        return lands
+        if lands > issue and s == DEVICE_INDEX:
+            sim.landing.append((lands, sim.chunk_bytes[li][c], ranks))
+        return issue
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
         c, d = a.chunk, TIER_INDEX[a.dst]
@@ -394,8 +407,7 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
         if sim.lists[li] is not ChunkList.GRAD:
             sim.ready[li][c][d] = end
         elif d == HOST_INDEX:
-            # an EVICT of the grads a CPU step read does not wait for the copy that brought them: the
-            # executor retires the buffer after the step (store.evict, `p.users`; Note [simulator evictions])
+            # the grads a CPU step read are dead: their HOST buffer goes after the step (store.evict, `p.users`)
             sim.ready[li][c][d] = 0.0
     return end
 
@@ -427,7 +439,7 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
         freed = blk.device_bytes()
         act_bytes[DEVICE_INDEX] -= freed
         if freed and end > issue:
-            sim.landing.append((end, freed))  # held on DEVICE until the copy lands (Note [activation offloads land])
+            sim.landing.append((end, freed, None))  # held on DEVICE until the copy lands (Note [simulator evictions])
         blk.state, blk.tier = ActState.OFFLOADED, a.dst
         act_bytes[TIER_INDEX[a.dst]] += moved
         blk.ready_at = end  # a reload cannot start before the offload is done

@@ -210,7 +210,9 @@ class SimState:
     facets: dict[tuple[str, bool, float], dict[str, tuple[float, float]]] = field(default_factory=dict)  # per (kind, pageable, copy bytes)
     # (end, bytes) of each activation offload in flight: DEVICE bytes held until it lands (Note [activation
     # offloads land] in planner/simulate.py)
-    landing: list[tuple[float, int]] = field(default_factory=list)
+    # (end, bytes, ranks holding them or None for every rank) of each copy still reading bytes that were
+    # evicted or offloaded from DEVICE: held until it lands (Note [simulator evictions])
+    landing: list[tuple[float, int, tuple[int, ...] | None]] = field(default_factory=list)
     # per node: when copies run there, and its CPU Adam steps (Note [CPU Adam beside copies])
     coverage: list[Coverage] = field(default_factory=list)
     dram_rate: float = float("inf")
@@ -406,23 +408,25 @@ def busiest(sim: SimState, t: int) -> int:
 def used_bytes(sim: SimState, t: int, act_bytes: list[int]) -> int:
     """Chunks and activations on the busiest rank (DEVICE) or node (HOST, NVME)."""
     if t == DEVICE_INDEX:
-        return max(sim.place_total[t]) + act_bytes[t] + landing_bytes(sim)
+        if not sim.landing:
+            return max(sim.place_total[t]) + act_bytes[t]
+        return max(total + landing_bytes(sim, r) for r, total in enumerate(sim.place_total[t])) + act_bytes[t]
     return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(sim.place_total[t]))
 
 
-def landing_bytes(sim: SimState) -> int:
-    """DEVICE bytes of activation offloads still in flight (Note [activation offloads land])."""
-    return sum(b for _, b in sim.landing)
+def landing_bytes(sim: SimState, rank: int) -> int:
+    """DEVICE bytes on `rank` still read by a copy in flight after their EVICT or ACT_OFFLOAD."""
+    return sum(b for _, b, ranks in sim.landing if ranks is None or rank in ranks)
 
 
 def land(sim: SimState, t: float, *, all_: bool = False) -> float:
-    """The offloads that have landed by `t` (with `all_`: every one, waited for) give their DEVICE bytes
+    """The copies that have landed by `t` (with `all_`: every one, waited for) give their DEVICE bytes
     back; returns when the last one given back lands (`t` if none is waited for)."""
     if all_:
-        end = max((e for e, _ in sim.landing), default=t)
+        end = max((e for e, _, _ in sim.landing), default=t)
         sim.landing.clear()
         return max(t, end)
-    sim.landing[:] = [(e, b) for e, b in sim.landing if e > t]
+    sim.landing[:] = [x for x in sim.landing if x[0] > t]
     return t
 
 

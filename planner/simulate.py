@@ -5,8 +5,7 @@ compute seconds, FLOPs, non-model bytes and parameter tensors; its activation pl
 recompute seconds) and returns a `SimResult`, or raises `ScheduleViolation` naming the moment, the
 action index, the chunk list and the chunk of the first rule the schedule breaks. The rules follow
 the action semantics of `schemas/schedule.py`; each sits beside its code as a Note:
-Note [simulator time], Note [simulator memory per moment], Note [activation offloads land] and Note
-[simulator simplifications] here; Note [simulator ranks] and Note [simulator memory per rank and node] in
+Note [simulator time], Note [simulator memory per moment] and Note [simulator simplifications] here; Note [simulator ranks] and Note [simulator memory per rank and node] in
 `planner/sim_state.py`; Note [simulator channels], Note [two-way links in the simulator], Note [CPU Adam
 beside copies], Note [simulator evictions] and Note [simulator validity] in `planner/sim_actions.py`.
 """
@@ -46,8 +45,8 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # staging through pageable memory, every DEVICE <-> HOST copy of moment m: `blocks_host`), after every chunk
 # its tensors need is on DEVICE (an earlier PREFETCH may still be in flight), and after the
 # activations of a block whose backward starts at m are back on DEVICE, and after the training thread
-# got past the moment's actions (an EVICT or ACT_RELOAD waits for copies: Note [simulator evictions];
-# later actions of the moment are issued then); it lasts the moment's
+# got past the moment's actions (an ACT_RELOAD, or an allocation that needs DEVICE bytes a copy still
+# reads, waits: Note [simulator evictions]; later actions of the moment are issued then); it lasts the moment's
 # compute seconds plus, at the first backward moment of a RECOMPUTE block, its recompute seconds.
 # The time the work waits past its event is a stall. The iteration ends when the last work and the
 # last transfer or optimizer step are done.
@@ -60,10 +59,9 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # the transfer placed first (Calendars: not re-shared as other traffic comes and goes; the totals are
 # the link's, Note [two-way links in the simulator]), a CPU Adam step slowed by a copy issued after it
 # keeps its own end and its node's CPU optimizer pays the time lost before its next step (Note [CPU Adam
-# beside copies] in planner/sim_actions.py), an allocation that needs the DEVICE bytes of activation
-# offloads still in flight waits for all of them after it was placed, not before (Note [activation
-# offloads land]). Evictions and offloads free their bytes when their copies land (Note [simulator
-# evictions] in planner/sim_actions.py).
+# beside copies] in planner/sim_actions.py), an allocation that needs DEVICE bytes still read by a copy
+# in flight waits for all such copies after it was placed, not before (Note [simulator evictions] in
+# planner/sim_actions.py).
 
 
 def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
@@ -139,19 +137,17 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             held_act_recorded += blk.bytes
             act_bytes[DEVICE_INDEX] += blk.device_bytes()
         deps = event
-        host = event  # the training thread: it waits in an EVICT or an ACT_RELOAD (Note [simulator evictions])
+        host = event  # the training thread: it waits in an ACT_RELOAD, or for DEVICE bytes still read (Note [simulator evictions])
         for i in by_moment[m]:
             a = actions[i]
             if a.op is Op.ACT_RELOAD and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
                 host = max(host, blocks[a.block].ready_at)  # the executor's wait_offloaded
             land(sim, host)
             end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
-            if a.op is Op.EVICT:
-                host = max(host, end)
             if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
             if sim.landing and used_bytes(sim, DEVICE_INDEX, act_bytes) > budgets[DEVICE_INDEX]:
-                host = land(sim, host, all_=True)  # the allocator waits for the offloads in flight
+                host = land(sim, host, all_=True)  # the allocation waits for the copies in flight
             for t in TIER_INDEX.values():
                 used = used_bytes(sim, t, act_bytes)
                 if used > budgets[t]:
@@ -196,7 +192,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
 
         recorded_nm = m_ref.non_model_bytes
         non_model = max(0, recorded_nm - held_act_recorded)
-        if sim.landing:  # the work's own allocations wait for the offloads in flight when it needs their bytes
+        if sim.landing:  # the work's own allocations wait for the copies in flight when it needs their bytes
             land(sim, max(deps, host))
             if used_bytes(sim, DEVICE_INDEX, act_bytes) + non_model > budgets[DEVICE_INDEX]:
                 deps = max(deps, land(sim, max(deps, host), all_=True))
@@ -230,25 +226,12 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         # and back: how ZeRO-Infinity and Fuyou keep activation checkpoints off the GPU (Fuyou §2.2, §4.5).
         # Capacity is checked against `schedule.budgets` per moment (and, without the non-model bytes,
         # after every action, because the executor's store allocates as it goes).
-        #
-        # Note [activation offloads land]:
-        # A swapped block's (or offloaded checkpoint's) DEVICE bytes stay on DEVICE until its offload copy
-        # lands, not only until it is issued: the executor drops its reference when it starts the copy,
-        # but the copy engine records the source on the D2H stream (executor/copies.py `record_stream`),
-        # so PyTorch's caching allocator hands the memory out only once the copy's event has fired; an
-        # allocation that finds no room first waits for every outstanding event
-        # (c10/cuda/CUDACachingAllocator.cpp: `release_cached_blocks` calls `synchronize_and_free_events`).
-        # So the simulator keeps them (`SimState.landing`) until the copy ends; when an action or the
-        # moment's work would go over the DEVICE budget with them, the training thread (or the work)
-        # waits until all have landed, as the allocator does (the action that needed them keeps its
-        # start: the simulator placed it first). The executor's own budget check counts an offload in
-        # flight as gone (executor/runtime.py `_activation_device_bytes`): that under-counts what the
-        # GPU holds during the copy (no corruption: only the allocator's wait, at the GPU's capacity).
+
         for t in TIER_INDEX.values():
             place = busiest(sim, t)
             chunk_b = {lst: sim.place_bytes[t][place][li] for li, lst in enumerate(sim.lists)}
             nm = non_model if t == DEVICE_INDEX else 0
-            acts = act_bytes[t] + landing_bytes(sim) if t == DEVICE_INDEX else act_bytes[t] * sim.ranks_in_node[place]
+            acts = act_bytes[t] + landing_bytes(sim, place) if t == DEVICE_INDEX else act_bytes[t] * sim.ranks_in_node[place]
             total = sum(chunk_b.values()) + acts + nm
             if total > budgets[t]:
                 raise ScheduleViolation(ViolationKind.CAPACITY,

@@ -1,6 +1,6 @@
 """The simulator's two rules made true in session 5 (issue 17, sim17): CPU Adam slowed by copies for
 exactly the time they run beside it (Note [CPU Adam beside copies] in planner/sim_actions.py), whichever
-is placed first, and an EVICT that waits for the copies still reading its copy (Note [simulator
+is placed first, and evicted DEVICE bytes held until the copies reading them land (Note [simulator
 evictions])."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import dataclasses
 import pytest
 
 from schemas.hardware import AdamRate
-from schemas.schedule import Channel, Op
+from schemas.schedule import Budgets, Channel, Op
 
 from planner.sim_state import Coverage
 from planner.simulate import simulate
 
-from test_simulate_builders import ELEMENTS, RESIDENT, D, G, H, N, P, resident_specs, tiny_hardware, tiny_schedule
+from test_simulate_builders import CHUNK_BYTES, ELEMENTS, RESIDENT, D, G, H, P, tiny_hardware, tiny_schedule
 
 
 def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> None:
@@ -44,9 +44,9 @@ def _half_speed_with_copies():
 
 
 def _step_and_copy(copy_first: bool) -> list:
-    """Chunk 0 lives on HOST and steps there at moment 8 (its grads land at 9 s; the emulated DEVICE's
-    GPU step of chunk 1 runs 9 -> 9.1 s first, then CPU Adam needs 2 s alone); a 1 s write-back of the
-    stepped PARAM 1 (9.1 -> 10.1 s) runs beside it, its action placed before or after the step's."""
+    """Chunk 0 lives on HOST and steps there at moment 8 (its grads land at 9 s, CPU Adam needs 2 s alone);
+    a 1 s write-back of the stepped PARAM 1 (9 -> 10 s, after the grads' on D2H) runs beside it, its
+    action placed before or after the step's."""
     copy = [(8, Op.WRITE_BACK, P, 1, D, H)]
     step = [(8, Op.OPTIMIZER_STEP, None, 0, None, H)]
     return [
@@ -62,33 +62,34 @@ def _step_and_copy(copy_first: bool) -> list:
         *(copy + step if copy_first else step + copy),
         (8, Op.EVICT, G, 0, H, None),
         (8, Op.EVICT, G, 1, D, None),
-        (8, Op.EVICT, P, 1, H, None),  # last: it holds the thread until the write-back has landed
+        (8, Op.EVICT, P, 1, H, None),
     ]
 
 
 @pytest.mark.parametrize("copy_first", [True, False])
 def test_cpu_adam_runs_slower_exactly_while_a_copy_runs_beside_it(copy_first: bool) -> None:
-    """[9.1, 10.1] s beside the write-back at half speed (0.5 s of work), the other 1.5 s alone: 11.6 s,
-    whether the copy's action comes first (before: the with-copies rate for all 2 s, 4 s, 13.1 s) or the
-    step's (before: the rate alone throughout, 11.1 s)."""
+    """[9, 10] s beside the write-back at half speed (0.5 s of work), the other 1.5 s alone: 11.5 s, whether
+    the copy's action comes first (before: the with-copies rate for all 2 s, 4 s, 13 s) or the step's
+    (before: the rate alone throughout, 11 s)."""
     r = simulate(tiny_schedule(_step_and_copy(copy_first), {(P, 0): (H,), (P, 1): (D,)}), _half_speed_with_copies())
     assert r.bytes_per_channel[Channel.D2H] == 2 * ELEMENTS * 4
-    assert r.iteration_seconds == pytest.approx(11.6)
+    assert r.iteration_seconds == pytest.approx(11.5)
     assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(2.5)
 
 
-def test_an_evict_waits_for_the_copy_reading_it() -> None:
-    """PARAM 1 written back to HOST, then on to NVMe, and its HOST copy evicted, all at moment 0: the
-    executor's store.evict waits for the SSD write before the moment's work can start (Note [simulator
-    evictions]); before, the work started at 0 s."""
+def test_evicted_bytes_stay_on_device_until_the_copy_reading_them_lands() -> None:
+    """PARAM 1 written back to HOST (0 -> 1 s), evicted from DEVICE and prefetched again at moment 0, on a
+    DEVICE that holds two chunks: the prefetch's bytes fit only once the write-back has landed, so the
+    training thread waits for it, and moment 0's work starts at 1 s, not 0 s (Note [simulator evictions];
+    before, the EVICT freed the bytes as it was issued)."""
     specs = [
         (0, Op.WRITE_BACK, P, 1, D, H),
-        (0, Op.WRITE_BACK, P, 1, H, N),
-        (0, Op.EVICT, P, 1, H, None),
-        *resident_specs(),
-        (8, Op.EVICT, P, 1, N, None),  # stale after the DEVICE step: the iteration ends as it started
+        (0, Op.EVICT, P, 1, D, None),
+        (0, Op.PREFETCH, P, 1, H, D),
+        (8, Op.EVICT, P, 1, H, None),
     ]
-    r = simulate(tiny_schedule(specs, RESIDENT), tiny_hardware())
-    # D2H 0 -> 1 s, then the SSD write of 1 GB at 0.5 GB/s 1 -> 3 s, which the EVICT waits for
-    assert r.moment_start_seconds[0] == pytest.approx(3.0)
-    assert r.stall_seconds == pytest.approx(3.0)
+    budgets = Budgets(device_bytes=2 * CHUNK_BYTES + 100_000, host_bytes=10 * CHUNK_BYTES, nvme_bytes=0)
+    r = simulate(tiny_schedule(specs, RESIDENT, lists=(P,), budgets=budgets), tiny_hardware())
+    assert r.moment_start_seconds[0] == pytest.approx(1.0)
+    roomy = simulate(tiny_schedule(specs, RESIDENT, lists=(P,)), tiny_hardware())
+    assert roomy.moment_start_seconds[0] == 0.0  # with room for both, nothing waits
