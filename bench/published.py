@@ -366,20 +366,12 @@ MISSES: dict[str, str] = {
                     "(fy-5b-zero3-offload). With the 10 GB/s pageable estimate it was 1.48 (rows x1.11, x1.32); "
                     "before Megatron-DeepSpeed's GPT, both rows were at batch 64 and too fast by similar factors "
                     "(x1.31, x1.44), the ratio inside"),
-    "fy-5a-a100": ("too fast (x1.27 at batch 32, the CI's batch and the full run's best; x1.18 before the two-way "
-                   "links were shared, Note [two-way links in the simulator]): compute-bound (COMPUTE 98%, stall 1.9 "
-                   "of 207.7 s) with the SSDs a simplex drive at their rates alone (reads 49.4 s, writes 77.7 s busy: "
-                   "the preset's mixed 12 x 2.2 GB/s do not beat simplex, 26.4/78 + 26.4/40.8 < 1). Before, a read "
-                   "started under a write kept the mixed 26.4 GB/s to its end (reads 130.6 s busy, stall 19.2 s), "
-                   "which is what had held the row inside. What the real run loses beyond a compute-bound pipeline is not "
-                   "identified (its delayed write-back of 12p + 2p, Eq. 7, less overlapped: a candidate, not measured)"),
-    "fy-trend-a100": ("175B / 13B is 1.21 at the CI's batches (x1.40; full run 1.18, x1.37): the 175B row is too fast "
-                      "(fy-5a-a100, compute-bound at 98%), the 13B one loses 11% to stalls with CPU Adam 58% busy; the "
-                      "published 13B/175B ratio needs the 175B run slower, i.e. its SSD and CPU traffic (delayed "
-                      "write-back of 12p + 2p, Eq. 7) less overlapped than the simulator's pipeline"),
-    "fy-trend-4090": ("175B / 13B is 0.44 (x0.80): the CI's 175B run (batch 8, x0.81) is CPU-Adam bound (88% "
-                      "busy at the preset's estimated 1.5e9 params/s) while the 13B row is x1.01; the full run's best "
-                      "175B batch (16) is x1.45 too fast, so the pair brackets the figure"),
+    "fy-trend-a100": ("175B / 13B is 1.05 at the CI's batches (x1.22; full run 1.04, x1.20), measured after sim17 "
+                      "(2026-11-24): both rows are inside (fy-5a-a100 x1.10, fy-5b-fuyou x0.90 at batch 32), the 175B one "
+                      "on the fast side and the 13B one on the slow side; before sim17 1.21 (x1.40) with the 175B row "
+                      "x1.27 too fast. What the published 13B/175B ratio needs, a 175B run slower against the 13B one "
+                      "(its SSD and CPU traffic: the delayed write-back of 12p + 2p, Eq. 7, less overlapped is a candidate), "
+                      "is not identified"),
     "zo-10b": ("batch 10 runs out of DEVICE by 1.08 GB (35 MB with tide's fused-attention GPT): fp16 params 20.6 GB + "
                "ZeRO-2's two 5e8-element ipg buckets and temp grad buffer (Z2.9) + the recompute peak of h.49 at batch 10 "
                "with the tutorial's Megatron-LM-v1.1.5 written-out attention against 29.65 GB usable (34.06 GB x the "
@@ -398,7 +390,10 @@ FULL_RUN_MISSES: dict[str, str] = {
                    "per-param rate, so time grows linearly with params; the paper's fall from 44 (10B) to 34 (12B) "
                    "needs a cost that grows faster than the params on its 240 GB node, not identified"),
     "ps-922-trend": "as ps-922-12B: 6B and 12B both simulate at ~44 TFLOPS",
-    "fy-5a-4090": ("x1.45 at batch 16 (the CI's batch 8 is x0.81): CPU_OPTIMIZER 79% busy at the preset's CPU-Adam rate, "
+    "fy-trend-4090": ("175B / 13B is 0.91 in the full run (x1.65): fy-5a-4090's best batch (16) is x1.54 too fast "
+                      "while fy-5c-fuyou is x0.89; at the CI's batches the pair is 0.535 (x0.97, inside since sim17: "
+                      "CPU Adam slowed beside copies, DEVICE bytes held until their copies land), measured 2026-11-24"),
+    "fy-5a-4090": ("x1.54 at batch 16 (x1.45 before sim17; the CI's batch 8 is x0.87): CPU_OPTIMIZER 78% busy at the preset's CPU-Adam rate, "
                    "1.5e9 params/s, which is a tide estimate: no published CPU-Adam rate on a named CPU was found "
                    "(searched: the ZeRO-Offload paper's CPU-Adam table is not in the stored corpora, DeepSpeed's docs "
                    "give only speed-up ratios, 5.1-6.5x over torch-adam; the Fuyou, PatrickStar and Angel-PTM papers "
