@@ -512,13 +512,17 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
     delta = np.zeros(n_ticks + 1, dtype=np.int64)
     for iv in intervals:
         end = n_ticks if iv.end < 0 else iv.end
-        delta[iv.start] += plan.entry_bytes[iv.entry]
-        delta[end] -= plan.entry_bytes[iv.entry]
         g = iv.entry >> 1
         if iv.entry & 1 == GRAD_ENTRY and plan.ws > 1:
+            # the reduce-scatters inside the stay free the others' chunks; what is left leaves at its end
+            delta[iv.start] += bytes_at(plan, iv.entry, iv.start)
             for tick in shrink_ticks.get(g, ()):
-                if iv.start < tick < end:  # the reduce-scatter frees the others' chunks
+                if iv.start < tick < end:
                     delta[tick] -= bytes_at(plan, iv.entry, tick - 1) - bytes_at(plan, iv.entry, tick)
+            delta[end] -= bytes_at(plan, iv.entry, max(iv.start, end - 1))
+            continue
+        delta[iv.start] += plan.entry_bytes[iv.entry]
+        delta[end] -= plan.entry_bytes[iv.entry]
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
     bucket = plan.decisions.prefetch_bucket_bytes
