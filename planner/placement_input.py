@@ -158,15 +158,16 @@ def _bucket_profile(chunk_ids: list[int], ws: int, backward: list[int], uses: di
     back = set(backward)
     held = [0] * (lb - fb + 1)
     finals = [0] * (lb - fb + 1)
-    split = False
+    t = 0
     for k in range(0, len(chunk_ids), ws):
         group = [c for c in chunk_ids[k:k + ws] if trainable_chunk[c]]
+        t = max(t, len(group))
         last = [max((s for s in uses.get(c, ()) if s in back), default=lb) for c in group]
-        split |= len(set(last)) > 1
         for i, s in enumerate(range(fb, lb + 1)):
             held[i] = max(held[i], sum(1 for x in last if x >= s) + (1 if any(x < s for x in last) else 0))
             finals[i] = max(finals[i], sum(1 for x in last if x == s))
-    return (tuple(held), tuple(finals)) if split else ((), ())
+    # nothing to choose unless some stage holds fewer chunks (two chunks final in two stages: 1 + own 1)
+    return (tuple(held), tuple(finals)) if min(held) < t else ((), ())
 
 
 def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap: bool = True) -> PlacementInput:
