@@ -47,6 +47,13 @@ class _Emitter:
     def evict(self, tick: int, lst: ChunkList, chunk: int, tier: Tier) -> None:
         self.add(tick, op=Op.EVICT, list=lst, chunk=chunk, src=tier)
 
+    def bucket_reduce(self, tick: int, bucket: tuple[int, ...]) -> None:
+        """A per-bucket REDUCE_SCATTER (Note [reduce-scatter per bucket]): each chunk reduced into its
+        owner's copy, a ring reduce sending the chunk's bytes once per rank."""
+        nbytes = sum(self.plan.chunk_bytes[ChunkList.GRAD][c] for c in bucket)
+        self.add(tick, op=Op.REDUCE_SCATTER, list=ChunkList.GRAD, chunk=bucket[0] // self.plan.ws,
+                 channel=Channel.INTER_GPU, bytes=nbytes, bucket=bucket)
+
     def collective(self, tick: int, op: Op, lst: ChunkList, group: int) -> None:
         chunks = self.plan.comm_group_chunks[group]
         per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
@@ -69,6 +76,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     finals: dict[int, list[int]] = {}
     for g, tick in plan.grad_final_tick.items():
         finals.setdefault(tick, []).append(g)
+    bucket_finals: dict[int, list[int]] = {}  # Note [reduce-scatter per bucket] (planner/device_cache.py)
+    for c, tick in plan.chunk_final_tick.items():
+        bucket_finals.setdefault(tick, []).append(c)
     optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
     step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick)
     host_steps: dict[int, list[int]] = {}
@@ -97,7 +107,14 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 out.add(tick, **fields)
         if plan.ws > 1:
             for g in sorted(finals.get(tick, ())):
-                out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+                if g not in plan.decisions.reduce_scatter_buckets:
+                    out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+            for bucket in _buckets(plan, bucket_finals.get(tick, ())):
+                g = bucket[0] // plan.ws
+                if list(bucket) == plan.trainable_chunks[g] and plan.grad_final_tick.get(g) == tick:
+                    out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)  # one bucket: the group's reduce-scatter
+                else:
+                    out.bucket_reduce(tick, bucket)
         elif plan.decisions.replicated and plan.problem.world_size > 1:
             for g in sorted(finals.get(tick, ())):
                 _all_reduce(out, plan, g, tick)
@@ -177,6 +194,17 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 deferred_write_back = []
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _buckets(plan: CachePlan, chunks) -> list[tuple[int, ...]]:
+    """The chunks final at one tick as buckets: runs of consecutive chunk ids inside one comm group."""
+    out: list[list[int]] = []
+    for c in sorted(chunks):
+        if out and out[-1][-1] == c - 1 and (c - 1) // plan.ws == c // plan.ws:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return [tuple(b) for b in out]
 
 
 def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
