@@ -12,9 +12,10 @@ from enum import StrEnum
 
 import numpy as np
 
+from planner.costmodel import channel_bytes_per_s
 from planner.problem import NO_MOMENTS, Problem
 from schemas._base import frozen
-from schemas.schedule import ActivationMode, ChunkLayout, ChunkPlan, HostStaging, SolverStatus, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkLayout, ChunkPlan, HostStaging, SolverStatus, Tier
 from schemas.trace import Phase
 
 
@@ -125,14 +126,18 @@ def activation_moments(problem: Problem, block: int) -> tuple[int, int, int]:
 
 
 def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode],
-                    checkpoint_tier: Tier | None = None) -> np.ndarray:
+                    checkpoint_tier: Tier | None = None, *, offload_in_flight: bool = False,
+                    moment_seconds: Sequence[float] = ()) -> np.ndarray:
     """DEVICE non-model bytes per moment under an activation plan (int64).
 
     The recorded curve keeps every block's activations; a SWAP block holds none on DEVICE from its
     offload to its reload, a RECOMPUTE block only its input until its backward starts (the
-    simulator's memory model).
+    simulator's memory model). `offload_in_flight`: an offloaded block's (or checkpoint's) DEVICE
+    bytes stay until its copy is estimated to land (`offload_landing_moments`, Note [offloads in
+    flight]); without it (what a lower bound may assume) they leave as the offload is issued.
     """
     curve = np.array([m.non_model_bytes for m in problem.moments], dtype=np.int64)
+    landed = offload_landing_moments(problem, activation_modes, checkpoint_tier, moment_seconds) if offload_in_flight else {}
     for b, mode in enumerate(activation_modes):
         if mode is ActivationMode.KEEP:
             continue
@@ -140,13 +145,63 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
         if fwd_last < 0:
             continue
         info = problem.blocks[b]
+        off = min(landed.get(b, fwd_last), reload)  # the first moment whose work finds the offload landed
         if mode is ActivationMode.RECOMPUTE:
             curve[fwd_last:bwd_first] -= max(0, info.activation_bytes - info.input_bytes)
             if checkpoint_tier is not None:  # the input is off DEVICE until its reload
-                curve[fwd_last:reload] -= min(info.input_bytes, info.activation_bytes)
+                curve[off:reload] -= min(info.input_bytes, info.activation_bytes)
         else:
-            curve[fwd_last:reload] -= info.activation_bytes
+            curve[off:reload] -= info.activation_bytes
     return np.maximum(curve, 0)
+
+
+# Note [offloads in flight]:
+# A block's activations (or a RECOMPUTE block's checkpoint) offloaded at its last forward moment keep
+# their DEVICE bytes until the copy lands: the copy engine records them on its stream, and PyTorch's
+# caching allocator hands them out only after the copy's event (the simulator's rule, Note [simulator
+# evictions] in planner/sim_actions.py; c10/cuda/CUDACachingAllocator.cpp `synchronize_and_free_events`).
+# A moment whose work needs them waits for every copy in flight. So materialize's budget keeps them on
+# DEVICE through the moments that start before the copy is estimated to land: moments start at their
+# cumulative seconds (tide: the placement's stage times, `Decisions.moment_seconds_hint`; otherwise
+# their compute, no stalls: stalls only land copies earlier relative to the work), the offloads
+# leave one after the other on one copy channel (a FIFO, as the simulator's links), each at the rate
+# the hardware file gives a copy of its size (`costmodel.channel_bytes_per_s`; an NVMe swap at the
+# slower of D2H and the SSD write). Measured on the GPT-3 13B x rtx4090-768g-12ssd golden (sim17's
+# simulator, 2026-11-24): 1.8 s of the work's 2.5 s of waits for DEVICE bytes had offloads in flight.
+def offload_landing_moments(problem: Problem, activation_modes: Sequence[ActivationMode],
+                            checkpoint_tier: Tier | None = None, moment_seconds: Sequence[float] = ()) -> dict[int, int]:
+    """Per offloaded block: the first moment after its offload whose work is estimated to start once
+    the offload copy has landed (at most its reload moment; Note [offloads in flight])."""
+    hw = problem.hardware
+    starts, t = [], 0.0
+    for m in problem.moments:
+        starts.append(t)
+        t += moment_seconds[m.id] if moment_seconds else m.compute_seconds
+    offloads: list[tuple[int, int, int, Tier]] = []  # (offload moment, block, bytes, tier)
+    for b, mode in enumerate(activation_modes):
+        fwd_last, reload, _ = activation_moments(problem, b)
+        if fwd_last < 0:
+            continue
+        info = problem.blocks[b]
+        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+            offloads.append((fwd_last, b, info.activation_bytes, tier))
+        elif mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None and reload > fwd_last:
+            offloads.append((fwd_last, b, min(info.input_bytes, info.activation_bytes), checkpoint_tier))
+    out: dict[int, int] = {}
+    free_at = 0.0  # when the copy channel is done with the offloads issued so far
+    for fwd_last, b, nbytes, tier in sorted(offloads):
+        rate = channel_bytes_per_s(hw, Channel.D2H, nbytes=nbytes)
+        if tier is Tier.NVME:
+            rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=nbytes) or rate)
+        lands = max(starts[fwd_last], free_at) + (nbytes / rate if rate > 0 else 0.0)
+        free_at = lands
+        _, reload, _ = activation_moments(problem, b)
+        m = fwd_last + 1
+        while m < reload and starts[m] < lands:
+            m += 1
+        out[b] = m
+    return out
 
 
 def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan]) -> int:
@@ -162,11 +217,14 @@ def os_device_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence
 
 
 def param_budget_bytes(problem: Problem, layout: ChunkLayout, chunk_plans: Sequence[ChunkPlan],
-                       activation_modes: Sequence[ActivationMode], checkpoint_tier: Tier | None = None) -> tuple[int, ...]:
+                       activation_modes: Sequence[ActivationMode], checkpoint_tier: Tier | None = None, *,
+                       offload_in_flight: bool = False, moment_seconds: Sequence[float] = ()) -> tuple[int, ...]:
     """The largest PARAM+GRAD budget per moment the DEVICE allows: capacity minus non-model bytes,
     minus OS kept on DEVICE, minus (in the OPTIMIZER moment) room for one comm group's OS fetched
-    for a DEVICE step."""
-    curve = non_model_curve(problem, activation_modes, checkpoint_tier)
+    for a DEVICE step. `offload_in_flight`: activations count until their offload lands (Note
+    [offloads in flight])."""
+    curve = non_model_curve(problem, activation_modes, checkpoint_tier, offload_in_flight=offload_in_flight,
+                            moment_seconds=moment_seconds)
     fixed = os_device_bytes(problem, layout, chunk_plans)
     transient = _device_step_os_bytes(problem, layout, chunk_plans)
     out = []
@@ -216,5 +274,5 @@ def uniform_decisions(problem: Problem, layout: ChunkLayout, *, policy: str = "t
     )
 
 
-__all__ = ["Decisions", "EvictionRule", "Reservation", "SolverStats", "activation_moments", "non_model_curve", "os_device_bytes",
+__all__ = ["Decisions", "EvictionRule", "Reservation", "SolverStats", "activation_moments", "non_model_curve", "offload_landing_moments", "os_device_bytes",
            "param_budget_bytes", "uniform_decisions"]

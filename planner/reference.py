@@ -41,7 +41,7 @@ def reference_decisions(problem, layout, *, optimizer_overlap: bool = True, chec
         checkpoint = checkpoint if checkpoint_offload else None
         if checkpoint is not None and ActivationMode.RECOMPUTE not in modes:
             checkpoint = None
-        budget = param_budget_bytes(problem, layout, plans, modes, checkpoint)
+        budget = param_budget_bytes(problem, layout, plans, modes, checkpoint, offload_in_flight=True)
         homes = (home,) * len(layout.chunks) if home is not Tier.HOST else ()
         return name, Decisions(policy=POLICY, layout=layout, chunk_plans=plans, activation_modes=modes,
                                param_device_budget_bytes=budget, persistent_chunks=persistent,

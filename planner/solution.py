@@ -135,13 +135,15 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
     # Belady eviction keep more and prefetch earlier (measured on the shipped 1.3B/12B/13B traces:
     # the same predicted time, 1-25% fewer H2D bytes than budgets cut to the resident counts).
     checkpoint_tier = Tier.HOST if getattr(sol, "checkpoint_offload", False) else None
-    budget = param_budget_bytes(problem, layout, chunk_plans, modes, checkpoint_tier)
+    hint = moment_seconds(problem, sol)
+    budget = param_budget_bytes(problem, layout, chunk_plans, modes, checkpoint_tier, offload_in_flight=True,
+                                moment_seconds=hint)
     return Decisions(
         policy=POLICY, layout=layout, chunk_plans=chunk_plans, activation_modes=modes,
         param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
-        moment_seconds_hint=moment_seconds(problem, sol), pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
+        moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
         spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets),
     )
 

@@ -514,3 +514,38 @@ def test_pacing_estimate_prices_streamed_steps_at_the_links_both_ways_rows() -> 
         assert est[tick + 1] - est[tick] == pytest.approx(rows)
         checked += 1
     assert checked >= 2
+
+
+def test_offloaded_activations_stay_on_device_until_their_copy_lands() -> None:
+    """Note [offloads in flight]: a swapped block's activations count on DEVICE from its offload
+    until the first moment estimated to start after the copy lands, at most until its reload."""
+    from planner.decisions import activation_moments, non_model_curve, offload_landing_moments
+
+    p = problem()
+    modes = (ActivationMode.SWAP_HOST,) * len(p.blocks)
+    n = len(p.moments)
+    plain = non_model_curve(p, modes).astype(int)
+    # moments that take no time: no copy lands before the reload, the block is held all along
+    held = non_model_curve(p, modes, offload_in_flight=True, moment_seconds=(0.0,) * n).astype(int)
+    # moments of an hour: every copy lands during its offload moment
+    landed = non_model_curve(p, modes, offload_in_flight=True, moment_seconds=(3600.0,) * n).astype(int)
+    want_held, want_landed = plain.copy(), plain.copy()
+    swapped = 0
+    for b, info in enumerate(p.blocks):
+        fwd_last, reload, _ = activation_moments(p, b)
+        if fwd_last < 0 or reload <= fwd_last:
+            continue
+        swapped += 1
+        want_held[fwd_last:reload] += info.activation_bytes
+        want_landed[fwd_last] += info.activation_bytes
+    assert swapped >= 2
+    assert held.tolist() == want_held.tolist()
+    assert landed.tolist() == want_landed.tolist()
+    landing = offload_landing_moments(p, modes, moment_seconds=(0.0,) * n)
+    assert all(m == activation_moments(p, b)[1] for b, m in landing.items())
+    layout = layout_of(p)
+    d = uniform_decisions(p, layout, os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+    hint = (0.0,) * n
+    tight = param_budget_bytes(p, layout, d.chunk_plans, modes, offload_in_flight=True, moment_seconds=hint)
+    loose = param_budget_bytes(p, layout, d.chunk_plans, modes)
+    assert all(a <= b for a, b in zip(tight, loose)) and tight != loose
