@@ -165,9 +165,12 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
 # cumulative seconds (tide: the placement's stage times, `Decisions.moment_seconds_hint`; otherwise
 # their compute, no stalls: stalls only land copies earlier relative to the work), the offloads
 # leave one after the other on one copy channel (a FIFO, as the simulator's links), each at the rate
-# the hardware file gives a copy of its size (`costmodel.channel_bytes_per_s`; an NVMe swap at the
-# slower of D2H and the SSD write). Measured on the GPT-3 13B x rtx4090-768g-12ssd golden (sim17's
-# simulator, 2026-11-24): 1.8 s of the work's 2.5 s of waits for DEVICE bytes had offloads in flight.
+# the hardware file gives a copy of its size while the other direction runs too
+# (`costmodel.channel_bytes_per_s(duplex=True)`: the PARAM prefetches use H2D beside them in forward;
+# an NVMe swap at the slower of that and the SSD write). Measured on the GPT-3 13B x
+# rtx4090-768g-12ssd golden (sim17's simulator, 2026-11-24): 1.8 s of the work's 2.5 s of waits for
+# DEVICE bytes had offloads in flight; the MIP's plan replays in 9.57 s instead of 10.13 s (9.85 s
+# at the D2H rate alone: the forward is D2H-bound and the offloads queue).
 def offload_landing_moments(problem: Problem, activation_modes: Sequence[ActivationMode],
                             checkpoint_tier: Tier | None = None, moment_seconds: Sequence[float] = ()) -> dict[int, int]:
     """Per offloaded block: the first moment after its offload whose work is estimated to start once
@@ -191,7 +194,7 @@ def offload_landing_moments(problem: Problem, activation_modes: Sequence[Activat
     out: dict[int, int] = {}
     free_at = 0.0  # when the copy channel is done with the offloads issued so far
     for fwd_last, b, nbytes, tier in sorted(offloads):
-        rate = channel_bytes_per_s(hw, Channel.D2H, nbytes=nbytes)
+        rate = channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=nbytes)
         if tier is Tier.NVME:
             rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=nbytes) or rate)
         lands = max(starts[fwd_last], free_at) + (nbytes / rate if rate > 0 else 0.0)
