@@ -136,13 +136,6 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             else:
                 for c in plan.trainable_chunks[iv.entry >> 1]:
                     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
-        swapped = False
-        if tick in device_steps and deferred_write_back and _os_staged_on_host(plan, deferred_write_back[0]):
-            # a deferred NVMe OS leaves HOST before this tick's CPU steps and the next DEVICE step stage
-            # theirs: HOST holds two streamed steps' OS, as the placement model counts
-            # (NVME_STREAM_STAGED_CHUNKS; Note [streamed write-back after the next fetch])
-            _device_step_swap(out, plan, deferred_write_back[0], device_steps[tick], tick)
-            swapped = True
         for g in sorted(os_reads_early.get(tick, ())):
             _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
         for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
@@ -166,6 +159,13 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 _host_step_write_back(out, plan, previous, tick)
         if tick in device_steps:
             k = device_rank[device_steps[tick]]
+            g = device_steps[tick]
+            nxt = device_order[k + 1] if k + 1 < len(device_order) else None
+            defer = nxt is not None and resident is not None and _may_defer_write_back(plan, room, resident, g, nxt)
+            if deferred_write_back:
+                # Note [streamed write-back after the next fetch]: after this tick's CPU steps, and
+                # before the next step's NVMe reads (HOST stages two streamed steps' OS at most)
+                _device_step_swap(out, plan, deferred_write_back[0], g, tick)
             if k == 0:
                 _device_step_nvme_reads(out, plan, device_order[0], tick)
             if k + 1 < len(device_order):
@@ -173,18 +173,10 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 # FIFO (simplex), so a write-back queued first would hold the next read behind the
                 # whole DEVICE round trip of this step (the streamed steps pipeline instead)
                 _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
-            g = device_steps[tick]
-            nxt = device_order[k + 1] if k + 1 < len(device_order) else None
-            defer = nxt is not None and resident is not None and _may_defer_write_back(plan, room, resident, g, nxt)
             if not deferred_write_back and not defer:
                 _device_step(out, plan, g, tick)
                 continue
-            # Note [streamed write-back after the next fetch]
-            if swapped:
-                pass  # done above, before this tick's HOST staging
-            elif deferred_write_back:
-                _device_step_swap(out, plan, deferred_write_back[0], g, tick)
-            else:
+            if not deferred_write_back:
                 _device_step_fetch(out, plan, g, tick)
             _device_step_run(out, plan, g, tick)
             if defer:
@@ -460,11 +452,19 @@ def _device_step_nvme_reads(out: _Emitter, plan: CachePlan, g: int, tick: int) -
 # OS on NVME (streamed from the SSDs, staged on HOST from its read to its write-back: the reads one
 # step ahead, `_device_step_nvme_reads`) swaps the same way; each list of step k goes on to the SSDs
 # after its D2H copy. HOST then holds two steps' OS at most, as the placement model counts
-# (NVME_STREAM_STAGED_CHUNKS): the swap is emitted at the start of tick k+1's work, before the CPU
-# steps of that tick stage their OS, and step k+2's reads follow it. Measured on GPT-3 175B x
-# rtx4090-768g-12ssd (104 NVMe-streamed steps of 7.26 GB of OS, 1.21 GB PARAM, 1.21 GB GRAD): per step
-# the link took ~0.63 s (H2D alone, then the PARAM prefetch under the write-back) against 0.56 s on
-# the rows; with the swap the SSDs, not the link, are busy through the whole tail: 122.19 -> 116.79 s.
+# (NVME_STREAM_STAGED_CHUNKS). Measured on GPT-3 175B x rtx4090-768g-12ssd (104 NVMe-streamed steps
+# of 7.26 GB of OS, 1.21 GB PARAM, 1.21 GB GRAD): per step the link took ~0.63 s (H2D alone, then the
+# PARAM prefetch under the write-back) against 0.56 s on the rows; with the swap the SSDs, not the
+# link, are busy through the whole tail: 122.19 -> 116.79 s.
+# The swap is emitted after the tick's CPU steps and their SSD traffic (and before the next step's
+# NVMe reads, so HOST still stages two streamed steps' OS at most), not before the CPU steps as it was
+# until session 5: each FETCH of the swap waits on the training thread for the write-back before it to
+# land, as its DEVICE bytes are still read (Note [simulator evictions] in planner/sim_actions.py: the
+# caching allocator blocks the allocating thread), so CPU-step reads and write-backs emitted after it
+# were issued only once the whole swap had drained, and the SSDs idled meanwhile (GPT-3 175B MIP plans,
+# sim17's simulator, 2026-11-24: the OPTIMIZER moment's actions waited 50 s in all on a100-80g-12ssd).
+# Now the best MIP plan replays in 120.37 s instead of 123.68 s (a100-80g-12ssd) and 130.88 s instead
+# of 135.09 s (rtx4090-768g-12ssd).
 def _os_bytes_streamed(plan: CachePlan, g: int) -> int:
     """DEVICE bytes of comm group g's OS fetched for its DEVICE step (0 where its OS lives on DEVICE)."""
     return sum(plan.chunk_bytes[lst][c] for c in plan.trainable_chunks[g] if plan.os_tier[c] is not Tier.DEVICE
