@@ -549,3 +549,32 @@ def test_offloaded_activations_stay_on_device_until_their_copy_lands() -> None:
     tight = param_budget_bytes(p, layout, d.chunk_plans, modes, offload_in_flight=True, moment_seconds=hint)
     loose = param_budget_bytes(p, layout, d.chunk_plans, modes)
     assert all(a <= b for a, b in zip(tight, loose)) and tight != loose
+
+
+def test_a_plan_with_no_room_for_offloads_in_flight_still_runs_waiting_for_them() -> None:
+    # Note [offloads in flight]: where keeping the offloaded activations until they land leaves a moment's
+    # chunks no room, materialize falls back to the budget that frees them as issued (the work waits)
+    from planner.decisions import non_model_curve
+    from planner.errors import PlannerError
+
+    modes = (ActivationMode.SWAP_HOST,) * len(problem().blocks)
+    base = problem()
+    n = len(base.moments)
+    hint = (0.0,) * n  # no copy lands before its reload: every swapped block is held until then
+    extra = int((non_model_curve(base, modes, offload_in_flight=True, moment_seconds=hint)
+                 - non_model_curve(base, modes)).max())
+    assert extra > 0
+    for device in range(int(non_model_curve(base, modes).max()), 20_000_000, max(1, extra // 4)):
+        p = problem(device_bytes=device)
+        layout = layout_of(p)
+        d = uniform_decisions(p, layout, os_tier=Tier.HOST, optimizer_tier=Tier.HOST, activation_mode=ActivationMode.SWAP_HOST)
+        held = dataclasses.replace(d, moment_seconds_hint=hint, param_device_budget_bytes=param_budget_bytes(
+            p, layout, d.chunk_plans, modes, offload_in_flight=True, moment_seconds=hint))
+        try:
+            plain = materialize(p, d)
+        except PlannerError:
+            continue
+        schedule = materialize(p, held)  # the held budget alone has no room here: it falls back
+        assert schedule.actions == plain.actions
+        return
+    raise AssertionError("no DEVICE size where only the plain budget fits")
