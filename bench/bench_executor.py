@@ -93,15 +93,19 @@ def simulated_phase_seconds(sim, schedule) -> dict[Phase, float]:
 
 class Instruments:
     """Bench-side clocks on an engine (nothing in executor/ changes): the emulated DEVICE's copy worker's
-    busy seconds per channel (each chunk copy's memcpy timed on the worker; activation copies count as
-    "activations") and the training thread's seconds in the engine's moment actions (`Engine._apply`)
+    busy seconds per channel (each chunk copy's memcpy timed on the worker, CPU time and wall time;
+    activation copies count as "activations") and the training thread's seconds in the engine's moment actions (`Engine._apply`)
     less the stalls and DEVICE optimizer steps inside them: the per-moment cost the simulator does not
     price. Cumulative; `take()` returns what the last iteration added. CPU only (a GPU's copies are
     asynchronous: their busy time needs CUDA events, not a host clock)."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
+        # busy = CPU time of the worker thread in the memcpy (page faults included), as the CPU Adam steps'
+        # busy clock: on 2 cores the worker runs beside a 2-thread backward, so its wall time also counts
+        # the time it waits for a core; the wall time is kept beside it
         self.copy_seconds: dict[str, float] = defaultdict(float)
+        self.copy_wall_seconds: dict[str, float] = defaultdict(float)
         self.action_seconds = 0.0
         self._channel: str | None = None
         self._last: dict[str, float] = {}
@@ -123,11 +127,12 @@ class Instruments:
             channel, inner = self._channel or "activations", fn or (lambda d, s: d.copy_(s))
 
             def run(d, s):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.thread_time()
                 try:
                     return inner(d, s)
                 finally:
-                    self.copy_seconds[channel] += time.perf_counter() - start
+                    self.copy_seconds[channel] += time.thread_time() - start_cpu
+                    self.copy_wall_seconds[channel] += time.perf_counter() - start
 
             return worker_copy(dst, src, after=after, fn=run, **kwargs)
 
@@ -146,7 +151,8 @@ class Instruments:
         return self.engine._stats.optimizer_seconds.get(Tier.DEVICE, 0.0)
 
     def take(self) -> dict[str, float]:
-        now = {f"copy {k}": v for k, v in self.copy_seconds.items()} | {"actions": self.action_seconds}
+        now = ({f"copy {k}": v for k, v in self.copy_seconds.items()}
+               | {f"copy wall {k}": v for k, v in self.copy_wall_seconds.items()} | {"actions": self.action_seconds})
         out = {k: v - self._last.get(k, 0.0) for k, v in now.items()}
         self._last = now
         return out
@@ -190,6 +196,10 @@ def mispriced_rows(stats, sim, schedule, measured: float, *, instruments: dict[s
                 instruments[f"copy {ch.value}"], sim.busy_seconds_per_channel.get(ch, 0.0))
     rows = [(f"offload: {name} measured / predicted s", f"{got:.3f} / {want:.3f}")
             for name, (got, want) in (thread | beside).items()]
+    for ch in (Channel.H2D, Channel.D2H):
+        if f"copy wall {ch.value}" in instruments:
+            rows.append((f"offload: {ch.value} copies wall on the copy worker (incl. waiting for a core) s",
+                         f"{instruments[f'copy wall {ch.value}']:.3f}"))
     rows.append(("offload: CPU Adam steps wall (incl. preemption by backward) s",
                  f"{stats.optimizer_seconds_per_tier.get(Tier.HOST, 0.0):.3f}"))
     for phase in Phase:
