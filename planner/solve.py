@@ -58,7 +58,16 @@ TIE_TOLERANCE = 1e-3  # candidates within 0.1% of the best predicted time count 
 MIN_MIPS = 2  # chunk sizes whose placement MIP is solved (and simulated) at least
 FLAG_EPSILON = 1e-6  # an LP value above this pins a mechanism switch on
 REPLAN_ATTEMPTS = 2  # placements with HOST cut by a paced schedule's shortfall
-PIN_MODES_BLOCKS = 32  # from this many blocks on, the MIP keeps the LP's activation mode per block
+# from this many blocks on, the MIP keeps the LP's activation mode per block (its argmax): 175B (96
+# blocks) 23 -> 3 s CPU for a model objective 1% higher. Not at 40: GPT-3 13B x rtx4090-768g-12ssd,
+# chunk 105084630, the pinned modes' fixed MIP 8.336 s (model) against 7.742 s with the modes free
+# (LP-integral fixing frees only the fractional ones), 0.3-0.6 s CPU either way (bench/RESULTS.md "t13").
+# 48 keeps the pin on every trace of 60 blocks or more (PatrickStar's 12B and 4B) as measured before
+PIN_MODES_BLOCKS = 48
+# a polish with free modes (the dense pinned-switch MIP) only below this many blocks, one rank:
+# GPT-3 13B x a100-80g-12ssd (40 blocks), chunk 105084630, it took 11-13 s CPU (loaded box) for the
+# fixed plan's model objective (5.6774 s); 175B x a100: Note in `_solve_mip` (bench/RESULTS.md "t13", "p18")
+FREE_MODE_POLISH_MAX_BLOCKS = 32
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
@@ -73,8 +82,11 @@ POLISH_NODE_LIMIT = 100
 POLISH_MAX_BLOCKS = 128
 # the root node's bound is computed where the LP and physical bounds are further than this below the
 # best model objective (32 blocks x 4096: LP 8.9% below, root 2.9%, bench/bench_depth.py; 175B on
-# a100-80g-12ssd: LP 4.0% below, the root 24.6 s wall for no gain, so not there)
-ROOT_BOUND_GAP = 0.05
+# a100-80g-12ssd: LP 4.0% below, the root 24.6 s wall for no gain, so not there, measured with every
+# CPU step at the rate with copies). GPT-3 13B, CPU Adam's two prices (Note in planner.placement_time),
+# bench/RESULTS.md "t13": LP 4.4% (a100-80g-12ssd) and 3.8% (rtx4090-768g-12ssd) below the MIP, roots
+# 5.587 / 7.626 s against LPs 5.429 / 7.446 s (1.4-2.8 s CPU each), true gaps 6.1 -> 3.4%, 3.7 -> 1.4%
+ROOT_BOUND_GAP = 0.03
 LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
@@ -521,8 +533,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        then the next pin set (modes released, then the switches one at a time); the pinned MIP
        without fixing is the last resort;
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
-       too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes'
-       pin was tried and failed (a free-mode polish at PIN_MODES_BLOCKS blocks or more). `lp_model`,
+       too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes
+       are free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more (the free-mode dense MIP). `lp_model`,
        the solved unpinned LP of `lp_values`, becomes the first pin set's MIP (`PlacementModel.as_mip`:
        the same model, not built again).
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
@@ -536,9 +548,9 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
             continue
         if len(data.blocks) >= POLISH_MAX_BLOCKS:
             return sol  # too deep to polish
-        if data.ranks == 1 and modes is None and tries[0][1] is not None:
-            # the modes' pin (PIN_MODES_BLOCKS) was tried and left no fixed plan: a polish would be the
-            # free-mode MIP on the dense rows that PIN_MODES_BLOCKS exists to avoid. Measured (175B on
+        if data.ranks == 1 and modes is None and len(data.blocks) >= FREE_MODE_POLISH_MAX_BLOCKS:
+            # modes free (below PIN_MODES_BLOCKS, or the modes' pin was tried and left no fixed plan): a
+            # polish would be the free-mode MIP on the dense rows, the cost PIN_MODES_BLOCKS avoids. Measured (175B on
             # a100-80g-12ssd, chunk 605212776, CPU s on the shared 2-core box): 10.4 of the solve's 17.3 s
             # for a plan replaying 118.78 s against the fixed plan's 117.44 s and the chosen 112.85 s;
             # with the fixed plan as a MathOpt solution hint 10.1 s, the same plan; on the sparse rows
