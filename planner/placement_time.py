@@ -55,6 +55,10 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # replayed 6.40 s against the Angel-PTM-like set's 5.83 s, rtx4090: 9.06 s); at the rate alone for
 # HOST-OS steps its plans replay within 1-2% of the model objective. With every step at the rate alone
 # 175B on a100-80g-12ssd replayed slower (115.3 vs 112.8 s): its NVME-OS steps do run beside copies.
+# Only up to LATE_ARRIVAL_MAX_BLOCKS blocks: deeper, the model has no late-arrival rows (Note [late
+# arrivals]) and the rate alone made it optimistic: 512 blocks x 4096 on a100-80g-12ssd, model 63.96 s
+# against a 67.46 s replay, bound 63.46 s (true gap 5.94%) where every step with copies gives 67.07 s,
+# 65.77 s (1.94%); at 256 blocks the two prices replay 29.88 s against 32.32 s (bench/RESULTS.md "t13").
 
 
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
@@ -62,6 +66,12 @@ LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve t
 
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
+
+    def _host_os_price(self) -> float:
+        """Seconds per element of a CPU step whose OS lives on HOST (Note [CPU Adam's two prices])."""
+        d = self.data
+        alone = d.cpu_adam_host_os_seconds_per_element if len(d.blocks) <= LATE_ARRIVAL_MAX_BLOCKS else 0.0
+        return alone or d.cpu_adam_seconds_per_element
 
     def _channel_exprs(self) -> dict[str, list[Any]]:
         """Per stage: bytes per channel, compute, and CPU/NVMe optimizer work released (expressions)."""
@@ -121,7 +131,7 @@ class TimeRows:
             # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
             # CPU servers are per node, planner.sim_state)
             # Note [CPU Adam's two prices]: a HOST-OS step at the rate alone, an NVME-OS step with copies
-            host_price = d.cpu_adam_host_os_seconds_per_element or d.cpu_adam_seconds_per_element
+            host_price = self._host_os_price()
             cpu_released[release] += scaled((self.os_host[gi] * host_price + self.os_nvme[gi] * d.cpu_adam_seconds_per_element)
                                             * g.elements, fo)
             cpu_elements[release] += scaled(cpu_chunks * g.elements, fo)
@@ -242,8 +252,7 @@ class TimeRows:
                 self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
                                 f"cpu_optimizer_lag[{s}]")
             # (at the faster of CPU Adam's two prices: the most grad bytes a second of lag can hold back)
-            fastest = min(d.cpu_adam_host_os_seconds_per_element or d.cpu_adam_seconds_per_element,
-                          d.cpu_adam_seconds_per_element)
+            fastest = min(self._host_os_price(), d.cpu_adam_seconds_per_element)
             bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / fastest
             self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier.HOST, d.host_bytes),
                             "host_memory_cpu_lag")
