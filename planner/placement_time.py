@@ -132,8 +132,11 @@ class TimeRows:
             # CPU servers are per node, planner.sim_state)
             # Note [CPU Adam's two prices]: a HOST-OS step at the rate alone, an NVME-OS step with copies
             host_price = self._host_os_price()
-            cpu_released[release] += scaled((self.os_host[gi] * host_price + self.os_nvme[gi] * d.cpu_adam_seconds_per_element)
-                                            * g.elements, fo)
+            if host_price == d.cpu_adam_seconds_per_element:  # one price: the rows as they were before two
+                cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
+            else:
+                cpu_released[release] += scaled((self.os_host[gi] * host_price + self.os_nvme[gi] * d.cpu_adam_seconds_per_element)
+                                                * g.elements, fo)
             cpu_elements[release] += scaled(cpu_chunks * g.elements, fo)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
@@ -230,7 +233,10 @@ class TimeRows:
             for s in range(n):
                 moved += ch["H2D"][s] + ch["D2H"][s] + ch["NVME_READ"][s] + ch["NVME_WRITE"][s]
                 moved += ch["OS_READ"][s] + ch["OS_WRITE"][s]
-                moved += ch["CPU_ELEMENTS"][s] * d.adam_dram_bytes_per_element
+                if self._host_os_price() == d.cpu_adam_seconds_per_element:  # one price (the row as before two)
+                    moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
+                else:
+                    moved += ch["CPU_ELEMENTS"][s] * d.adam_dram_bytes_per_element
             if not is_zero(moved):
                 if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
                     moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
