@@ -71,7 +71,7 @@ FREE_MODE_POLISH_MAX_BLOCKS = 32
 # below this many blocks the placement is also solved with every CPU step at the rate with copies and
 # its plans replayed (Note [CPU Adam's two prices] in planner.placement_time): on a 3-block GPT (hidden
 # 256, rtx4090-768g-12ssd at 5x its params, tests/test_solve.py) HOST-OS steps at the rate alone made
-# the model optimistic (0.459 ms) and its plan replay 0.666 ms against the with-copies plan's 0.554 ms;
+# the model optimistic (0.459 ms) and its plan replay 0.666 ms against the with-copies plan's 0.528 ms;
 # GPT-3 1.3B (24 blocks) replays 552.9 ms with the two prices, 577.4 ms with copies (bench/RESULTS.md "t13")
 BOTH_PRICES_MAX_BLOCKS = 32
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
@@ -276,7 +276,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     relaxation_bound = min(bounds.values()) if bounds else 0.0
     if with_copies is not None and with_copies[3]:
         # the model at the with-copies price where it bounds every replay of this solve too (toys: 3 blocks
-        # on rtx4090, 0.4366 ms at the two prices, 0.5126 ms with copies, the replays 0.554 ms and up)
+        # on rtx4090, 0.4366 ms at the two prices, 0.5126 ms with copies, the replays 0.528 ms and up)
         other = min(with_copies[3].values())
         if relaxation_bound < other <= fastest_replay:
             relaxation_bound = other
