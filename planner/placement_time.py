@@ -59,6 +59,8 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # arrivals]) and the rate alone made it optimistic: 512 blocks x 4096 on a100-80g-12ssd, model 63.96 s
 # against a 67.46 s replay, bound 63.46 s (true gap 5.94%) where every step with copies gives 67.07 s,
 # 65.77 s (1.94%); at 256 blocks the two prices replay 29.88 s against 32.32 s (bench/RESULTS.md "t13").
+# Below planner.solve.BOTH_PRICES_MAX_BLOCKS the MIP is solved at both and the simulator judges (toys
+# replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
