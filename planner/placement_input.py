@@ -246,8 +246,9 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
-        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
-        # that step on the CPU stream grads and OS over PCIe/SSDs while it runs (costmodel). The chunk
+        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it for a step of
+        # NVME-homed OS and at the rate alone for one of HOST-homed OS (Note [CPU Adam's two prices] in
+        # planner/placement_time.py; costmodel). The chunk
         # size is this model's input: PCIe priced at one PARAM chunk per copy, the SSDs at one chunk of
         # an OS list per read/write (what the simulator's copies of this layout move; the by-size tables
         # of the hardware file, none: the flat rates)
