@@ -111,6 +111,7 @@ class CollectiveWork:
     _divide_by: int = 1  # SUM then divide (averaging on backends without a reliable AVG)
     _fallback_full: Tensor | None = None  # all_reduce fallback: copy the owned slice out of it on wait
     done: bool = field(default=False)
+    chunk: int = -1  # a per-bucket reduce of this one chunk into its owner (`reduce_chunk`); -1: the whole group
 
     def wait(self) -> Tensor | Sequence[Tensor]:
         """Block until the collective completed (idempotent); returns the filled buffer."""
@@ -123,6 +124,8 @@ class CollectiveWork:
         if self._divide_by != 1:
             self.buffer.div_(self._divide_by)  # type: ignore[union-attr]
         self.done = True
+        if self.chunk >= 0:  # a chunk's reduce moves no group state: the group's other chunks reduce on their own
+            return self.buffer
         target = GroupState.GATHERED if self.op is Op.ALL_GATHER else GroupState.REDUCED
         self._owner._move(self.list, self.comm_group, target)
         return self.buffer
@@ -293,6 +296,31 @@ class CommGroupCollectives:
                 nbytes *= 2  # a ring all-reduce moves twice a reduce-scatter's bytes
         self.stats.reduce_scatter_count += 1
         self.stats.reduce_scatter_bytes += nbytes
+        return work
+
+    def reduce_chunk(self, lst: ChunkList, chunk: int, buffer: Tensor, *, average: bool = True) -> CollectiveWork:
+        """A per-bucket reduce-scatter's part for one chunk (Note [reduce-scatter per bucket] in
+        planner/device_cache.py): every rank's `buffer` of the chunk is reduced into its owner's, averaged there;
+        the other ranks' buffers are undefined afterwards (they drop them). Counts the chunk's capacity bytes:
+        a ring reduce sends the whole buffer once per rank (nccl-tests doc/PERFORMANCE.md: reduce busBw = algBw),
+        the schedule's `Action.bytes` of a bucket."""
+        cap = self.layout.chunks[chunk].elements
+        if buffer.dim() != 1 or buffer.numel() != cap:
+            raise ExecutorError(f"REDUCE_SCATTER of chunk {chunk}'s bucket: expected a flat buffer of {cap} elements, "
+                                f"found shape {tuple(buffer.shape)}")
+        owner = self.layout.chunks[chunk].owner_rank
+        work = CollectiveWork(op=Op.REDUCE_SCATTER, list=lst, comm_group=self.layout.chunks[chunk].comm_group,
+                              buffer=buffer, _owner=self, chunk=chunk)
+        if self.world_size > 1:
+            dist = torch.distributed
+            if average and self.backend == "nccl":
+                op = dist.ReduceOp.AVG
+            else:
+                op = dist.ReduceOp.SUM
+                work._divide_by = self.world_size if average and owner == self.rank else 1
+            work._work = dist.reduce(buffer, dst=owner, op=op, group=self.process_group, async_op=True)
+        self.stats.reduce_scatter_count += 1
+        self.stats.reduce_scatter_bytes += cap * DTYPE_BYTES[self.layout.list_dtypes[lst]] if self.world_size > 1 else 0
         return work
 
     # -- small agreements between ranks (not schedule traffic: a few bytes, not counted) ---------

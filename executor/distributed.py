@@ -268,7 +268,8 @@ class StoreCollectives:
     - `apply(action)` at an ALL_GATHER: zero-filled DEVICE payloads for the group's non-owned PARAM
       chunks (`store.allocate`), then one all-gather from the owned chunk into all of them; at a
       REDUCE_SCATTER: the group's DEVICE GRAD payloads (zeros for chunks without trainable params)
-      reduce-scattered (averaged) into the owned one.
+      reduce-scattered (averaged) into the owned one; with a `bucket`, each of its chunks reduced into its
+      owner's payload (`CommGroupCollectives.reduce_chunk`), the other ranks' payloads dropped when it lands.
     - `wait(list, chunk)` before anything reads or writes a chunk of a group with a collective in
       flight: the moment's work, a copy, an eviction, an optimizer step.
     - Once a REDUCE_SCATTER is waited on, the group's non-owned GRAD payloads leave this rank's DEVICE
@@ -286,6 +287,7 @@ class StoreCollectives:
         self.collectives = collectives if collectives is not None else CommGroupCollectives(layout)
         self.store = store
         self.pending: dict[tuple[ChunkList, int], CollectiveWork] = {}
+        self.pending_chunks: dict[int, CollectiveWork] = {}  # GRAD chunk -> its per-bucket reduce in flight
         self.scattered: set[int] = set()  # non-owned GRAD chunks dropped from DEVICE after their reduce-scatter
 
     @property
@@ -307,6 +309,16 @@ class StoreCollectives:
                     store.allocate(ChunkList.PARAM, c, Tier.DEVICE, why=f"{why}, filled by the all-gather")
             buffers = [store.tensor(ChunkList.PARAM, c, Tier.DEVICE, why=why) for c in chunks]
             self.pending[(ChunkList.PARAM, g)] = coll.all_gather(ChunkList.PARAM, g, buffers[coll.rank], buffers)
+        elif action.op is Op.REDUCE_SCATTER and action.bucket:
+            # per bucket (Note [reduce-scatter per bucket], planner/device_cache.py): each chunk reduced into
+            # its owner's GRAD payload; the others drop theirs when it lands
+            for c in action.bucket:
+                buffer = store.device_tensor(ChunkList.GRAD, c)
+                if buffer is None:  # not allocated here (no trainable params in it): contributes zeros
+                    buffer = torch.zeros(store.numel(c), dtype=store.dtypes[ChunkList.GRAD], device=store.device)
+                else:
+                    buffer = store.tensor(ChunkList.GRAD, c, Tier.DEVICE, why=why)
+                self.pending_chunks[c] = coll.reduce_chunk(ChunkList.GRAD, c, buffer)
         elif action.op is Op.REDUCE_SCATTER:
             present = {c: store.device_tensor(ChunkList.GRAD, c) for c in chunks}
             like = next((t for t in present.values() if t is not None), None)
@@ -325,10 +337,19 @@ class StoreCollectives:
         work = self.pending.pop((lst, chunk // self.collectives.world_size), None)
         if work is not None:
             self._land(work)
+        if lst is ChunkList.GRAD and chunk in self.pending_chunks:
+            self._land(self.pending_chunks.pop(chunk))
 
     def _land(self, work: CollectiveWork) -> None:
         work.wait()
         if work.op is not Op.REDUCE_SCATTER:
+            return
+        if work.chunk >= 0:  # one chunk of a per-bucket reduce-scatter: its owner keeps it
+            c = work.chunk
+            if not self.collectives.owns(c) and self.store.device_tensor(ChunkList.GRAD, c) is not None:
+                self.store.evict(ChunkList.GRAD, c, Tier.DEVICE, why=f"per-bucket reduce-scatter of chunk {c} landed: "
+                                 "its owner keeps the grads")
+                self.scattered.add(c)
             return
         own = self.collectives.owned_chunk(work.comm_group)
         for c in self.collectives.group_chunks(work.comm_group):
@@ -341,6 +362,8 @@ class StoreCollectives:
         """Wait for the reduce-scatters in flight and drop the non-owned grads they reduced."""
         for key in [k for k, w in self.pending.items() if w.op is Op.REDUCE_SCATTER]:
             self._land(self.pending.pop(key))
+        for c in list(self.pending_chunks):
+            self._land(self.pending_chunks.pop(c))
 
     def dropped(self, action: Action) -> bool:
         """Whether `action` is an EVICT from DEVICE of a GRAD chunk this rank already dropped at its
@@ -357,9 +380,10 @@ class StoreCollectives:
             self.collectives.release(lst, g)
 
     def end_iteration(self) -> None:
-        for work in list(self.pending.values()):
+        for work in [*self.pending.values(), *self.pending_chunks.values()]:
             self._land(work)
         self.pending.clear()
+        self.pending_chunks.clear()
         self.scattered.clear()
         for g in range(self.collectives.n_groups):
             if self.collectives.state(ChunkList.GRAD, g) is GroupState.REDUCED:

@@ -423,8 +423,8 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
                 if op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
                     if op is Op.REDUCE_SCATTER and not final:
                         continue  # accumulating (DDP no_sync): the group's full grads stay on this rank
-                    if op is Op.REDUCE_SCATTER:  # every grad slot of the group set before it is summed
-                        for c in comm.collectives.group_chunks(a.chunk):
+                    if op is Op.REDUCE_SCATTER:  # every grad slot of the group (bucket) set before it is summed
+                        for c in a.bucket or comm.collectives.group_chunks(a.chunk):
                             if store.device_tensor(ChunkList.GRAD, c) is not None:
                                 self._fill_gaps(c)
                     comm.apply(a, why=why)

@@ -78,6 +78,12 @@ class Decisions:
     # a HOST step's NVMe OS goes back right after the step and the next step's reads wait for it
     # (DeepSpeed offload_optimizer pipeline_read/pipeline_write false); False: tide's delayed write-back
     serial_optimizer_swap: bool = False
+    # with several ranks: reduce-scatter these comm groups' grads per bucket, a bucket being the chunks of a
+    # group whose grads became final at one moment, instead of once after the group's last backward use
+    # (PatrickStar §7). ZeRO-3 reduces per bucket as grads complete (DeepSpeed stage3.py
+    # `__reduce_and_partition_ipg_grads`, `reduce_bucket_size` 5e8 elements); tide's bucket is chunk-aligned
+    # because a chunk is the unit a rank owns and frees (Note [reduce-scatter per bucket] in planner/device_cache.py)
+    reduce_scatter_buckets: frozenset[int] = frozenset()  # the comm groups reduce-scattered per bucket
     # final grads leave HOST for the SSDs at this many bytes per element and come back for the HOST step
     # (DeepSpeed's fp32 grads of NVMe sub-groups, `swap_out_gradients`); 0: they wait on HOST (tide)
     grad_swap_bytes_per_element: int = 0

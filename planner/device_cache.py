@@ -65,6 +65,9 @@ class CachePlan:
     host_step_tick: dict[int, int] = field(default_factory=dict)  # comm group -> tick of its HOST step
     grad_first_tick: dict[int, int] = field(default_factory=dict)  # comm group -> first backward use
     grad_final_tick: dict[int, int] = field(default_factory=dict)  # comm group -> tick after its last backward use
+    # per-bucket reduce-scatter (Decisions.reduce_scatter_buckets, ws > 1): trainable chunk of such a comm group ->
+    # tick after its last backward use, where its bucket is reduce-scattered; the others' at `grad_final_tick`
+    chunk_final_tick: dict[int, int] = field(default_factory=dict)
 
 
 def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
@@ -109,6 +112,8 @@ def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]])
     opt_moment = problem.optimizer_moment
     budgets = plan.decisions.param_device_budget_bytes
     grad_ticks: dict[int, list[int]] = {}
+    chunk_last: dict[int, int] = {}
+    buckets = plan.decisions.reduce_scatter_buckets if ws > 1 else frozenset()
     for m in problem.moments:
         plan.first_tick[m.id] = len(plan.tick_moment)
         needs: list[int] = []
@@ -119,6 +124,10 @@ def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]])
                 for g in sorted({chunk_of[t] // ws for t in m.tensors if t in chunk_of and t in trainable[chunk_of[t]]}):
                     needs.append(2 * g + GRAD_ENTRY)
                     grad_ticks.setdefault(g, []).append(len(plan.tick_moment))
+                if buckets:
+                    for t in m.tensors:
+                        if t in chunk_of and t in trainable[chunk_of[t]] and chunk_of[t] // ws in buckets:
+                            chunk_last[chunk_of[t]] = len(plan.tick_moment)
         plan.tick_moment.append(m.id)
         plan.needs.append(needs)
         if m.id == opt_moment:
@@ -126,6 +135,11 @@ def _ticks(plan: CachePlan, chunk_of: dict[int, int], trainable: list[set[int]])
     for g, ticks in grad_ticks.items():
         plan.grad_first_tick[g] = ticks[0]
         plan.grad_final_tick[g] = ticks[-1] + 1
+    if buckets:  # a trainable chunk no backward moment writes (zero grads) goes with its group's last bucket
+        for g, ticks in grad_ticks.items():
+            for c in plan.trainable_chunks[g] if g in buckets else ():
+                chunk_last.setdefault(c, ticks[-1])
+        plan.chunk_final_tick = {c: tick + 1 for c, tick in sorted(chunk_last.items())}
     plan.tick_budget = np.array([budgets[m] for m in plan.tick_moment], dtype=np.int64)
 
 
@@ -153,11 +167,48 @@ def scattered_bytes(plan: CachePlan, g: int) -> int:
     return int(plan.entry_bytes[2 * g + GRAD_ENTRY] - plan.local_grad_bytes[g]) if plan.ws > 1 else 0
 
 
+# Note [reduce-scatter per bucket]
+# For the comm groups in Decisions.reduce_scatter_buckets the grads are reduce-scattered bucket by bucket as
+# backward makes them final (ZeRO-3: DeepSpeed stage3.py `__reduce_and_partition_ipg_grads`, issued when
+# the `reduce_bucket_size` bucket fills), not once after the group's last backward use (PatrickStar §7).
+# A bucket is the trainable chunks of the group whose last backward use is one moment: a chunk is what a
+# rank owns and what the executor allocates and frees (one GRAD payload per chunk), so each chunk is
+# reduced into its owner's copy (a reduce per chunk, NCCL's ring reduce: every rank sends the chunk's
+# bytes once, nccl-tests doc/PERFORMANCE.md busBw = algBw) and leaves the other ranks' DEVICE as soon as
+# its bucket lands. The GRAD entry is still allocated whole at the group's first backward use, so a rank
+# holds, at a tick: the group's trainable chunks not final yet, plus its own reduced chunk among the
+# final ones (the busiest rank: the largest of them); from the group's last bucket on, its own chunk only
+# (= `local_grad_bytes`, what the per-group reduce-scatter leaves). The cost: P per chunk on INTER_GPU
+# where the group's reduce-scatter sends (p-1)/p of P per chunk, and one collective call per chunk.
+
+
 def bytes_at(plan: CachePlan, e: int, tick: int) -> int:
-    """DEVICE bytes of entry e at `tick`: a GRAD entry shrinks to the local chunk from its reduce-scatter on."""
-    if e & 1 == GRAD_ENTRY and plan.ws > 1 and tick >= plan.grad_final_tick.get(e >> 1, 1 << 62):
-        return int(plan.local_grad_bytes[e >> 1])
+    """DEVICE bytes of entry e at `tick`: a GRAD entry shrinks to the local chunk from its reduce-scatter on
+    (per bucket: chunk by chunk, Note [reduce-scatter per bucket])."""
+    if e & 1 == GRAD_ENTRY and plan.ws > 1:
+        g = e >> 1
+        if tick >= plan.grad_final_tick.get(g, 1 << 62):
+            return int(plan.local_grad_bytes[g])
+        if g in plan.decisions.reduce_scatter_buckets:
+            pbytes = plan.chunk_bytes[ChunkList.PARAM]
+            final = [pbytes[c] for c in plan.trainable_chunks[g] if plan.chunk_final_tick.get(c, 1 << 62) <= tick]
+            if final:
+                return int(plan.entry_bytes[e]) - sum(final) + max(final)
     return int(plan.entry_bytes[e])
+
+
+def grad_shrinks(plan: CachePlan) -> dict[int, list[int]]:
+    """Tick -> comm groups whose GRAD entry shrinks there (a reduce-scatter frees other ranks' chunks)."""
+    out: dict[int, list[int]] = {}
+    if plan.ws <= 1:
+        return out
+    for g, tick in plan.grad_final_tick.items():
+        out.setdefault(tick, []).append(g)
+    for c, tick in plan.chunk_final_tick.items():
+        g = c // plan.ws
+        if tick < plan.grad_final_tick.get(g, -1) and g not in out.setdefault(tick, []):
+            out[tick].append(g)
+    return {tick: sorted(gs) for tick, gs in sorted(out.items())}
 
 
 def group_bytes(plan: CachePlan, g: int, entries, tick: int) -> int:
@@ -296,18 +347,13 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
         i = ptr[e]
         return uses[e][i] if i < len(uses[e]) else NEVER
 
-    scatters: dict[int, list[int]] = {}  # tick -> comm groups reduce-scattered there (emitted first in the tick)
-    if plan.ws > 1:
-        for g, tick in plan.grad_final_tick.items():
-            scatters.setdefault(tick, []).append(g)
+    scatters = grad_shrinks(plan)  # tick -> comm groups reduce-scattered there (emitted first in the tick)
     for tick in range(n_ticks):
         for g in scatters.get(tick, ()):
             if 2 * g + GRAD_ENTRY in resident:
-                if plan.slotted[g]:  # the slot shrinks to the larger of PARAM and the local grads
-                    held = [e for e in (2 * g, 2 * g + 1) if e in resident]
-                    occupied -= max(int(plan.entry_bytes[e]) for e in held) - group_bytes(plan, g, held, tick)
-                else:
-                    occupied -= scattered_bytes(plan, g)
+                # (a slotted group's slot shrinks to the larger of PARAM and the local grads)
+                held = [e for e in (2 * g, 2 * g + 1) if e in resident]
+                occupied -= group_bytes(plan, g, held, tick - 1) - group_bytes(plan, g, held, tick)
         needs = plan.needs[tick]
         keep = set(needs)
         missing = [e for e in needs if e not in resident]
@@ -459,14 +505,24 @@ def spill_idle_grads(plan: CachePlan, intervals: list[CacheInterval]) -> list[Ca
 def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
     """Move each fetch to the earliest tick from which it fits the budget until its use (Cao et al.)."""
     n_ticks = len(plan.tick_moment)
+    shrink_ticks: dict[int, list[int]] = {}
+    for tick, gs in grad_shrinks(plan).items():
+        for g in gs:
+            shrink_ticks.setdefault(g, []).append(tick)
     delta = np.zeros(n_ticks + 1, dtype=np.int64)
     for iv in intervals:
         end = n_ticks if iv.end < 0 else iv.end
+        g = iv.entry >> 1
+        if iv.entry & 1 == GRAD_ENTRY and plan.ws > 1:
+            # the reduce-scatters inside the stay free the others' chunks; what is left leaves at its end
+            delta[iv.start] += bytes_at(plan, iv.entry, iv.start)
+            for tick in shrink_ticks.get(g, ()):
+                if iv.start < tick < end:
+                    delta[tick] -= bytes_at(plan, iv.entry, tick - 1) - bytes_at(plan, iv.entry, tick)
+            delta[end] -= bytes_at(plan, iv.entry, max(iv.start, end - 1))
+            continue
         delta[iv.start] += plan.entry_bytes[iv.entry]
         delta[end] -= plan.entry_bytes[iv.entry]
-        g = iv.entry >> 1
-        if iv.entry & 1 == GRAD_ENTRY and plan.ws > 1 and iv.start < plan.grad_final_tick.get(g, n_ticks) < end:
-            delta[plan.grad_final_tick[g]] -= scattered_bytes(plan, g)  # the reduce-scatter frees the others' chunks
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
     bucket = plan.decisions.prefetch_bucket_bytes

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.costmodel import cpu_adam_threads, optimizer_step_price
+from planner.costmodel import cpu_adam_threads, optimizer_step_price, pcie_time_rows
 from planner.decisions import activation_moments, non_model_curve, os_device_bytes
 from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
 from planner.problem import Problem
@@ -47,6 +47,13 @@ class _Emitter:
     def evict(self, tick: int, lst: ChunkList, chunk: int, tier: Tier) -> None:
         self.add(tick, op=Op.EVICT, list=lst, chunk=chunk, src=tier)
 
+    def bucket_reduce(self, tick: int, bucket: tuple[int, ...]) -> None:
+        """A per-bucket REDUCE_SCATTER (Note [reduce-scatter per bucket]): each chunk reduced into its
+        owner's copy, a ring reduce sending the chunk's bytes once per rank."""
+        nbytes = sum(self.plan.chunk_bytes[ChunkList.GRAD][c] for c in bucket)
+        self.add(tick, op=Op.REDUCE_SCATTER, list=ChunkList.GRAD, chunk=bucket[0] // self.plan.ws,
+                 channel=Channel.INTER_GPU, bytes=nbytes, bucket=bucket)
+
     def collective(self, tick: int, op: Op, lst: ChunkList, group: int) -> None:
         chunks = self.plan.comm_group_chunks[group]
         per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
@@ -69,6 +76,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     finals: dict[int, list[int]] = {}
     for g, tick in plan.grad_final_tick.items():
         finals.setdefault(tick, []).append(g)
+    bucket_finals: dict[int, list[int]] = {}  # Note [reduce-scatter per bucket] (planner/device_cache.py)
+    for c, tick in plan.chunk_final_tick.items():
+        bucket_finals.setdefault(tick, []).append(c)
     optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
     step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick)
     host_steps: dict[int, list[int]] = {}
@@ -97,7 +107,14 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 out.add(tick, **fields)
         if plan.ws > 1:
             for g in sorted(finals.get(tick, ())):
-                out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+                if g not in plan.decisions.reduce_scatter_buckets:
+                    out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
+            for bucket in _buckets(plan, bucket_finals.get(tick, ())):
+                g = bucket[0] // plan.ws
+                if list(bucket) == plan.trainable_chunks[g] and plan.grad_final_tick.get(g) == tick:
+                    out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)  # one bucket: the group's reduce-scatter
+                else:
+                    out.bucket_reduce(tick, bucket)
         elif plan.decisions.replicated and plan.problem.world_size > 1:
             for g in sorted(finals.get(tick, ())):
                 _all_reduce(out, plan, g, tick)
@@ -119,6 +136,13 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             else:
                 for c in plan.trainable_chunks[iv.entry >> 1]:
                     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
+        swapped = False
+        if tick in device_steps and deferred_write_back and _os_staged_on_host(plan, deferred_write_back[0]):
+            # a deferred NVMe OS leaves HOST before this tick's CPU steps and the next DEVICE step stage
+            # theirs: HOST holds two streamed steps' OS, as the placement model counts
+            # (NVME_STREAM_STAGED_CHUNKS; Note [streamed write-back after the next fetch])
+            _device_step_swap(out, plan, deferred_write_back[0], device_steps[tick], tick)
+            swapped = True
         for g in sorted(os_reads_early.get(tick, ())):
             _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
         for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
@@ -156,7 +180,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 _device_step(out, plan, g, tick)
                 continue
             # Note [streamed write-back after the next fetch]
-            if deferred_write_back:
+            if swapped:
+                pass  # done above, before this tick's HOST staging
+            elif deferred_write_back:
                 _device_step_swap(out, plan, deferred_write_back[0], g, tick)
             else:
                 _device_step_fetch(out, plan, g, tick)
@@ -168,6 +194,17 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 deferred_write_back = []
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def _buckets(plan: CachePlan, chunks) -> list[tuple[int, ...]]:
+    """The chunks final at one tick as buckets: runs of consecutive chunk ids inside one comm group."""
+    out: list[list[int]] = []
+    for c in sorted(chunks):
+        if out and out[-1][-1] == c - 1 and (c - 1) // plan.ws == c // plan.ws:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return [tuple(b) for b in out]
 
 
 def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
@@ -184,7 +221,15 @@ def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
 def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
     """When each tick starts if nothing waits: the cumulative compute of the moments (plus the
     recompute of RECOMPUTE blocks at their first backward moment), then in the OPTIMIZER moment one
-    DEVICE step after the other at the pace of its busiest link. Only used to pace the SSDs."""
+    DEVICE step after the other at the placement model's price of its copies: the PCIe link's
+    both-ways rows (`costmodel.pcie_time_rows`, what the simulator charges a link moving both ways)
+    or its SSD traffic, whichever is longer. Only used to pace the SSDs.
+
+    (At each direction's rate alone, the price before, GPT-3 175B x rtx4090-768g-12ssd's 104 NVMe-
+    streamed steps were estimated at 0.38 s each against 0.56 s on the rows and ~0.63 s replayed:
+    the CPU steps the estimate placed after the last DEVICE step were issued there, their OS
+    write-backs queued behind the last step's on the SSDs, which wrote alone for 7.3 s after the
+    link went idle; 128.77 -> 122.19 s, bench/bench_stage_gap.py, 2026-11-24.)"""
     problem, hw = plan.problem, plan.problem.hardware
     extra = [0.0] * len(problem.moments)
     for b, mode in enumerate(plan.decisions.activation_modes):
@@ -198,6 +243,7 @@ def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
         start.append(t)
         t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
     step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    pcie = pcie_time_rows(hw)
     out: list[float] = []
     lag = 0.0
     for tick, m in enumerate(plan.tick_moment):
@@ -217,7 +263,7 @@ def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
             if not plan.persistent[g]:
                 up += 2 * param
                 down += param
-        lag += max(up / hw.h2d_bytes_per_s, down / hw.d2h_bytes_per_s, nvme)
+        lag += max(max(a * up + b * down for a, b in pcie), nvme)
     return out
 
 
@@ -410,11 +456,24 @@ def _device_step_nvme_reads(out: _Emitter, plan: CachePlan, g: int, tick: int) -
 # link moves both ways at once (tail 13.19 s). DEVICE holds at most one step's OS at a time, as
 # before, beside what tick k+1 holds (`_may_defer_write_back` checks it against the room the
 # OPTIMIZER moment leaves). One rank only (a step's comm group is all-gathered after its
-# write-back), OS on HOST only (an NVMe OS's HOST staging is two chunks, `_device_step_nvme_reads`).
+# write-back).
+# OS on NVME (streamed from the SSDs, staged on HOST from its read to its write-back: the reads one
+# step ahead, `_device_step_nvme_reads`) swaps the same way; each list of step k goes on to the SSDs
+# after its D2H copy. HOST then holds two steps' OS at most, as the placement model counts
+# (NVME_STREAM_STAGED_CHUNKS): the swap is emitted at the start of tick k+1's work, before the CPU
+# steps of that tick stage their OS, and step k+2's reads follow it. Measured on GPT-3 175B x
+# rtx4090-768g-12ssd (104 NVMe-streamed steps of 7.26 GB of OS, 1.21 GB PARAM, 1.21 GB GRAD): per step
+# the link took ~0.63 s (H2D alone, then the PARAM prefetch under the write-back) against 0.56 s on
+# the rows; with the swap the SSDs, not the link, are busy through the whole tail: 122.19 -> 116.79 s.
 def _os_bytes_streamed(plan: CachePlan, g: int) -> int:
     """DEVICE bytes of comm group g's OS fetched for its DEVICE step (0 where its OS lives on DEVICE)."""
     return sum(plan.chunk_bytes[lst][c] for c in plan.trainable_chunks[g] if plan.os_tier[c] is not Tier.DEVICE
                for lst in plan.problem.os_lists)
+
+
+def _os_staged_on_host(plan: CachePlan, g: int) -> bool:
+    """Whether comm group g's streamed OS lives on NVME (staged on HOST from its read to its write-back)."""
+    return any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g])
 
 
 def _streaming_room(plan: CachePlan) -> int | None:
@@ -453,7 +512,8 @@ def _may_defer_write_back(plan: CachePlan, room: int, resident: list[int], g: in
     mine, theirs = _os_bytes_streamed(plan, g), _os_bytes_streamed(plan, nxt)
     if not mine or not theirs:
         return False
-    if any(plan.os_tier[c] is not Tier.HOST for c in (*plan.trainable_chunks[g], *plan.trainable_chunks[nxt])):
+    tiers = {plan.os_tier[c] for c in (*plan.trainable_chunks[g], *plan.trainable_chunks[nxt])}
+    if len(tiers) != 1 or not tiers <= {Tier.HOST, Tier.NVME}:
         return False
     return resident[plan.device_step_tick[nxt]] + max(mine, theirs) <= room
 
@@ -494,22 +554,30 @@ def _device_step_run(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
 
 def _device_step_swap(out: _Emitter, plan: CachePlan, previous: int, g: int, tick: int) -> None:
     """The deferred step's OS goes down list by list, each list's room taken by the next step's
-    same list coming up (`_may_defer_write_back`: one rank, both on HOST, the same lists)."""
+    same list coming up (`_may_defer_write_back`: one rank, both on HOST or both on NVME, the same
+    lists); an NVMe OS goes on to the SSDs after its D2H copy and leaves HOST."""
     for lst in plan.problem.os_lists:
         for c in plan.trainable_chunks[previous]:
             out.copy(tick, Op.WRITE_BACK, lst, c, Tier.DEVICE, Tier.HOST)
             out.evict(tick, lst, c, Tier.DEVICE)
+            if plan.os_tier[c] is Tier.NVME:
+                out.copy(tick, Op.WRITE_BACK, lst, c, Tier.HOST, Tier.NVME)
+                out.evict(tick, lst, c, Tier.HOST)
         for c in plan.trainable_chunks[g]:
             out.copy(tick, Op.FETCH, lst, c, Tier.HOST, Tier.DEVICE)
 
 
 def _device_step_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
-    """A deferred step's OS goes back down to HOST (one rank, OS on HOST: `_may_defer_write_back`)."""
+    """A deferred step's OS goes back down to HOST, and on to NVME where it lives there (one rank:
+    `_may_defer_write_back`)."""
     for c in plan.trainable_chunks[g]:
         if plan.os_tier[c] is not Tier.DEVICE:
             for lst in plan.problem.os_lists:
                 out.copy(tick, Op.WRITE_BACK, lst, c, Tier.DEVICE, Tier.HOST)
                 out.evict(tick, lst, c, Tier.DEVICE)
+                if plan.os_tier[c] is Tier.NVME:
+                    out.copy(tick, Op.WRITE_BACK, lst, c, Tier.HOST, Tier.NVME)
+                    out.evict(tick, lst, c, Tier.HOST)
 
 
 def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],

@@ -102,7 +102,8 @@ from schemas.schedule import (
 # Note [materialize ranks]:
 # With world_size > 1 the entries are comm groups (PatrickStar §7): a PARAM comm group is fetched by the
 # owner of each chunk and then all-gathered (ALL_GATHER before first use), GRAD comm groups are
-# reduce-scattered when their backward is done (REDUCE_SCATTER), then each owner moves its chunk to
+# reduce-scattered when their backward is done (REDUCE_SCATTER; per bucket for the comm groups in
+# Decisions.reduce_scatter_buckets, Note [reduce-scatter per bucket]), then each owner moves its chunk to
 # its optimizer tier; copies to and from HOST/NVME and optimizer steps of a chunk are done by its
 # owner rank, DEVICE copies and EVICTs from DEVICE by every rank. Bytes of local copies are per
 # chunk (summed over ranks in the prediction), of collectives per rank.

@@ -185,6 +185,9 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.persistent, self.os_device, self.os_host, self.os_nvme, self.os_stream = [], [], [], [], []
         self.os_nvme_stream: list[Any] = []  # [g] OS on NVME streamed NVME -> HOST -> DEVICE for GPU Adam
         self.os_sharded: list[Any] = []  # [g] (p > 1) DEVICE-stepped comm groups not persistent: Note [sharded DEVICE steps]
+        # [g] (p > 1) comm groups whose grads are reduce-scattered per bucket: Note [reduce-scatter per bucket]
+        # in planner/device_cache.py (0 where every chunk of the comm group is final in one stage)
+        self.rs_bucket: list[Any] = []
         self.param_nvme: list[Any] = []  # [g] PARAM chunks whose home is NVME (fetched through HOST every use)
         self.nvme_incoming: list[list[list[Any]]] = []  # [g][gap][k] the part of incoming[g,gap,k] read from NVME
         self.on_demand: list[list[Any]] = []  # [g][gap] chunks fetched at the next use itself (no prefetch room)
@@ -227,6 +230,10 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
                 self.solver.Add(sh <= od, f"os_sharded_device[{g.id}]")
                 self.solver.Add(pers + sh >= od, f"os_device_persistent[{g.id}]")
                 self.os_sharded.append(sh)
+            # continuous: bucketing more comm groups only frees DEVICE (and adds a chunk's bytes of INTER_GPU per
+            # comm group), so the extraction rounds it up (`PlacementSolution.rs_buckets`) and the MIP branches
+            # on nothing new
+            self.rs_bucket.append(self.solver.NumVar(0, g.count, f"rs_bucket[{g.id}]") if g.bucket_held_chunks else 0)
             keeps, incs, refresh, nincs, dems, ndems = [], [], [], [], [], []
             for i, gap in enumerate(gaps):
                 keep = self._int(0, g.count, f"keep[{g.id},{i}]")

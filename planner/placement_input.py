@@ -49,6 +49,14 @@ class ChunkClass:
     # which one of these chunks is first needed there to the stage's end (the work the chunk's copy
     # cannot overlap once that moment is reached; Note [late arrivals] in planner.placement_time)
     use_tail_seconds: tuple[float, ...] = ()
+    # reduce-scatter per bucket (p > 1, Note [reduce-scatter per bucket] in planner/device_cache.py), per
+    # backward stage from first_backward_stage to last_backward_stage: the chunks of a comm group's GRAD a rank
+    # holds when each chunk is reduced into its owner after its own last backward stage (the chunks not final
+    # yet, plus its own among the final ones), and the chunks that become final in the stage (one reduce of
+    # a chunk's bytes each); the largest over the class's comm groups. () when every chunk of the comm group
+    # is final in the same stage (a bucket is then the whole group: nothing to choose)
+    bucket_held_chunks: tuple[int, ...] = ()
+    bucket_final_chunks: tuple[int, ...] = ()
 
     @property
     def count(self) -> int:
@@ -145,6 +153,27 @@ class PlacementInput:
         return dataclasses.replace(self, **{field: value})
 
 
+def _bucket_profile(chunk_ids: list[int], ws: int, backward: list[int], uses: dict[int, set[int]],
+                    trainable_chunk: dict[int, bool]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ChunkClass.bucket_held_chunks / bucket_final_chunks of a class's comm groups (() if nothing to choose)."""
+    if not backward:
+        return (), ()
+    fb, lb = min(backward), max(backward)
+    back = set(backward)
+    held = [0] * (lb - fb + 1)
+    finals = [0] * (lb - fb + 1)
+    t = 0
+    for k in range(0, len(chunk_ids), ws):
+        group = [c for c in chunk_ids[k:k + ws] if trainable_chunk[c]]
+        t = max(t, len(group))
+        last = [max((s for s in uses.get(c, ()) if s in back), default=lb) for c in group]
+        for i, s in enumerate(range(fb, lb + 1)):
+            held[i] = max(held[i], sum(1 for x in last if x >= s) + (1 if any(x < s for x in last) else 0))
+            finals[i] = max(finals[i], sum(1 for x in last if x == s))
+    # nothing to choose unless some stage holds fewer chunks (two chunks final in two stages: 1 + own 1)
+    return (tuple(held), tuple(finals)) if min(held) < t else ((), ())
+
+
 def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap: bool = True) -> PlacementInput:
     """Aggregate a Problem (planner.problem) and a ChunkLayout into the model's input.
 
@@ -230,12 +259,14 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         # from the latest first-use moment of the class's chunks in each use stage (the least work left)
         tails = tuple(min((suffix_compute[first_use[(c, s)]] for c in chunk_ids if (c, s) in first_use), default=0.0)
                       for s in use)
+        held, finals = _bucket_profile(chunk_ids, ws, backward, uses, trainable_chunk) if ws > 1 and trainable else ((), ())
         classes.append(ChunkClass(
             id=gid, chunks=tuple(chunk_ids), param_bytes=elements * param_item, os_bytes=elements * os_item,
             elements=elements, trainable=trainable, use_stages=use,
             first_backward_stage=min(backward) if backward else -1,
             last_backward_stage=max(backward) if backward else -1, comm_group_size=ws,
-            trainable_chunks=n_trainable, use_tail_seconds=tails))
+            trainable_chunks=n_trainable, use_tail_seconds=tails,
+            bucket_held_chunks=held, bucket_final_chunks=finals))
     blocks = []
     for b in problem.blocks:
         p = stage_of_moment[b.forward_moments[1]]

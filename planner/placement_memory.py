@@ -117,6 +117,11 @@ class MemoryRows:
                     # shrinks to the local chunk at its reduce-scatter, `bytes_at`)
                     t = g.trainable_chunks
                     grads.append((g.first_backward_stage, g.last_backward_stage, g.count * g.param_bytes * t))
+                    # reduce-scattered per bucket: a chunk leaves the other ranks after its own last backward stage
+                    for k, held in enumerate(g.bucket_held_chunks):
+                        if held != t:
+                            s = g.first_backward_stage + k
+                            grads.append((s, s, self.rs_bucket[gi] * (g.param_bytes * (held - t))))
                     stepped = self.os_device[gi] + self.os_stream[gi] + self.os_nvme_stream[gi]
                     grads.append((g.last_backward_stage + 1, n - 1, stepped * g.param_bytes))
                 # CPU Adam grads wait on HOST for their step (consumed at once when it overlaps backward)

@@ -43,6 +43,7 @@ class PlacementSolution:
     solve_seconds: float  # wall clock (printed, never written into a schedule)
     solver: str
     param_nvme: tuple[float, ...] = ()  # [chunk class] PARAM chunks homed on NVME (materialize's param_home_tiers)
+    rs_buckets: tuple[float, ...] = ()  # [chunk class] comm groups reduce-scattered per bucket (Decisions.reduce_scatter_buckets)
 
     @property
     def gap(self) -> float:
@@ -136,6 +137,7 @@ class SolutionExtraction:
             incoming=tuple(incoming),
             persistent=tuple(val(v) for v in self.persistent),
             param_nvme=tuple(val(v) for v in self.param_nvme),
+            rs_buckets=tuple(self._value(v) if self.relax else float(math.ceil(self._value(v) - 1e-6)) for v in self.rs_bucket),
             os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x), "NVME_STREAM": val(y)}
                             for a, h, c, x, y in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream,
                                                      self.os_nvme_stream)),

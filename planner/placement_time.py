@@ -130,6 +130,13 @@ class TimeRows:
             d2h[grads_at] += (cpu_chunks + streamed) * g.param_bytes
             if peers:  # the comm group's grads reduce-scattered after its last backward use (PatrickStar §7)
                 inter_gpu[grads_at] += g.count * g.param_bytes * peers
+                # or per bucket (Note [reduce-scatter per bucket], planner/device_cache.py): a ring reduce of
+                # each chunk's bytes into its owner in the stage it becomes final
+                if g.bucket_final_chunks:
+                    inter_gpu[grads_at] -= self.rs_bucket[gi] * (g.param_bytes * peers)
+                    for k, n_final in enumerate(g.bucket_final_chunks):
+                        if n_final:
+                            inter_gpu[g.first_backward_stage + k] += self.rs_bucket[gi] * (g.param_bytes * n_final)
             # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
             # CPU servers are per node, planner.sim_state)
             # Note [CPU Adam's two prices]: a HOST-OS step at the rate alone, an NVME-OS step with copies

@@ -180,10 +180,11 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                     raise fail(m.id, i, f"reloads block {a.block}'s activations from {a.src.value}, they are not there")
                 act_bytes[TIER_INDEX[a.src]] -= a.bytes
                 act_bytes[0] += _act_device_bytes(schedule.activation_plans[a.block])
-            elif a.op is Op.REDUCE_SCATTER and per_owner and len(group_chunks.get(a.chunk, ())) == ws:
+            elif a.op is Op.REDUCE_SCATTER and per_owner and (a.bucket or len(group_chunks.get(a.chunk, ())) == ws):
                 # a sharded comm group (a DDP all-reduce's half acts on a chunk in a comm group of its own):
-                # every rank keeps its own chunk's reduced grads, the others' leave its DEVICE
-                for c in group_chunks[a.chunk]:
+                # every rank keeps its own chunk's reduced grads, the others' leave its DEVICE (a per-bucket
+                # one: those of its bucket's chunks)
+                for c in a.bucket or group_chunks[a.chunk]:
                     if (a.list, c) in everyone and copies.holds(li[a.list], c, 0):
                         count(a.list, c, 0, -1)
                         count(a.list, c, 0, 1)

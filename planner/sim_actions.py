@@ -256,7 +256,8 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
         # owners' fetched shards, the written grads); afterwards every chunk of the comm group is ready on
         # DEVICE (an all-gather leaves a copy on every rank)
         li = _list(sim, a, i)
-        comm_group = sim.comm_groups.get(a.chunk, ())
+        # a per-bucket REDUCE_SCATTER acts on its bucket's chunks only (Note [reduce-scatter per bucket])
+        comm_group = a.bucket or sim.comm_groups.get(a.chunk, ())
         inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
         end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
                         f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
@@ -267,7 +268,7 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
                 sim.ready[li][c][DEVICE_INDEX] = end
             elif sim.copies.is_valid(li, c, DEVICE_INDEX):
                 sim.ready[li][c][DEVICE_INDEX] = end
-        if a.op is Op.REDUCE_SCATTER and len(comm_group) == sim.world > 1:
+        if a.op is Op.REDUCE_SCATTER and (a.bucket or len(comm_group) == sim.world) and sim.world > 1:
             scatter(sim, li, comm_group)  # (a DDP all-reduce's half acts on a comm group of one chunk)
         return end
     raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)

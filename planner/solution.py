@@ -120,6 +120,12 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
                     home[chunk] = Tier.NVME
                 left -= 1
     param_home_tiers = tuple(home[c.id] for c in layout.chunks)
+    # comm groups reduce-scattered per bucket: the class's first ones (Note [reduce-scatter per bucket])
+    buckets: set[int] = set()
+    for g, n_bucket in zip(data.chunk_classes, sol.rs_buckets or (0.0,) * len(data.chunk_classes)):
+        size = g.comm_group_size
+        for j in range(min(int(n_bucket), len(g.chunks) // size)):
+            buckets.add(g.chunks[j * size] // size)
     if all(t is Tier.HOST for t in param_home_tiers):
         param_home_tiers = ()
     modes = tuple(sol.activation_modes)
@@ -136,7 +142,7 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
         moment_seconds_hint=moment_seconds(problem, sol), pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
-        spill_idle_grads=True,
+        spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets),
     )
 
 

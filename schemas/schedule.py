@@ -15,7 +15,10 @@ Action semantics (shared by the simulator and the executor; one moment = DESIGN.
 - OPTIMIZER_STEP updates the chunk's optimizer state and params on `dst` (DEVICE or HOST): GRAD,
   the OS lists and PARAM must be valid there, and afterwards copies on other tiers are stale;
 - ACT_OFFLOAD / ACT_RELOAD move the activations `block` saved to `dst` and back to DEVICE;
-- ALL_GATHER / REDUCE_SCATTER act on the comm group `chunk` over the INTER_GPU channel.
+- ALL_GATHER / REDUCE_SCATTER act on the comm group `chunk` over the INTER_GPU channel. A REDUCE_SCATTER
+  with a `bucket` acts on those chunks of the comm group only (a per-bucket reduce-scatter, ZeRO-3's
+  `reduce_bucket_size`): each chunk's grads are reduced into its owner's copy and leave the other
+  ranks' DEVICE; the comm group's other chunks are reduced by later buckets.
 Copies are copies: the source stays valid until an EVICT.
 
 Integrity: the file's last top-level field, `content_digest`, is "sha256:" + the sha256 of the
@@ -332,6 +335,10 @@ class Action:
     dst: Tier | None = None
     channel: Channel | None = None
     bytes: int = constrained(minimum=0, default=0)
+    # REDUCE_SCATTER only: the chunk ids (consecutive, ascending, inside comm group `chunk`) of a per-bucket
+    # reduce-scatter, whose grads are final at this moment; () = the whole comm group. Optional in format 2,
+    # written only when not empty (`_plain`), so files without it keep their bytes and meaning
+    bucket: tuple[int, ...] = ()
 
 
 def action_channels(action: Action) -> tuple[Channel, ...]:
@@ -405,10 +412,12 @@ class Schedule:
 
 def _plain(s: Schedule) -> dict:
     """The schedule's plain data as its file holds it: `header.host_staging` only when not PINNED,
-    `header.optimizer_swap` only when not PIPELINED, `chunk_plans[i].grad_in_param_slot` only when true."""
+    `header.optimizer_swap` only when not PIPELINED, `chunk_plans[i].grad_in_param_slot` only when true,
+    `actions[i].bucket` only when not empty."""
     plain = to_plain(s)
     plain["chunk_plans"] = [p if p.get("grad_in_param_slot") else {k: v for k, v in p.items() if k != "grad_in_param_slot"}
                             for p in plain["chunk_plans"]]
+    plain["actions"] = [a if a.get("bucket") else {k: v for k, v in a.items() if k != "bucket"} for a in plain["actions"]]
     if s.header.host_staging is HostStaging.PINNED:
         plain["header"] = {k: v for k, v in plain["header"].items() if k != "host_staging"}
     if s.header.optimizer_swap is OptimizerSwap.PIPELINED:
@@ -551,6 +560,13 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
             req(a.chunk < n_chunks, f"{path}.chunk", f"a chunk id below {n_chunks}, found {a.chunk}")
         if a.block != -1:
             req(a.block < n_blocks, f"{path}.block", f"a block id below {n_blocks}, found {a.block}")
+        if a.bucket:
+            req(a.op is Op.REDUCE_SCATTER, f"{path}.bucket", f"empty for a {a.op} action (only a REDUCE_SCATTER has a bucket)")
+            first = a.chunk * ws
+            req(list(a.bucket) == list(range(a.bucket[0], a.bucket[0] + len(a.bucket))) and first <= a.bucket[0]
+                and a.bucket[-1] < min(first + ws, n_chunks), f"{path}.bucket",
+                f"consecutive ascending chunk ids inside comm group {a.chunk} (chunks {first}..{min(first + ws, n_chunks) - 1}), "
+                f"found {list(a.bucket)}")
 
 
 __all__ = [

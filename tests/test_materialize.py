@@ -451,3 +451,66 @@ def test_streamed_device_steps_swap_their_os_so_the_link_moves_both_ways(monkeyp
     serial = materialize(p, decisions)
     check(serial, decisions, hardware=hw)
     assert swapped.prediction.iteration_seconds < serial.prediction.iteration_seconds
+
+
+def test_nvme_streamed_device_steps_swap_their_os_with_two_staged_on_host(monkeypatch) -> None:
+    # Note [streamed write-back after the next fetch], OS on NVME: step k's OS goes down (D2H, then on to
+    # the SSDs) between step k+1's OS fetches, step k+2's reads follow it so HOST stages two steps' OS at
+    # most (the placement model's NVME_STREAM_STAGED_CHUNKS), and the replay beats the serial order
+    import planner.emit as emit
+
+    hw = resolve_hardware("a100-80g-12ssd")
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    swapped = materialize(p, decisions)
+    check(swapped, decisions, hardware=hw)
+    os_lists = {ChunkList.MASTER, ChunkList.M, ChunkList.V}
+    opt = [a for a in swapped.actions if a.moment == p.optimizer_moment and a.list in os_lists]
+    steps = [a.chunk for a in swapped.actions if a.op is Op.OPTIMIZER_STEP and a.dst is Tier.DEVICE]
+    assert len(steps) >= 3
+    first_fetch, last_down, staged, most = {}, {}, set(), 0
+    for i, a in enumerate(opt):
+        if a.op is Op.FETCH and a.dst is Tier.DEVICE:
+            first_fetch.setdefault(a.chunk, i)
+        if a.op is Op.WRITE_BACK and a.src is Tier.DEVICE:
+            last_down[a.chunk] = i
+        if a.op is Op.FETCH and a.src is Tier.NVME:
+            staged.add((a.list, a.chunk))
+        if a.op is Op.EVICT and a.src is Tier.HOST:
+            staged.discard((a.list, a.chunk))
+        most = max(most, len({c for _, c in staged}))
+    assert all(last_down[c] > first_fetch[n] for c, n in zip(steps, steps[1:]))
+    assert most <= 2
+    monkeypatch.setattr(emit, "_may_defer_write_back", lambda *a, **k: False)
+    serial = materialize(p, decisions)
+    check(serial, decisions, hardware=hw)
+    assert swapped.prediction.iteration_seconds < serial.prediction.iteration_seconds
+
+
+def test_pacing_estimate_prices_streamed_steps_at_the_links_both_ways_rows() -> None:
+    # planner.emit._estimated_tick_seconds paces the overlapped CPU steps' SSD traffic: a streamed DEVICE
+    # step moves its OS up and down (and PARAM, GRAD up, PARAM down), which the simulator charges at the
+    # link's both-ways rows (costmodel.pcie_time_rows), not at each direction's rate alone
+    from planner.costmodel import pcie_time_rows
+    from planner.device_cache import cache_plan
+    from planner.emit import _estimated_tick_seconds
+
+    hw = resolve_hardware("a100-80g-12ssd")
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.HOST, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    plan = cache_plan(p, decisions)
+    est = _estimated_tick_seconds(plan)
+    checked = 0
+    for g, tick in plan.device_step_tick.items():
+        if tick + 1 >= len(est):
+            continue
+        up = down = 0
+        for c in plan.trainable_chunks[g]:
+            os_bytes = sum(plan.chunk_bytes[x][c] for x in p.os_lists)
+            up += os_bytes + 2 * plan.chunk_bytes[ChunkList.PARAM][c]
+            down += os_bytes + plan.chunk_bytes[ChunkList.PARAM][c]
+        rows = max(a * up + b * down for a, b in pcie_time_rows(hw))
+        assert rows > max(up / hw.h2d_bytes_per_s, down / hw.d2h_bytes_per_s)  # the rows charge more here
+        assert est[tick + 1] - est[tick] == pytest.approx(rows)
+        checked += 1
+    assert checked >= 2

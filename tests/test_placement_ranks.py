@@ -125,3 +125,39 @@ def test_several_ranks_a_device_stepped_comm_group_need_not_stay_gathered() -> N
     assert all(sol.os_counts[gi]["DEVICE"] == g.count for gi, g in trainable)
     written_back = sum(g.count * g.param_bytes for _, g in trainable)
     assert sol.channel_bytes["D2H"] >= written_back * (1 - 1e-9)
+
+
+def test_reduce_scatter_per_bucket_frees_each_chunk_once_it_is_final() -> None:
+    """Note [reduce-scatter per bucket] (planner/device_cache.py): with comm groups spanning blocks the
+    model may reduce-scatter per bucket (its grads row drops each chunk after its own last backward stage),
+    the extraction names those comm groups, and materialize replays them: per moment a rank never holds
+    more DEVICE than with one reduce-scatter per group, and less while a group's backward is under way."""
+    import dataclasses
+
+    import numpy as np
+
+    from planner.materialize import materialize, uniform_decisions
+    from planner.replay import replay_residency
+    from planner.simulate import simulate
+    from planner.solution import decisions_from_placement
+    from schemas.schedule import Op
+
+    hw = ranks_box(device_gb=4.0)
+    problem = build_problem(small_trace(), hw, trace_digest=DIGEST)
+    layout = build_layout(problem, chunk_elements=1 << 20, groups_span_blocks=True)
+    d = placement_input(problem, layout)
+    split = [g for g in d.chunk_classes if g.bucket_held_chunks]
+    assert split and all(min(g.bucket_held_chunks) < g.trainable_chunks for g in split)
+    sol = PlacementModel(d).solve()
+    assert any(n > 0 for n in sol.rs_buckets)
+    assert decisions_from_placement(problem, layout, d, sol).reduce_scatter_buckets
+
+    base = uniform_decisions(problem, layout)
+    groups = frozenset(range(len(layout.chunks) // RANKS))
+    per_group = materialize(problem, base)
+    bucketed = materialize(problem, dataclasses.replace(base, reduce_scatter_buckets=groups))
+    buckets = [a for a in bucketed.actions if a.op is Op.REDUCE_SCATTER and a.bucket]
+    assert buckets and all(a.bytes == sum(layout.chunks[c].elements * 2 for c in a.bucket) for a in buckets)
+    one, many = (np.array(replay_residency(s).device_bytes) for s in (per_group, bucketed))
+    assert (many <= one).all() and (many < one).any()
+    simulate(bucketed, hw)  # replays without a violation

@@ -256,6 +256,9 @@ SCHEDULE_CASES = _whole_file_cases(Schedule, _good_schedule_bytes, "schedule") +
          "budgets.device_bytes", (">= 0",)),
     Case("schedule-int-beyond-64-bit", SCHED, _mutated(_good_schedule_bytes, _set("budgets", "device_bytes", value=2**64 - 1)),
          "budgets.device_bytes", ("64-bit",)),
+    # Action.bucket (a per-bucket REDUCE_SCATTER, Note [reduce-scatter per bucket]): only on a REDUCE_SCATTER
+    Case("schedule-bucket-on-a-fetch", SCHED, _mutated(_good_schedule_bytes, _set("actions", _FETCH, "bucket", value=[0])),
+         f"actions[{_FETCH}].bucket", ("only a REDUCE_SCATTER",)),
     Case("schedule-more-ranks-than-chunks", SCHED,
          _mutated(_good_schedule_bytes, _set("header", "world_size", value=2**63 - 1)), "header.world_size",
          ("at most the number of chunks", str(2**63 - 1))),
