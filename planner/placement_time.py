@@ -55,15 +55,18 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # replayed 6.40 s against the Angel-PTM-like set's 5.83 s, rtx4090: 9.06 s); at the rate alone for
 # HOST-OS steps its plans replay within 1-2% of the model objective. With every step at the rate alone
 # 175B on a100-80g-12ssd replayed slower (115.3 vs 112.8 s): its NVME-OS steps do run beside copies.
-# Only up to LATE_ARRIVAL_MAX_BLOCKS blocks: deeper, the model has no late-arrival rows (Note [late
-# arrivals]) and the rate alone made it optimistic: 512 blocks x 4096 on a100-80g-12ssd, model 63.96 s
-# against a 67.46 s replay, bound 63.46 s (true gap 5.94%) where every step with copies gives 67.07 s,
-# 65.77 s (1.94%); at 256 blocks the two prices replay 29.88 s against 32.32 s (bench/RESULTS.md "t13").
+# Only below TWO_PRICES_MAX_BLOCKS blocks. Deeper, measured (bench/RESULTS.md "t13"): 512 blocks x 4096
+# on a100-80g-12ssd (no late-arrival rows, Note [late arrivals]) model 63.96 s against a 67.46 s replay,
+# bound 63.46 s (true gap 5.94%) where one price gives 67.07 s / 65.77 s (1.94%); GPT-3 175B (96 blocks)
+# x rtx4090-768g-12ssd after t175's emit: the plan replays 114.58 s, under its own LP (114.67 s), so the
+# header's bound falls to the LP with every step alone (103.06 s, true gap 10.06%) where one price keeps
+# 116.8 s at 2.35%. (256 blocks: 29.40 s / 2.63% with two prices, 32.32 s / 1.73% with one before t175.)
 # Below planner.solve.BOTH_PRICES_MAX_BLOCKS the MIP is solved at both and the simulator judges (toys
 # replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
+TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 
 
 class TimeRows:
@@ -72,7 +75,7 @@ class TimeRows:
     def _host_os_price(self) -> float:
         """Seconds per element of a CPU step whose OS lives on HOST (Note [CPU Adam's two prices])."""
         d = self.data
-        alone = d.cpu_adam_host_os_seconds_per_element if len(d.blocks) <= LATE_ARRIVAL_MAX_BLOCKS else 0.0
+        alone = d.cpu_adam_host_os_seconds_per_element if len(d.blocks) < TWO_PRICES_MAX_BLOCKS else 0.0
         return alone or d.cpu_adam_seconds_per_element
 
     def _channel_exprs(self) -> dict[str, list[Any]]:
