@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--loss", default=None, choices=["chunked", "full"],
                    help="our GPT's loss head: chunked (no full logits kept, the default) or full (F.cross_entropy on all logits)")
     p.add_argument("--timing-iterations", type=int, default=5,
-                   help="timed iterations of a real recording; times come from the fastest (default 5)")
+                   help="timed iterations of a real recording; times are their mean less the fastest and "
+                        "slowest fifth (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=_main)
 

@@ -21,8 +21,8 @@ that follows it until the next event):
   dispatch mode; ops without a formula count 0, as in `FlopCounterMode`, but nothing is decomposed,
   so the ops that run are the real ones).
 - compute_seconds: timed in separate, un-instrumented iterations (a monotonic clock on the CPU,
-  CUDA events on a GPU; the fastest whole iteration), so the tracing overhead is not in the times; 0 on
-  the meta device, where the planner derives times from FLOPs (`time_source = flops`).
+  CUDA events on a GPU; the typical iteration: executor/recorder.py `typical_runs`), so the tracing
+  overhead is not in the times; 0 on the meta device, where the planner derives times from FLOPs (`time_source = flops`).
 - non_model_bytes: the peak of non-model data during the work (PatrickStar issue #190). On the CPU
   and the meta device it comes from an accounting of live storage: every storage an aten op
   outputs (seen by the dispatch mode) that is not model data (parameters, their grads, optimizer

@@ -235,9 +235,13 @@ def _materialize_intervals(problem: Problem, decisions: Decisions, plan: CachePl
             raise InfeasibleError(str(exc)) from None
         raise
     draft = dataclasses.replace(draft, header=_header(problem, decisions, stats, result.iteration_seconds))
-    # times and totals: the simulator's; peaks: the residency replay's, which the capacities were checked on
+    # times and totals: the simulator's; peaks: the larger of the residency replay's (which the capacities
+    # were checked on; it counts copies alive only between two actions of one moment) and the simulator's
+    # (which holds an evicted copy's bytes until the copies reading it land: Note [simulator evictions])
     schedule = with_simulated_prediction(draft, result, objective=False)
-    prediction = dataclasses.replace(schedule.prediction, peak_bytes_per_tier=replay.peak_bytes_per_tier)
+    peaks = {t: max(replay.peak_bytes_per_tier.get(t, 0), result.peak_bytes_per_tier.get(t, 0))
+             for t in (*replay.peak_bytes_per_tier, *result.peak_bytes_per_tier)}
+    prediction = dataclasses.replace(schedule.prediction, peak_bytes_per_tier=peaks)
     return dataclasses.replace(schedule, prediction=prediction), result
 
 

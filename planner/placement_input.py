@@ -115,6 +115,10 @@ class PlacementInput:
     duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
+    # a CPU step whose OS lives on HOST (os_host: no SSD traffic of its own beside it) at CPU Adam's rate
+    # alone; `cpu_adam_seconds_per_element` (the rate with copies) prices the steps of NVME-homed OS.
+    # 0: every CPU step at `cpu_adam_seconds_per_element`. Note [CPU Adam's two prices] in placement_time
+    cpu_adam_host_os_seconds_per_element: float = 0.0
     # data-parallel ranks (issue 18 item 1; docs/rank-aware-placement.md): p = cluster.world_size,
     # q = ranks per node sharing HOST, NVME, the CPU optimizer and DRAM. DEVICE rows are per rank
     # (the local 1/p of the OS, the gathered p chunks of a comm group in use), HOST/NVME rows per node
@@ -273,8 +277,9 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
-        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it: the plans
-        # that step on the CPU stream grads and OS over PCIe/SSDs while it runs (costmodel). The chunk
+        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it for a step of
+        # NVME-homed OS and at the rate alone for one of HOST-homed OS (Note [CPU Adam's two prices] in
+        # planner/placement_time.py; costmodel). The chunk
         # size is this model's input: PCIe priced at one PARAM chunk per copy, the SSDs at one chunk of
         # an OS list per read/write (what the simulator's copies of this layout move; the by-size tables
         # of the hardware file, none: the flat rates)
@@ -285,6 +290,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
         cpu_adam_seconds_per_element=optimizer_step_price(
             hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
+        cpu_adam_host_os_seconds_per_element=optimizer_step_price(
+            hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
         duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True, nbytes=pcie_copy)
                             + channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=pcie_copy)
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),

@@ -42,13 +42,41 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # - activations: KEEP holds the block's saved bytes on DEVICE until its backward; RECOMPUTE keeps
 #   only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
 #   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
+#
+# Note [CPU Adam's two prices]:
+# The simulator steps a chunk on the CPU at CPU Adam's rate alone when no PCIe or SSD server is busy
+# as the step starts, else at the rate with copies beside it (planner.sim_actions._optimizer_step;
+# the a100 / rtx4090 presets: 1.5e9 vs 1.2e9 params/s). The model prices a step of OS homed on HOST
+# (`os_host`) at the rate alone and a step of OS homed on NVME (`os_nvme`) at the rate with copies:
+# an NVME-OS step's own OS reads (the next steps' prefetch) and write-backs keep the SSDs busy as
+# it starts, a HOST-OS step moves nothing of its own. Measured (GPT-3 13B, both 12-SSD presets,
+# bench/RESULTS.md "t13"): with every CPU step at the rate with copies the model found HOST-OS steps
+# dearer than the replays charge them and kept OS on DEVICE / streamed instead (a100: its plans
+# replayed 6.40 s against the Angel-PTM-like set's 5.83 s, rtx4090: 9.06 s); at the rate alone for
+# HOST-OS steps its plans replay within 1-2% of the model objective. With every step at the rate alone
+# 175B on a100-80g-12ssd replayed slower (115.3 vs 112.8 s): its NVME-OS steps do run beside copies.
+# Only below TWO_PRICES_MAX_BLOCKS blocks. Deeper, measured (bench/RESULTS.md "t13"): 512 blocks x 4096
+# on a100-80g-12ssd (no late-arrival rows, Note [late arrivals]) model 63.96 s against a 67.46 s replay,
+# bound 63.46 s (true gap 5.94%) where one price gives 67.07 s / 65.77 s (1.94%); GPT-3 175B (96 blocks)
+# x rtx4090-768g-12ssd after t175's emit: the plan replays 114.58 s, under its own LP (114.67 s), so the
+# header's bound falls to the LP with every step alone (103.06 s, true gap 10.06%) where one price keeps
+# 116.8 s at 2.35%. (256 blocks: 29.40 s / 2.63% with two prices, 32.32 s / 1.73% with one before t175.)
+# Below planner.solve.BOTH_PRICES_MAX_BLOCKS the MIP is solved at both and the simulator judges (toys
+# replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
+TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 
 
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
+
+    def _host_os_price(self) -> float:
+        """Seconds per element of a CPU step whose OS lives on HOST (Note [CPU Adam's two prices])."""
+        d = self.data
+        alone = d.cpu_adam_host_os_seconds_per_element if len(d.blocks) < TWO_PRICES_MAX_BLOCKS else 0.0
+        return alone or d.cpu_adam_seconds_per_element
 
     def _channel_exprs(self) -> dict[str, list[Any]]:
         """Per stage: bytes per channel, compute, and CPU/NVMe optimizer work released (expressions)."""
@@ -61,6 +89,7 @@ class TimeRows:
         on_demand: list[Any] = [0] * n  # seconds the work of s waits for chunks fetched at its start
         rd = d.nvme_read_bytes_per_s or 1.0
         cpu_released: list[Any] = [0] * n  # CPU Adam time whose grads become final in stage s
+        cpu_elements: list[Any] = [0] * n  # the params those steps update (their host DRAM traffic)
         os_read: list[Any] = [0] * n  # NVMe OS bytes to read / write for those steps
         os_write: list[Any] = [0] * n
         # INTER_GPU bytes per rank (p > 1): (p-1) chunks per all-gather of an arriving comm group and
@@ -113,7 +142,14 @@ class TimeRows:
                             inter_gpu[g.first_backward_stage + k] += self.rs_bucket[gi] * (g.param_bytes * n_final)
             # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
             # CPU servers are per node, planner.sim_state)
-            cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
+            # Note [CPU Adam's two prices]: a HOST-OS step at the rate alone, an NVME-OS step with copies
+            host_price = self._host_os_price()
+            if host_price == d.cpu_adam_seconds_per_element:  # one price: the rows as they were before two
+                cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
+            else:
+                cpu_released[release] += scaled((self.os_host[gi] * host_price + self.os_nvme[gi] * d.cpu_adam_seconds_per_element)
+                                                * g.elements, fo)
+            cpu_elements[release] += scaled(cpu_chunks * g.elements, fo)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
             h2d[o] += streamed * (g.os_bytes + 2 * g.param_bytes)
@@ -146,7 +182,7 @@ class TimeRows:
             compute[b.backward_stage] += b.recompute_seconds * choice[ActivationMode.RECOMPUTE]
         return {"INTER_GPU": inter_gpu, "H2D": h2d, "D2H": d2h, "NVME_READ": nvme_read, "NVME_WRITE": nvme_write, "COMPUTE": compute,
                 "ON_DEMAND": on_demand,
-                "CPU_RELEASED": cpu_released, "OS_READ": os_read, "OS_WRITE": os_write}
+                "CPU_RELEASED": cpu_released, "CPU_ELEMENTS": cpu_elements, "OS_READ": os_read, "OS_WRITE": os_write}
 
     def _add_time_constraints(self) -> None:
         d, n = self.data, len(self.data.stages)
@@ -209,7 +245,10 @@ class TimeRows:
             for s in range(n):
                 moved += ch["H2D"][s] + ch["D2H"][s] + ch["NVME_READ"][s] + ch["NVME_WRITE"][s]
                 moved += ch["OS_READ"][s] + ch["OS_WRITE"][s]
-                moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
+                if self._host_os_price() == d.cpu_adam_seconds_per_element:  # one price (the row as before two)
+                    moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
+                else:
+                    moved += ch["CPU_ELEMENTS"][s] * d.adam_dram_bytes_per_element
             if not is_zero(moved):
                 if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
                     moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
@@ -230,7 +269,9 @@ class TimeRows:
                     continue
                 self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
                                 f"cpu_optimizer_lag[{s}]")
-            bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / d.cpu_adam_seconds_per_element
+            # (at the faster of CPU Adam's two prices: the most grad bytes a second of lag can hold back)
+            fastest = min(self._host_os_price(), d.cpu_adam_seconds_per_element)
+            bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / fastest
             self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier.HOST, d.host_bytes),
                             "host_memory_cpu_lag")
         if not d.optimizer_overlap:

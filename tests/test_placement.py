@@ -120,6 +120,17 @@ def test_overlap_hides_the_cpu_optimizer():
     assert overlap.objective_seconds < serial.objective_seconds
 
 
+def test_cpu_steps_of_host_os_are_priced_at_the_rate_alone():
+    """Note [CPU Adam's two prices]: a CPU step of OS homed on HOST at `cpu_adam_host_os_seconds_per_element`
+    (the rate alone), one of OS on NVME at `cpu_adam_seconds_per_element` (with copies); 0: every step at
+    the latter. Where the CPU optimizer sets the time, the cheaper HOST-OS price shortens the plan."""
+    slow = dataclasses.replace(synthetic(device_mib=30, nvme=False), cpu_adam_seconds_per_element=2e-8)
+    both = PlacementModel(slow, relax=True).solve().objective_seconds
+    alone = PlacementModel(dataclasses.replace(slow, cpu_adam_host_os_seconds_per_element=1e-8), relax=True).solve()
+    assert alone.objective_seconds < both * 0.99
+    assert sum(c["HOST"] for c in alone.os_counts) > 0
+
+
 def test_slow_cpu_streams_nvme_optimizer_state_to_the_device():
     """OS that only fits on NVME (HOST holds little) with a CPU optimizer 100x slower than the GPU's:
     the model streams it NVME -> HOST -> DEVICE for GPU Adam instead of stepping it on the CPU."""
