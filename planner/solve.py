@@ -94,6 +94,12 @@ POLISH_MAX_BLOCKS = 128
 # CPU each) raise the bound 5.429 -> 5.587 s, true gap 3.35% (bench/RESULTS.md "t13"); at 3% below
 # the model objective instead, 175B x a100 computed a second root, 9.5 -> 21.2 s CPU
 ROOT_BOUND_GAP = 0.05
+# ... the second pass (against the fastest replay) only below this many blocks: since sim17's simulator
+# (evicted bytes held until their copies land, Note [simulator evictions]) every deep trace replays more
+# than 5% above its LP, and the root nodes of 96-256 blocks cost 20-80 CPU s for a bound the LP nearly
+# gives (bench_solve, 2026-11-24 08:05 UTC: 256 blocks 104 CPU s with it; 13B, 40 blocks, is where t13
+# measured it paying off)
+ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
@@ -270,7 +276,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     physical = lower_bound(problem).seconds
     # (with several ranks too, issue 18 item 3: the rank-aware rows count what materialize replays per rank)
     fastest_replay = min(e.simulated_seconds for e in evaluated)
-    if problem.world_size == 1 and solved:
+    if problem.world_size == 1 and solved and len(problem.blocks) < ROOT_AFTER_REPLAY_MAX_BLOCKS:
         # the bound against the fastest replay (the true gap), not only against the model objective
         _root_bounds(problem, inputs, bounds, rooted, fastest_replay, max(SAFETY_SECONDS, time_limit_s), say)
     relaxation_bound = min(bounds.values()) if bounds else 0.0
