@@ -15,7 +15,8 @@ from schemas.schedule import Budgets, Channel, Op
 from planner.sim_state import Coverage
 from planner.simulate import simulate
 
-from test_simulate_builders import CHUNK_BYTES, ELEMENTS, RESIDENT, D, G, H, P, tiny_hardware, tiny_schedule
+from test_simulate_builders import (CHUNK_BYTES, ELEMENTS, RESIDENT, D, G, H, P, host_step_prefix, tiny_hardware,
+                                    tiny_schedule)
 
 
 def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> None:
@@ -50,14 +51,7 @@ def _step_and_copy(copy_first: bool) -> list:
     copy = [(8, Op.WRITE_BACK, P, 1, D, H)]
     step = [(8, Op.OPTIMIZER_STEP, None, 0, None, H)]
     return [
-        (0, Op.FETCH, P, 0, H, D),
-        (1, Op.EVICT, P, 0, D, None),
-        (4, Op.ALLOCATE, G, 1, None, D),
-        (6, Op.FETCH, P, 0, H, D),
-        (6, Op.ALLOCATE, G, 0, None, D),
-        (7, Op.WRITE_BACK, G, 0, D, H),
-        (7, Op.EVICT, G, 0, D, None),
-        (7, Op.EVICT, P, 0, D, None),
+        *host_step_prefix(),
         (8, Op.OPTIMIZER_STEP, None, 1, None, D),
         *(copy + step if copy_first else step + copy),
         (8, Op.EVICT, G, 0, H, None),

@@ -25,6 +25,7 @@ from test_simulate_builders import (
     M,
     N,
     P,
+    host_step_prefix,
     resident_specs,
     tiny_hardware,
     tiny_schedule,
@@ -495,14 +496,7 @@ def test_nvme_reads_and_writes_overlap_at_the_mixed_rates() -> None:
 
 def _cpu_step_specs(step_moment: int) -> list:
     return [
-        (0, Op.FETCH, P, 0, H, D),
-        (1, Op.EVICT, P, 0, D, None),
-        (4, Op.ALLOCATE, G, 1, None, D),
-        (6, Op.FETCH, P, 0, H, D),
-        (6, Op.ALLOCATE, G, 0, None, D),
-        (7, Op.WRITE_BACK, G, 0, D, H),
-        (7, Op.EVICT, G, 0, D, None),
-        (7, Op.EVICT, P, 0, D, None),
+        *host_step_prefix(),
         (step_moment, Op.OPTIMIZER_STEP, None, 0, None, H),
         (8, Op.OPTIMIZER_STEP, None, 1, None, D),
         (8, Op.EVICT, G, 0, H, None),

@@ -148,4 +148,19 @@ def resident_specs() -> list[Spec]:
     ]
 
 
+def host_step_prefix() -> list[Spec]:
+    """Chunk 0's PARAM lives on HOST (fetched for forward and backward); its grads go back to HOST at
+    moment 7 for a CPU step there, chunk 1 stays on DEVICE (the specs up to the steps)."""
+    return [
+        (0, Op.FETCH, P, 0, H, D),
+        (1, Op.EVICT, P, 0, D, None),
+        (4, Op.ALLOCATE, G, 1, None, D),
+        (6, Op.FETCH, P, 0, H, D),
+        (6, Op.ALLOCATE, G, 0, None, D),
+        (7, Op.WRITE_BACK, G, 0, D, H),
+        (7, Op.EVICT, G, 0, D, None),
+        (7, Op.EVICT, P, 0, D, None),
+    ]
+
+
 RESIDENT = {(P, 0): (D,), (P, 1): (D,)}
