@@ -72,8 +72,12 @@ FREE_MODE_POLISH_MAX_BLOCKS = 32
 # its plans replayed (Note [CPU Adam's two prices] in planner.placement_time): on a 3-block GPT (hidden
 # 256, rtx4090-768g-12ssd at 5x its params, tests/test_solve.py) HOST-OS steps at the rate alone made
 # the model optimistic (0.459 ms) and its plan replay 0.666 ms against the with-copies plan's 0.528 ms;
-# GPT-3 1.3B (24 blocks) replays 552.9 ms with the two prices, 577.4 ms with copies (bench/RESULTS.md "t13")
-BOTH_PRICES_MAX_BLOCKS = 32
+# GPT-3 1.3B (24 blocks) replays 552.9 ms with the two prices, 577.4 ms with copies (bench/RESULTS.md "t13").
+# Since sim17 (CPU Adam at its with-copies rate while copies run) the with-copies LP is also the tighter
+# bound wherever it is below every replay: GPT-3 13B (40 blocks) x rtx4090-768g-12ssd 7.625 -> 8.232 s
+# (true gap 12.8% -> 5.9%), x a100-80g-12ssd 5.587 -> 5.988 s (14.8% -> 8.7%), same plans, 6.3-6.9 ->
+# 7.2-7.6 CPU s (bench/RESULTS.md "Session 5 ... the final tree"); as deep as the two prices go
+BOTH_PRICES_MAX_BLOCKS = 64
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512

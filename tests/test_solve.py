@@ -471,8 +471,8 @@ def test_no_free_mode_polish_from_32_blocks_below_the_modes_pin(monkeypatch, blo
     "since sim17 (Note [simulator evictions]) the simulator holds an evicted copy's DEVICE bytes until the "
     "copies reading it land and CPU Adam runs at its with-copies rate while copies run; the placement model and "
     "emit hold only a swapped block's activations until their offload lands (hold17, Note [offloads in flight]), "
-    "not written-back grads: the MIP's plan wins at 6.555 s (angel 6.569 s) with bound 5.587 s, true gap 14.8% "
-    "(bench_solve, 2026-11-24 08:05 UTC)"))
+    "not written-back grads: the MIP's plan wins at 6.555 s (angel 6.569 s) with bound 5.988 s (the with-copies "
+    "LP), true gap 8.7% (bench_solve, 2026-11-24 08:27 UTC)"))
 def test_gpt3_13b_on_a100_is_won_by_the_mip_with_a_true_gap_within_5_percent():
     """Issue 17 item 5, GPT-3 13B x a100-80g-12ssd: with HOST-OS CPU steps at CPU Adam's rate alone and
     the modes free below PIN_MODES_BLOCKS, the placement MIP's plan replays faster than every reference
