@@ -49,14 +49,7 @@ def test_all_resident_time_is_compute_plus_device_adam() -> None:
 
 def test_one_fetch_stalls_bytes_over_bandwidth_and_cpu_adam_waits_for_grads() -> None:
     specs = [
-        (0, Op.FETCH, P, 0, H, D),
-        (1, Op.EVICT, P, 0, D, None),
-        (4, Op.ALLOCATE, G, 1, None, D),
-        (6, Op.FETCH, P, 0, H, D),
-        (6, Op.ALLOCATE, G, 0, None, D),
-        (7, Op.WRITE_BACK, G, 0, D, H),
-        (7, Op.EVICT, G, 0, D, None),
-        (7, Op.EVICT, P, 0, D, None),
+        *host_step_prefix(),
         (8, Op.OPTIMIZER_STEP, None, 1, None, D),
         (8, Op.OPTIMIZER_STEP, None, 0, None, H),
         (8, Op.EVICT, G, 0, H, None),

@@ -403,6 +403,24 @@ def test_the_header_bound_of_13b_on_a100_is_the_lp_and_holds_for_every_replay():
     assert h.lower_bound_seconds <= angel * (1 + 1e-9)
 
 
+def _record_polishes(monkeypatch, solve_mod) -> list:
+    """`solve_mod.PlacementModel` replaced by a polish MIP that records its fixed modes (the list
+    returned) and solves to a 1.0 s objective."""
+    import types
+
+    built: list = []
+
+    class Polish:
+        def __init__(self, data, *, fixed_flags, fixed_modes):
+            built.append(fixed_modes)
+
+        def solve(self, **kw):
+            return types.SimpleNamespace(objective_seconds=1.0)
+
+    monkeypatch.setattr(solve_mod, "PlacementModel", Polish)
+    return built
+
+
 @pytest.mark.parametrize("modes_pin_holds", [True, False])
 def test_no_free_mode_polish_where_the_modes_pin_failed_on_a_deep_trace(monkeypatch, modes_pin_holds):
     """At PIN_MODES_BLOCKS blocks or more with one rank, a fixed plan from a pin set whose modes are free
@@ -418,16 +436,7 @@ def test_no_free_mode_polish_where_the_modes_pin_failed_on_a_deep_trace(monkeypa
     fixed = types.SimpleNamespace(objective_seconds=2.0)
     monkeypatch.setattr(solve_mod, "_fixed", lambda data, flags, m, values, budget, lp_model=None:
                         fixed if (m is not None) == modes_pin_holds else None)
-    built = []
-
-    class Polish:
-        def __init__(self, data, *, fixed_flags, fixed_modes):
-            built.append(fixed_modes)
-
-        def solve(self, **kw):
-            return types.SimpleNamespace(objective_seconds=1.0)
-
-    monkeypatch.setattr(solve_mod, "PlacementModel", Polish)
+    built = _record_polishes(monkeypatch, solve_mod)
     data = types.SimpleNamespace(blocks=[None] * solve_mod.PIN_MODES_BLOCKS, ranks=1)
     sol = solve_mod._solve_mip(data, {"any_stream": 1.0}, 1.0, modes)
     if modes_pin_holds:
@@ -450,16 +459,7 @@ def test_no_free_mode_polish_from_32_blocks_below_the_modes_pin(monkeypatch, blo
     assert all(m is None for _, m in solve_mod._pin_tries(data, {"any_stream": 1.0}, ("lp-modes",)))
     fixed = types.SimpleNamespace(objective_seconds=2.0)
     monkeypatch.setattr(solve_mod, "_fixed", lambda data, flags, m, values, budget, lp_model=None: fixed)
-    built = []
-
-    class Polish:
-        def __init__(self, data, *, fixed_flags, fixed_modes):
-            built.append(fixed_modes)
-
-        def solve(self, **kw):
-            return types.SimpleNamespace(objective_seconds=1.0)
-
-    monkeypatch.setattr(solve_mod, "PlacementModel", Polish)
+    built = _record_polishes(monkeypatch, solve_mod)
     sol = solve_mod._solve_mip(data, {"any_stream": 1.0}, 1.0, ("lp-modes",))
     if blocks < solve_mod.FREE_MODE_POLISH_MAX_BLOCKS:
         assert built == [None] and sol.objective_seconds == 1.0
