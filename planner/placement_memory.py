@@ -250,7 +250,9 @@ class MemoryRows:
         d, n = self.data, len(self.data.stages)
         zero: list[Any] = [0] * n
         sources = [st.id for st in d.stages if st.d2h_ready_seconds >= 0]
+        from planner import placement_time as pt  # (placement_time imports this module)
         if (not getattr(self, "with_in_flight", False) or d.ranks > 1 or self.capacity_variable is Tier.DEVICE
+                or not pt.IN_FLIGHT_MIN_BLOCKS <= len(d.blocks) < pt.IN_FLIGHT_MAX_BLOCKS
                 or d.d2h_fastest_bytes_per_s <= 0 or not sources):
             return -1, zero, list(zero)
         first = min(sources)
