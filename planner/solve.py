@@ -136,7 +136,9 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 #    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
 # 3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
 #    BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
-#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
+#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once; each with
+#    the PARAM+GRAD budget cut to the placement's own bytes per stage (Note [the plan's own budget]; the
+#    whole DEVICE's too below BOTH_BUDGETS_MAX_BLOCKS blocks, or where the cut one fails).
 # 4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
 #    decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
 #    decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
