@@ -1,0 +1,70 @@
+"""Note [write-backs in flight] (planner/device_cache.py): the prefetch pass counts a written-back stay's
+DEVICE bytes until its copy is estimated to land, as the simulator (the caching allocator) holds them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planner.decisions import uniform_decisions
+from planner.device_cache import cache_plan, demand_pass, estimated_tick_seconds, trim_intervals, write_back_holds
+from planner.families import gpt_trace
+from planner.layout import build_layout
+from planner.materialize import materialize_replayed
+from planner.presets import resolve_hardware
+from planner.problem import build_problem
+from schemas.schedule import Tier
+
+DIGEST = "sha256:" + "0" * 64
+HW = resolve_hardware("a100-80g-12ssd")
+# 8 blocks of hidden 1024 with CPU Adam: every block's final grads go down to HOST during backward
+TRACE = gpt_trace(layers=8, hidden=1024, heads=8, seq=512, batch=4, vocab=8000)
+CHUNK = 1 << 22
+
+
+def _decisions(device_bytes: int, moment_seconds: float | None = None):
+    p = build_problem(TRACE, HW, trace_digest=DIGEST, device_bytes=device_bytes)
+    d = uniform_decisions(p, build_layout(p, chunk_elements=CHUNK), os_tier=Tier.HOST, optimizer_tier=Tier.HOST)
+    if moment_seconds is not None:
+        d = dataclasses.replace(d, moment_seconds_hint=(moment_seconds,) * len(p.moments))
+    return p, d
+
+
+def _stays(p, d):
+    plan = cache_plan(p, d)
+    intervals = demand_pass(plan)
+    trim_intervals(intervals, len(plan.tick_moment))
+    return plan, intervals
+
+
+def test_a_write_back_is_held_until_the_ticks_estimated_to_start_after_it_lands() -> None:
+    plan, intervals = _stays(*_decisions(900_000_000, moment_seconds=0.0))
+    optimizer = plan.problem.optimizer_moment
+    written = [iv for iv in intervals if iv.write_back and not iv.pinned and 0 <= iv.end < len(plan.tick_moment)
+               and plan.tick_moment[iv.end] != optimizer]
+    holds = write_back_holds(plan, intervals)
+    assert written and len(holds) == len(written)  # every moment takes no time: no copy lands before the next tick
+    lands = [x[2] for x in holds]
+    assert lands == sorted(lands) and all(b > a for a, b in zip(lands, lands[1:]))  # one D2H FIFO
+    for iv, until, _ in holds:
+        assert until > iv.end
+        assert until == len(plan.tick_moment) or any(x.entry == iv.entry and x.start == until for x in intervals)
+    # moments of an hour: every copy lands during its stay's end tick, so only that tick holds it
+    plan, intervals = _stays(*_decisions(900_000_000, moment_seconds=3600.0))
+    est = estimated_tick_seconds(plan)
+    holds = write_back_holds(plan, intervals, est)
+    assert len(holds) == len(written)
+    for iv, until, lands in holds:
+        assert until == iv.end + 1 and est[iv.end] < lands < est[iv.end + 1]
+
+
+@pytest.mark.parametrize("chunk_device_bytes", [800_000_000, 900_000_000])
+def test_prefetches_leave_room_for_grads_in_flight_and_the_work_waits_less(chunk_device_bytes: int) -> None:
+    # with the grads' write-backs freeing their room only as the copies land, a PARAM prefetch placed in
+    # that room made the next block's work wait for the copy (simulator: Note [simulator evictions])
+    p, plain = _decisions(chunk_device_bytes)
+    _, before = materialize_replayed(p, plain)
+    _, after = materialize_replayed(p, dataclasses.replace(plain, hold_write_backs=True))
+    assert after.stall_seconds < before.stall_seconds
+    assert after.iteration_seconds < before.iteration_seconds
