@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 import planner.simulate as simulate_mod  # noqa: E402
 import planner.solve as solve_mod  # noqa: E402
 from bench_solve import depth_trace, load  # noqa: E402
+from planner.costmodel import pcie_time_rows  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
 from schemas.schedule import ActivationMode, Channel, Op  # noqa: E402
 
@@ -174,6 +175,10 @@ def waits_report(schedule, hardware) -> None:
             a, b = max(lo, iv.start_seconds), min(hi, iv.end_seconds)
             if b > a:
                 busy[(ph, iv.channel.value)] += b - a
+    link_bytes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for a in schedule.actions:
+        if a.channel in (Channel.H2D, Channel.D2H) and a.bytes:
+            link_bytes[schedule.moments[a.moment].phase.value][a.channel.value] += a.bytes
     by: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     total: dict[str, float] = defaultdict(float)
     for _, ph, stall, causes, _, _ in w["moments"]:
@@ -200,9 +205,14 @@ def waits_report(schedule, hardware) -> None:
         # before the bytes the plan puts on that channel in the phase have moved, whatever the order);
         # the rest of the waits is materialize's ordering or budget (the channel idled meanwhile)
         copies = ("H2D", "D2H", "NVME_READ", "NVME_WRITE", "INTER_GPU")
-        top = max(copies, key=lambda ch: busy.get((ph, ch), 0.0))
-        forced = min(total[ph], max(0.0, busy.get((ph, top), 0.0) - compute))
-        print(f"    => forced by the plan {forced:.3f} s ({top} busy {busy.get((ph, top), 0.0):.3f} s vs COMPUTE "
+        # the PCIe link moves both ways on shared rows (costmodel.pcie_time_rows, the simulator's two-way
+        # link): its least time for the phase's H2D and D2H bytes (issued by the phase's actions)
+        need = {ch: busy.get((ph, ch), 0.0) for ch in copies}
+        need["PCIe rows"] = max(a * link_bytes[ph].get("H2D", 0) + b * link_bytes[ph].get("D2H", 0)
+                                for a, b in pcie_time_rows(hardware))
+        top = max(need, key=need.__getitem__)
+        forced = min(total[ph], max(0.0, need[top] - compute))
+        print(f"    => forced by the plan {forced:.3f} s ({top} {need[top]:.3f} s vs COMPUTE "
               f"{compute:.3f} s), artifact {total[ph] - forced:.3f} s")
         for k, v in sorted(held[ph].items(), key=lambda x: -x[1]):
             print(f"    (the training thread held {v:.3f} s in all: {k})")
