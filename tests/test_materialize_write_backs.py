@@ -68,3 +68,31 @@ def test_prefetches_leave_room_for_grads_in_flight_and_the_work_waits_less(chunk
     _, after = materialize_replayed(p, dataclasses.replace(plain, hold_write_backs=True))
     assert after.stall_seconds < before.stall_seconds
     assert after.iteration_seconds < before.iteration_seconds
+
+
+def test_a_prefetch_goes_after_the_write_backs_unless_it_would_arrive_later_than_the_work_waits() -> None:
+    # `_HeldRoom.choose`: the later start (room with the write-backs in flight counted) unless, by the
+    # estimates, the prefetch would arrive late there by more than the work waits at the ticks it crowds
+    from planner.device_cache import _HeldRoom
+
+    plan, intervals = _stays(*_decisions(900_000_000, moment_seconds=0.0))
+    room = _HeldRoom(plan, intervals)
+    n = len(plan.tick_moment)
+    entry = next(iv.entry for iv in intervals if not iv.allocate and not iv.pinned)
+    copy = room.copy_seconds(entry)
+    assert copy > 0
+    room.est = [t * copy / 2 for t in range(n)]  # a tick takes half the prefetch's copy
+    room.free_at = 0.0
+    room.reloads = []
+    room.bytes[:] = 10
+    room.wait[:] = copy / 20  # the work of a crowded tick waits a twentieth of it for the copies in flight
+    slack = [0] * n  # every tick is crowded with the write-backs counted
+    # held at tick 5 for a use at tick 8: arrives at 3.5 copies, the use starts at 4: after the write-backs
+    assert room.choose(entry, 8, 2, 5, slack, 1) == 5
+    # held at tick 7: arrives at 4.5 copies, half a copy late, more than the 5 crowded ticks' waits (a
+    # quarter copy): where it fits without them, and those ticks' work waits for the copies in flight
+    assert room.arrival(entry, 7) - room.est[8] == pytest.approx(copy / 2)
+    assert room.choose(entry, 8, 2, 7, slack, 1) == 2
+    assert room.wait[2:7].tolist() == [0.0] * 5  # waiting already: crowding them again costs nothing
+    room.wait[2:7] = copy  # waits longer than the prefetch would be late: after the write-backs
+    assert room.choose(entry, 8, 2, 7, slack, 1) == 7
