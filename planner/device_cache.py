@@ -13,7 +13,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from planner.costmodel import channel_bytes_per_s, pcie_time_rows
-from planner.decisions import Decisions, EvictionRule, activation_moments, non_model_curve, os_device_bytes
+from planner.decisions import (
+    Decisions,
+    EvictionRule,
+    activation_moments,
+    non_model_curve,
+    offload_landing_moments,
+    os_device_bytes,
+)
 from planner.errors import InfeasibleError
 from planner.problem import Problem
 from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Tier
@@ -585,11 +592,35 @@ def estimated_tick_seconds(plan: CachePlan) -> list[float]:
 # 115.53 s (backward waits 12.4 -> 0.9 s; the tail, bound by the SSDs, takes 7 s of it back), 256 blocks
 # x a100 36.17 -> 32.83 s, 175B x rtx4090 130.88 -> 130.76 s, 13B x rtx4090 8.745 -> 8.736 s, 13B x
 # a100 6.555 -> 6.570 s (its tail is CPU Adam's: backward 0.22 s shorter, the tail 0.23 s longer).
-def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval],
-                     est: Sequence[float] | None = None) -> list[tuple[CacheInterval, int, float]]:
+#
+# Note [offloads behind prefetches]:
+# On the PCIe link both directions share its rows (`costmodel.pcie_time_rows`; the simulator gives a
+# two-way link's shared time to the copy placed first, Note [two-way links in the simulator] in
+# planner/sim_actions.py): at full H2D rate the first row is full, so a D2H copy placed after a burst
+# of prefetches lands only once that burst is done. The budget holds an offloaded block's activations
+# until its offload is estimated to land beside H2D but not behind it (`offload_landing_moments`, Note
+# [offloads in flight] in planner/decisions.py, fixed before any prefetch is placed). On GPT-3 13B x
+# a100-80g-12ssd the prefetch pass issues 60 PARAM prefetches (12.6 GB, 0.49 s of H2D) at the first
+# tick; the 0.08 GB offloads of the first blocks landed 0.47 s late and the fourth block's work waited
+# 0.42 s for their bytes (bench_stage_gap --waits). So the prefetch pass runs twice: the first
+# placement is replayed on an estimate (`_HeldRoom.replayed`: the H2D FIFO in the order placed, the
+# activation reloads at their tick, each tick's work starting once its fetches and reloads arrived),
+# which dates when H2D is done with the copies placed before each tick; the second placement holds each
+# offload's bytes until it lands behind them (one D2H FIFO with the write-backs) and uses that estimated
+# timeline for every date. Only the offloads wait behind the H2D backlog in this estimate: dating the
+# backward's grad write-backs the same way (their H2D backlog is mostly the prefetches of the same
+# blocks, which the rows share as they alternate) held them longer than they are held in the replay:
+# 175B x rtx4090 132.30 s against 130.16 s, the others within 0.1 s.
+# Measured on the same plans as above (one run each): 13B x a100 6.570 -> 6.155 s, 13B x rtx4090 8.736 ->
+# 8.511 s, 175B x a100 115.53 -> 113.80 s, 175B x rtx4090 130.76 -> 130.16 s, 256 blocks 32.83 -> 32.47 s.
+def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval], est: Sequence[float] | None = None,
+                     h2d_before: Sequence[float] | None = None,
+                     offloads: dict[int, float] | None = None) -> list[tuple[CacheInterval, int, float]]:
     """Per written-back stay ending at a FORWARD/BACKWARD tick: the tick until which (exclusive) its
     DEVICE bytes are held after its end, and when its copy is estimated to land (Note [write-backs in
-    flight]; `est`: `estimated_tick_seconds`); stays landing before their end tick starts are left out."""
+    flight]; `est`: `estimated_tick_seconds`); stays landing before their end tick starts are left out.
+    `h2d_before`: per tick, when H2D is done with the copies issued before it (a D2H copy placed after
+    them waits for them on the link's shared rows); `offloads`: filled with each offloaded block's landing."""
     problem, d = plan.problem, plan.decisions
     n_ticks = len(plan.tick_moment)
     est = estimated_tick_seconds(plan) if est is None else est
@@ -631,9 +662,13 @@ def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval],
     out: list[tuple[CacheInterval, int, float]] = []
     free_at = 0.0  # when D2H is done with the copies queued so far
     for tick, _, entry, copy, iv in sorted(queue, key=lambda x: x[:3]):
-        lands = max(est[tick], free_at) + copy
+        # an offload waits behind the H2D copies placed before it (Note [offloads behind prefetches])
+        gate = h2d_before[tick] if h2d_before is not None and iv is None else 0.0
+        lands = max(est[tick], free_at, gate) + copy
         free_at = lands
         if iv is None:
+            if offloads is not None:
+                offloads[entry] = lands
             continue
         back = [t for t in next_start[entry] if t > iv.end]  # the entry's next stay counts it from its start
         stop = min(back[0] if back else n_ticks, n_ticks)
@@ -651,32 +686,84 @@ class _HeldRoom:
     FIFO (PARAM and GRAD fetches in the order placed, activation reloads at their tick) to date each
     prefetch's arrival."""
 
-    def __init__(self, plan: CachePlan, intervals: Sequence[CacheInterval]) -> None:
+    def __init__(self, plan: CachePlan, intervals: Sequence[CacheInterval],
+                 replayed: tuple[list[float], list[float]] | None = None) -> None:
         n_ticks = len(plan.tick_moment)
-        self.plan, self.est = plan, estimated_tick_seconds(plan)
+        self.plan = plan
+        self.est, h2d_before = replayed if replayed is not None else (estimated_tick_seconds(plan), None)
+        self.pageable = plan.decisions.host_staging is HostStaging.PAGEABLE
         self.bytes = np.zeros(n_ticks + 1, dtype=np.int64)
         self.wait = np.zeros(n_ticks, dtype=np.float64)
-        for iv, until, lands in write_back_holds(plan, intervals, self.est):
-            self.bytes[iv.end] += bytes_at(plan, iv.entry, max(iv.start, iv.end - 1))
-            self.bytes[until] -= bytes_at(plan, iv.entry, max(iv.start, iv.end - 1))
-            for t in range(iv.end, until):
-                self.wait[t] = max(self.wait[t], lands - self.est[t])
-        self.bytes = np.cumsum(self.bytes[:-1])
         d, problem = plan.decisions, plan.problem
+        offloads: dict[int, float] = {}
+        for iv, until, lands in write_back_holds(plan, intervals, self.est, h2d_before, offloads):
+            self._hold(bytes_at(plan, iv.entry, max(iv.start, iv.end - 1)), iv.end, until, lands)
+        if h2d_before is not None:
+            # the budget holds an offloaded block's bytes until the moment its offload was estimated to land
+            # beside H2D alone (`offload_landing_moments`); behind the H2D copies placed before it, later
+            landed = offload_landing_moments(problem, d.activation_modes, d.checkpoint_tier, d.moment_seconds_hint)
+            for b, lands in sorted(offloads.items()):
+                info, (_, reload, _) = problem.blocks[b], activation_moments(problem, b)
+                t = first = plan.first_tick[landed.get(b, reload)]
+                stop = plan.first_tick[reload]
+                while t < stop and self.est[t] < lands:
+                    t += 1
+                nbytes = info.activation_bytes if d.activation_modes[b] is not ActivationMode.RECOMPUTE \
+                    else min(info.input_bytes, info.activation_bytes)
+                if t > first:
+                    self._hold(nbytes, first, t, lands)
+        self.bytes = np.cumsum(self.bytes[:-1])
         self.pageable = d.host_staging is HostStaging.PAGEABLE
         reloads: list[tuple[int, float]] = []
+        reload_blocks: list[int] = []
         for b, mode in enumerate(d.activation_modes):
             _, reload, _ = activation_moments(problem, b)
             info = problem.blocks[b]
             if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
                 tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
                 reloads.append((plan.first_tick[reload], self._seconds(info.activation_bytes, tier)))
+                reload_blocks.append(b)
             elif mode is ActivationMode.RECOMPUTE and d.checkpoint_tier is not None and reload >= 0:
                 nbytes = min(info.input_bytes, info.activation_bytes)
                 reloads.append((plan.first_tick[reload], self._seconds(nbytes, d.checkpoint_tier)))
-        self.reloads = sorted(reloads)
+                reload_blocks.append(b)
+        order = sorted(range(len(reloads)), key=lambda k: reloads[k])
+        self.reload_blocks = [reload_blocks[k] for k in order]
+        self.reloads = [reloads[k] for k in order]
         self.next_reload = 0
         self.free_at = 0.0  # when H2D is done with the copies issued so far
+
+    def _hold(self, nbytes: int, first: int, until: int, lands: float) -> None:
+        self.bytes[first] += nbytes
+        self.bytes[until] -= nbytes
+        for t in range(first, until):
+            self.wait[t] = max(self.wait[t], lands - self.est[t])
+
+    def replayed(self, intervals: Sequence[CacheInterval]) -> tuple[list[float], list[float]]:
+        """Per tick of a placement (`intervals` placed): when its work is estimated to start, waiting for the
+        fetches it uses and the reloads of its blocks on the H2D FIFO (the estimated ticks move by the
+        waits), and when H2D is done with the copies issued at the ticks before it."""
+        plan = self.plan
+        n_ticks = len(plan.tick_moment)
+        issued: list[list[tuple[int, float]]] = [[] for _ in range(n_ticks)]  # (first use, copy seconds)
+        for iv in intervals:
+            if not iv.pinned and not iv.allocate and iv.start < n_ticks:
+                issued[iv.start].append((iv.first_use, self.copy_seconds(iv.entry)))
+        problem = plan.problem
+        for (t, secs), b in zip(self.reloads, self.reload_blocks):
+            issued[t].insert(0, (plan.first_tick[problem.blocks[b].backward_moments[0]], secs))
+        needed_at = [0.0] * (n_ticks + 1)
+        starts, before = [], []
+        free, event = 0.0, 0.0
+        for t in range(n_ticks):
+            before.append(free)
+            for use, secs in sorted(issued[t], key=lambda x: x[0]):
+                free = max(free, event) + secs
+                needed_at[use] = max(needed_at[use], free)
+            work = max(event, needed_at[t])
+            starts.append(work)
+            event = work + ((self.est[t + 1] if t + 1 < n_ticks else self.est[t]) - self.est[t])
+        return starts, before
 
     def _seconds(self, nbytes: int, tier: Tier = Tier.HOST) -> float:
         hw = self.plan.problem.hardware
@@ -749,9 +836,22 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
             continue
         delta[iv.start] += plan.entry_bytes[iv.entry]
         delta[end] -= plan.entry_bytes[iv.entry]
-    held = _HeldRoom(plan, intervals) if plan.decisions.hold_write_backs else None  # Note [write-backs in flight]
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
+    if not plan.decisions.hold_write_backs:
+        _place_prefetches(plan, intervals, slack, None)
+        return
+    # Note [write-backs in flight]: a first placement dates the H2D copies, behind which the D2H copies wait
+    first = [replace(iv) for iv in intervals]
+    held = _HeldRoom(plan, intervals)
+    _place_prefetches(plan, first, slack.copy(), held)
+    _place_prefetches(plan, intervals, slack, _HeldRoom(plan, intervals, held.replayed(first)))
+
+
+def _place_prefetches(plan: CachePlan, intervals: list[CacheInterval], slack: np.ndarray,
+                      held: _HeldRoom | None) -> None:
+    """`prefetch_early`'s placement, in order of need, given the slack of every tick (changed in place)."""
+    n_ticks = len(plan.tick_moment)
     bucket = plan.decisions.prefetch_bucket_bytes
     ahead = np.zeros(n_ticks, dtype=np.int64)  # bytes fetched ahead of their use, per tick (with a bucket)
     previous_end: dict[int, int] = {}

@@ -96,3 +96,40 @@ def test_a_prefetch_goes_after_the_write_backs_unless_it_would_arrive_later_than
     assert room.wait[2:7].tolist() == [0.0] * 5  # waiting already: crowding them again costs nothing
     room.wait[2:7] = copy  # waits longer than the prefetch would be late: after the write-backs
     assert room.choose(entry, 8, 2, 7, slack, 1) == 7
+
+
+def test_offloads_behind_a_burst_of_prefetches_are_held_until_they_land_behind_it() -> None:
+    # Note [offloads behind prefetches]: a D2H offload placed after H2D copies lands once they are done
+    # (the link's shared rows), later than the budget's estimate: the prefetch pass holds its bytes longer
+    from planner.decisions import activation_moments, offload_landing_moments, param_budget_bytes
+    from planner.device_cache import _HeldRoom
+    from schemas.schedule import ActivationMode
+
+    p, d = _decisions(900_000_000)
+    modes = (ActivationMode.SWAP_HOST,) * len(p.blocks)
+    hint = tuple(m.compute_seconds for m in p.moments)
+    budget = param_budget_bytes(p, d.layout, d.chunk_plans, modes, offload_in_flight=True, moment_seconds=hint)
+    d = dataclasses.replace(d, activation_modes=modes, param_device_budget_bytes=budget, moment_seconds_hint=hint,
+                            hold_write_backs=True)
+    plan, intervals = _stays(p, d)
+    plain = _HeldRoom(plan, intervals)
+    est = plain.est
+    burst = [est[-1]] * len(est)  # H2D busy until the last tick with copies placed before every tick
+    offloads: dict[int, float] = {}
+    write_back_holds(plan, intervals, est, burst, offloads)
+    swapped = [b for b in range(len(p.blocks)) if activation_moments(p, b)[0] >= 0]
+    assert sorted(offloads) == swapped
+    assert all(lands > est[-1] for lands in offloads.values())  # each lands behind the burst
+    held = _HeldRoom(plan, intervals, (est, burst))
+    landed = offload_landing_moments(p, modes, None, hint)
+    extra = 0
+    for b in swapped:
+        _, reload, _ = activation_moments(p, b)
+        first, stop = plan.first_tick[landed.get(b, reload)], plan.first_tick[reload]
+        if first < stop:  # the budget frees it before its reload: held from there on, until the reload
+            extra += 1
+            assert all(held.bytes[t] - plain.bytes[t] >= p.blocks[b].activation_bytes for t in range(first, stop))
+    assert extra >= 2
+    # the placement's replay: a tick's work starts once the fetches it uses have arrived on the H2D FIFO
+    starts, before = plain.replayed(intervals)
+    assert all(b >= a for a, b in zip(est, starts)) and before == sorted(before)
