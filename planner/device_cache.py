@@ -691,6 +691,8 @@ class _HeldRoom:
         n_ticks = len(plan.tick_moment)
         self.plan = plan
         self.est, h2d_before = replayed if replayed is not None else (estimated_tick_seconds(plan), None)
+        self._est = np.array(self.est, dtype=np.float64)
+        self._copy: dict[int, float] = {}
         self.pageable = plan.decisions.host_staging is HostStaging.PAGEABLE
         self.bytes = np.zeros(n_ticks + 1, dtype=np.int64)
         self.wait = np.zeros(n_ticks, dtype=np.float64)
@@ -736,8 +738,7 @@ class _HeldRoom:
     def _hold(self, nbytes: int, first: int, until: int, lands: float) -> None:
         self.bytes[first] += nbytes
         self.bytes[until] -= nbytes
-        for t in range(first, until):
-            self.wait[t] = max(self.wait[t], lands - self.est[t])
+        self.wait[first:until] = np.maximum(self.wait[first:until], lands - self._est[first:until])
 
     def replayed(self, intervals: Sequence[CacheInterval]) -> tuple[list[float], list[float]]:
         """Per tick of a placement (`intervals` placed): when its work is estimated to start, waiting for the
@@ -773,11 +774,15 @@ class _HeldRoom:
         return nbytes / rate if rate > 0 else 0.0
 
     def copy_seconds(self, entry: int) -> float:
-        plan, g = self.plan, entry >> 1
-        lst = ChunkList.PARAM if entry & 1 == PARAM_ENTRY else ChunkList.GRAD
-        chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
-        return sum(self._seconds(plan.chunk_bytes[lst][c], plan.home[c] if lst is ChunkList.PARAM else Tier.HOST)
-                   for c in chunks)
+        found = self._copy.get(entry)
+        if found is None:
+            plan, g = self.plan, entry >> 1
+            lst = ChunkList.PARAM if entry & 1 == PARAM_ENTRY else ChunkList.GRAD
+            chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
+            found = self._copy[entry] = sum(
+                self._seconds(plan.chunk_bytes[lst][c], plan.home[c] if lst is ChunkList.PARAM else Tier.HOST)
+                for c in chunks)
+        return found
 
     def _queue_until(self, tick: int) -> float:
         """H2D's estimated free time once the reloads issued up to `tick` are queued (not committed)."""
@@ -807,9 +812,8 @@ class _HeldRoom:
             return held
         late_held = max(0.0, self.arrival(entry, held) - self.est[use])
         late_early = max(0.0, self.arrival(entry, early) - self.est[use])
-        ticks = [t for t in range(early, held) if slack[t] - self.bytes[t] < size]
-        waits = sum(float(self.wait[t]) for t in ticks)
-        if waits + late_early >= late_held:
+        ticks = early + np.flatnonzero(slack[early:held] - self.bytes[early:held] < size)
+        if float(self.wait[ticks].sum()) + late_early >= late_held:
             return held
         self.wait[ticks] = 0.0  # those ticks' work waits for the copies in flight now
         return early
