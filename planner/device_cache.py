@@ -652,7 +652,9 @@ def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval], est: S
         g = iv.entry >> 1
         lst = ChunkList.PARAM if iv.entry & 1 == PARAM_ENTRY else ChunkList.GRAD
         chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
-        copy = sum(seconds(plan.chunk_bytes[lst][c]) for c in chunks)
+        # one rank copies its own chunk of the comm group down (Note [materialize ranks]): the busiest one's
+        copy = (max((seconds(plan.chunk_bytes[lst][c]) for c in chunks), default=0.0) if plan.ws > 1
+                else sum(seconds(plan.chunk_bytes[lst][c]) for c in chunks))
         queue.append((iv.end, 1, iv.entry, copy, iv))
     next_start: dict[int, list[int]] = {}
     for iv in intervals:
@@ -779,9 +781,10 @@ class _HeldRoom:
             plan, g = self.plan, entry >> 1
             lst = ChunkList.PARAM if entry & 1 == PARAM_ENTRY else ChunkList.GRAD
             chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
-            found = self._copy[entry] = sum(
-                self._seconds(plan.chunk_bytes[lst][c], plan.home[c] if lst is ChunkList.PARAM else Tier.HOST)
-                for c in chunks)
+            each = [self._seconds(plan.chunk_bytes[lst][c], plan.home[c] if lst is ChunkList.PARAM else Tier.HOST)
+                    for c in chunks]
+            # with several ranks each owner fetches its own chunk of the comm group (Note [materialize ranks])
+            found = self._copy[entry] = (max(each, default=0.0) if plan.ws > 1 else sum(each))
         return found
 
     def _queue_until(self, tick: int) -> float:
