@@ -37,7 +37,7 @@ import planner.solve as solve_mod  # noqa: E402
 from bench_solve import depth_trace, load  # noqa: E402
 from planner.costmodel import pcie_time_rows  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
-from schemas.schedule import ActivationMode, Channel, Op  # noqa: E402
+from schemas.schedule import Channel, Op  # noqa: E402
 
 
 def _lines(marker: str) -> set[int]:
@@ -51,7 +51,7 @@ def _kind(a) -> str:
     if a.op is Op.ACT_OFFLOAD:
         return "ACT offload"
     lst = a.list.value if a.list is not None else "?"
-    return f"{lst} write-back" if lst in ("PARAM", "GRAD") else f"OS write-back"
+    return f"{lst} write-back" if lst in ("PARAM", "GRAD") else "OS write-back"
 
 
 def replay_waits(schedule, hardware) -> dict:
