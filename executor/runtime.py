@@ -511,6 +511,11 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
             except ExecutorError as exc:
                 self._mark_failed(str(exc))
                 raise
+        try:  # ...and every copy reading an evicted chunk landed (Note [retiring payloads] in executor/store.py)
+            self.store.land_evicted()
+        except ExecutorError as exc:
+            self._mark_failed(str(exc))
+            raise
         if self.comm is not None:
             self.comm.end_iteration()
         if final:

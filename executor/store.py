@@ -72,12 +72,16 @@ _TRANSITIONS: dict[CopyState, frozenset[CopyState]] = {
 # retiring buffers (and the oldest activation offloads in flight, `Pool.oldest_other`), counted as stall
 # seconds (`Pool.make_room`); only bytes that still do not fit once nothing is left in flight raise
 # "DEVICE budget exceeded". A copy or ALLOCATE into a payload that is still RETIRING reuses its buffer
-# after its readers landed (a wait on the training thread, as for a STALE payload's readers).
+# after its readers landed (a wait on the training thread, as for a STALE payload's readers). The end
+# of an iteration (`engine.step()`, `land_evicted`) waits for what is still retiring, as the simulator's
+# iteration ends with its last copy, so a failed write-back is raised in the iteration that issued it.
 # Crash consistency: a RETIRING buffer whose write-back fails still holds the chunk's data. The pool
 # never reuses a buffer one of whose readers failed, and `recover()` turns such a payload back into
 # VALID (unless newer data exists elsewhere: it was STALE when evicted, or an update came after, or its
 # own incoming copy failed), so the failed copy loses no last valid copy; a RETIRING payload whose
-# copies all landed becomes ABSENT. NVME payloads (file slots) are evicted as before, after their readers.
+# copies all landed becomes ABSENT. NVME payloads (file slots), and payloads an optimizer step is still
+# writing, are evicted as before, after what is in flight on them. HOST has no capacity: nothing waits
+# for its retiring bytes, and its peak counts in-use bytes only (the simulator frees HOST copies as issued).
 
 
 @dataclass(slots=True)
@@ -124,7 +128,9 @@ class Pool:
         self.aligned = aligned  # 4096-aligned buffers: O_DIRECT reads and writes land without a staging copy
         self.in_use_bytes = 0  # buffers of payloads that hold a copy (VALID, ARRIVING, STALE)
         self.retiring_bytes = 0  # freed buffers whose copies in flight have not landed: still held
-        self.peak_bytes = 0  # of held_bytes
+        # of held_bytes on DEVICE, of in_use_bytes elsewhere: the simulator keeps an evicted DEVICE copy's
+        # bytes until its copies land and frees HOST and NVME ones as issued (Note [simulator evictions])
+        self.peak_bytes = 0
         self.stall_seconds = 0.0  # the training thread waiting for in-flight bytes to land (`make_room`)
         # bytes held outside the pool that count against its capacity (DEVICE: the live activations,
         # their offloads in flight included) and the oldest of those still in flight: (its issue time in
@@ -142,6 +148,9 @@ class Pool:
     def held_bytes(self) -> int:
         """Bytes the tier holds for the store: in use plus retiring."""
         return self.in_use_bytes + self.retiring_bytes
+
+    def _peak(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes if self.tier is Tier.DEVICE else self.in_use_bytes)
 
     def make_room(self, nbytes: int) -> bool:
         """Whether `nbytes` more fit the capacity with what is held, waiting first (oldest first) for
@@ -161,6 +170,12 @@ class Pool:
                 self.stall_seconds += theirs[1]()
             self._harvest()
         return True
+
+    def land(self) -> None:
+        """Wait until every retiring buffer's operations have ended (stall seconds); a failed copy raises."""
+        for _, entry in list(self._retiring):
+            self.stall_seconds += self._wait(entry)
+        self._harvest()
 
     def allocate(self, dtype: torch.dtype, numel: int, *, what: str) -> torch.Tensor:
         nbytes = numel * _itemsize(dtype)
@@ -183,7 +198,7 @@ class Pool:
                 self._trim(0)  # the cached buffers go first; the caller's failure path settles the rest
                 raise out_of_memory(what, nbytes, self.device, exc) from exc
         self.in_use_bytes += nbytes
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        self._peak()
         return tensor
 
     def free(self, tensor: torch.Tensor, *, after: list[Ready] | None = None, what: str = "a buffer",
@@ -203,7 +218,7 @@ class Pool:
         """A retiring buffer goes back into use (its payload holds data again)."""
         self._take(tensor)
         self.in_use_bytes += tensor.numel() * tensor.element_size()
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        self._peak()
 
     def release(self, tensor: torch.Tensor) -> None:
         """A retiring buffer whose operations have all ended (failed ones included) joins the cache now."""
@@ -234,8 +249,8 @@ class Pool:
                 raise
             except Exception as exc:  # noqa: BLE001 - one clear line; the buffer stays retiring for recover()
                 raise ExecutorError(f"a copy reading {entry.what} failed after its EVICT: {type(exc).__name__}: "
-                                    f"{exc}; the buffer is kept (the engine's recovery keeps it as the valid "
-                                    "copy)") from exc
+                                    f"{exc}; its buffer is not reused (the engine's recovery keeps it as the "
+                                    "chunk's valid copy when the failed copy was its write-back)") from exc
         return waited
 
     def _harvest(self) -> None:
@@ -338,6 +353,13 @@ class ChunkStore:
             self._drain_readers(p)
         if self.nvme is not None:
             self.nvme.wait()
+
+    def land_evicted(self) -> None:
+        """The end of an iteration: the copies still reading evicted buffers land, as the simulator's
+        iteration ends with its last copy (Note [retiring payloads]); a failed one raises ExecutorError,
+        and its buffer stays for `recover`."""
+        for pool in self.pools.values():
+            pool.land()
 
     def in_place(self, chunk: int, tier: Tier, *, writes: list[ChunkList], reads: list[ChunkList],
                  submit: Callable[[Callable[[], None]], Future],
