@@ -220,11 +220,6 @@ class Pool:
         self.in_use_bytes += tensor.numel() * tensor.element_size()
         self._peak()
 
-    def release(self, tensor: torch.Tensor) -> None:
-        """A retiring buffer whose operations have all ended (failed ones included) joins the cache now."""
-        self._take(tensor)
-        self._cache_buffer(tensor)
-
     def _take(self, tensor: torch.Tensor) -> None:
         for i, (_, entry) in enumerate(self._retiring):
             if entry.tensor is tensor:
