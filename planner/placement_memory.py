@@ -10,6 +10,10 @@ from typing import Any
 from schemas.schedule import ActivationMode, Tier
 from planner.placement_terms import NVME_STREAM_STAGED_CHUNKS, act_windows, stage_runs
 
+# the in-flight D2H rows' depth range (why and what was measured: Note [copies in flight] in planner.placement_time)
+IN_FLIGHT_MIN_BLOCKS = 32
+IN_FLIGHT_MAX_BLOCKS = 64
+
 
 def node_factors(d: Any, g: Any) -> tuple[int, int]:
     """(PARAM, owner) multipliers from one rank's bytes of chunk class g to its busiest node's: every
@@ -250,9 +254,8 @@ class MemoryRows:
         d, n = self.data, len(self.data.stages)
         zero: list[Any] = [0] * n
         sources = [st.id for st in d.stages if st.d2h_ready_seconds >= 0]
-        from planner import placement_time as pt  # (placement_time imports this module)
         if (not getattr(self, "with_in_flight", False) or d.ranks > 1 or self.capacity_variable is Tier.DEVICE
-                or not pt.IN_FLIGHT_MIN_BLOCKS <= len(d.blocks) < pt.IN_FLIGHT_MAX_BLOCKS
+                or not IN_FLIGHT_MIN_BLOCKS <= len(d.blocks) < IN_FLIGHT_MAX_BLOCKS
                 or d.d2h_fastest_bytes_per_s <= 0 or not sources):
             return -1, zero, list(zero)
         first = min(sources)

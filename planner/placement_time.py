@@ -65,7 +65,8 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
-# Note [copies in flight]: the rows only from IN_FLIGHT_MIN_BLOCKS to below IN_FLIGHT_MAX_BLOCKS blocks, where
+# Note [copies in flight]: the rows only from IN_FLIGHT_MIN_BLOCKS to below IN_FLIGHT_MAX_BLOCKS blocks (set in
+# planner.placement_memory, which creates the variables), where
 # they were measured to help (one run each, 2-core box under load ~8, bench/RESULTS.md "lp17"). GPT-3 13B (40
 # blocks), the MIP's plan with its own budget (Note [the plan's own budget] in planner/solve.py) x
 # rtx4090-768g-12ssd 8.5155 s with the rows, 8.5417 s without; x a100-80g-12ssd 6.1795 vs 6.2133 s (1.5-1.9 CPU s
@@ -74,8 +75,6 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # 10.6-12.2 CPU s (issue 18's 60 s ladder target is at 57.7 s without them). The 3-block toy of
 # tests/test_solve.py (rtx4090-768g-12ssd at 5x its params): its best plan replayed 0.5703 ms with the rows,
 # 0.5341 ms without (a valid row that changes which plan the MIP picks, not what the simulator charges it)
-IN_FLIGHT_MIN_BLOCKS = 32
-IN_FLIGHT_MAX_BLOCKS = 64
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
 TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 

@@ -197,9 +197,9 @@ def test_grads_in_flight_hold_their_device_bytes(monkeypatch):
     them still on DEVICE. With 12 MiB of DEVICE they do not fit beside it: the next stage waits for the
     copy (or plans otherwise), in the LP and in the MIP. Without the stage timing (-1) or the rows,
     the model lets the copy run beside the very work that produces its bytes."""
-    import planner.placement_time as pt
+    import planner.placement_memory as pm
 
-    monkeypatch.setattr(pt, "IN_FLIGHT_MIN_BLOCKS", 0)  # the rows at 3 blocks (planned from 32 on)
+    monkeypatch.setattr(pm, "IN_FLIGHT_MIN_BLOCKS", 0)  # the rows at 3 blocks (planned from 32 on)
     base = synthetic(layers=3, chunks=2, device_mib=12, act_mib=1, compute_s=1e-3, nvme=False)
     stages = tuple(dataclasses.replace(st, peak_tail_seconds=st.compute_seconds, last_moment_seconds=0.0,
                                        d2h_ready_seconds=st.compute_seconds if st.phase is not Phase.OPTIMIZER else -1.0)
