@@ -97,6 +97,11 @@ class Decisions:
     # when keeping it would leave a PARAM prefetch in that gap no room (`device_cache.spill_idle_grads`);
     # False: it stays (every baseline policy: their grad movements are set by their own fields above)
     spill_idle_grads: bool = False
+    # with several ranks and `optimizer_overlap`: a DEVICE-stepped comm group whose OS lives on DEVICE is
+    # stepped during backward once its reduce-scatter is estimated to have landed, instead of in the
+    # OPTIMIZER moment (Note [DEVICE steps in backward] in planner/device_cache.py); False: the OPTIMIZER
+    # moment (every baseline, and one rank)
+    device_steps_in_backward: bool = False
 
 
 @frozen

@@ -90,7 +90,19 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     paced_write_backs: dict[int, list[int]] = {}
     for g, tick in write_tick.items():
         paced_write_backs.setdefault(tick, []).append(g)
-    device_steps = {tick: g for g, tick in plan.device_step_tick.items()}
+    # DEVICE steps in backward (Note [DEVICE steps in backward] in planner/device_cache.py): several may
+    # share a tick; their OS lives on DEVICE, so each is the step alone, emitted last in its tick
+    backward_steps: dict[int, list[int]] = {}
+    for g, tick in sorted(plan.device_step_tick.items()):
+        if tick < optimizer_tick:
+            backward_steps.setdefault(tick, []).append(g)
+    # a sharded group's updated PARAM chunk goes down right after its step, not when its stay ends at the
+    # next tick: an EVICT whose copy still reads the bytes holds the allocations after it (Note [simulator
+    # evictions] in planner/sim_actions.py), and the next backward prefetch would wait for it
+    backward_step_tick = {g: tick for tick, gs in backward_steps.items() for g in gs}
+    written_at_step = {id(iv) for iv in intervals if iv.entry & 1 == PARAM_ENTRY and iv.write_back and not iv.pinned
+                       and iv.first_use <= backward_step_tick.get(iv.entry >> 1, -1) <= iv.last_use}
+    device_steps = {tick: g for g, tick in plan.device_step_tick.items() if tick >= optimizer_tick}
     device_order = [device_steps[t] for t in sorted(device_steps)]
     device_rank = {g: k for k, g in enumerate(device_order)}
     activation = _activation_actions(plan.problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
@@ -119,7 +131,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             for g in sorted(finals.get(tick, ())):
                 _all_reduce(out, plan, g, tick)
         for iv in sorted(ends.get(tick, ()), key=key):
-            _emit_end(out, plan, iv, tick)
+            _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
         # copies issued at one tick go in the order of their first use (the links are FIFOs): by
         # entry id a chunk needed two stages later went first, and the next stage waited behind it
         # (GPT-3 175B x rtx4090-768g-12ssd: every backward block's tail issued the prefetches of
@@ -157,6 +169,11 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
         if tick == n_ticks:
             for previous in written_back_later:
                 _host_step_write_back(out, plan, previous, tick)
+        for g in backward_steps.get(tick, ()):
+            _device_step(out, plan, g, tick)
+            if not plan.persistent[g]:
+                for c in plan.trainable_chunks[g]:  # what the step updated
+                    _param_write_back(out, plan, c, tick)
         if tick in device_steps:
             k = device_rank[device_steps[tick]]
             g = device_steps[tick]
@@ -234,7 +251,8 @@ def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
     for m in problem.moments:
         start.append(t)
         t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
-    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    # (DEVICE steps in backward run beside backward's compute: not a lag of the OPTIMIZER moment's ticks)
+    step_at = {tick: g for g, tick in plan.device_step_tick.items() if plan.tick_moment[tick] == problem.optimizer_moment}
     pcie = pcie_time_rows(hw)
     out: list[float] = []
     lag = 0.0
@@ -315,15 +333,22 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
     return step_tick, read_tick, write_tick
 
 
-def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> None:
+def _param_write_back(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
+    """A PARAM chunk updated on DEVICE by its optimizer step goes back home (its home copy is stale)."""
+    out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
+    if plan.home[c] is Tier.NVME:
+        out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
+        out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+
+
+def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int, *, written: bool = False) -> None:
+    """`written`: a dirty PARAM stay whose stepped chunks were written back at their step (a DEVICE step in
+    backward, `emit_actions`; a chunk without trainable params was not updated, its HOST copy is valid)."""
     g, kind = iv.entry >> 1, iv.entry & 1
     if kind == PARAM_ENTRY:
         for c in plan.comm_group_chunks[g]:
-            if iv.write_back:  # updated on DEVICE by its optimizer step: home is stale
-                out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
-                if plan.home[c] is Tier.NVME:
-                    out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
-                    out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+            if iv.write_back and not written:  # updated on DEVICE by its optimizer step: home is stale
+                _param_write_back(out, plan, c, tick)
             out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)
         return
     final = g in plan.grad_final_tick and tick >= plan.grad_final_tick[g]

@@ -168,3 +168,40 @@ def test_reduce_scatter_per_bucket_frees_each_chunk_once_it_is_final() -> None:
     one, many = (np.array(replay_residency(s).device_bytes) for s in (per_group, bucketed))
     assert (many <= one).all() and (many < one).any()
     simulate(bucketed, hw)  # replays without a violation
+
+
+def test_device_steps_in_backward_free_the_grads_and_end_the_iteration_sooner() -> None:
+    """Note [DEVICE steps in backward] (planner/device_cache.py): with p ranks and the optimizer overlapped, a
+    comm group whose OS lives on DEVICE is stepped on its owner's GPU during backward, after its reduce-scatter,
+    and its updated chunk written back right after the step. Per moment a rank never holds more GRAD than with
+    every step in the OPTIMIZER moment and less somewhere; the replay is shorter (the write-backs and steps
+    overlap backward). With one rank the switch changes nothing (the schedule's bytes are the same)."""
+    import dataclasses
+
+    from planner.materialize import materialize, uniform_decisions
+    from planner.simulate import simulate
+    from schemas.schedule import ChunkList, Op, Tier
+    from schemas.trace import Phase
+
+    def schedules(hw):
+        problem = build_problem(small_trace(layers=16), hw, trace_digest=DIGEST)
+        layout = build_layout(problem, chunk_elements=1 << 20)
+        base = uniform_decisions(problem, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+        return materialize(problem, base), materialize(problem, dataclasses.replace(base, device_steps_in_backward=True))
+
+    hw = ranks_box(device_gb=8.0)
+    late, early = schedules(hw)
+    optimizer_moment = next(m.id for m in early.moments if m.phase is Phase.OPTIMIZER)
+    steps = [a for a in early.actions if a.op is Op.OPTIMIZER_STEP]
+    assert all(a.dst is Tier.DEVICE for a in steps)
+    in_backward = [a for a in steps if a.moment < optimizer_moment]
+    assert len(in_backward) >= len(steps) // 2
+    scattered = {a.chunk: a.moment for a in early.actions if a.op is Op.REDUCE_SCATTER}
+    assert all(a.moment > scattered[a.chunk // RANKS] for a in in_backward)  # after its reduce-scatter was issued
+    fast, slow = simulate(early, hw), simulate(late, hw)
+    early_grads, late_grads = ([s.chunk_bytes.get(ChunkList.GRAD, 0) for s in r.memory if s.tier is Tier.DEVICE]
+                               for r in (fast, slow))
+    assert all(a <= b for a, b in zip(early_grads, late_grads)) and early_grads != late_grads
+    assert fast.iteration_seconds < slow.iteration_seconds
+    one_late, one_early = schedules(box(device_gb=8.0))
+    assert one_late.to_msgpack() == one_early.to_msgpack()
