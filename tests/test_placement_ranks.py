@@ -205,3 +205,35 @@ def test_device_steps_in_backward_free_the_grads_and_end_the_iteration_sooner() 
     assert fast.iteration_seconds < slow.iteration_seconds
     one_late, one_early = schedules(box(device_gb=8.0))
     assert one_late.to_msgpack() == one_early.to_msgpack()
+
+
+def test_comm_groups_mostly_padding_are_reduced_chunk_by_chunk() -> None:
+    """`emit.reduce_per_chunk_is_cheaper`: a comm group whose trainable chunks are fewer than p-1 among
+    padding (a big tensor in its own chunk, per-block padding) is reduced chunk by chunk into the owners,
+    its trainable chunks' bytes once, instead of a ring reduce-scatter of (p-1) x its largest chunk. tide's
+    decisions name those groups; the schedule moves fewer INTER_GPU bytes and the simulator replays it."""
+    import dataclasses
+
+    from planner.materialize import materialize, uniform_decisions
+    from planner.simulate import simulate
+    from planner.solution import decisions_from_placement, padded_comm_groups
+    from schemas.schedule import Channel, Op
+
+    hw = ranks_box(device_gb=4.0)
+    problem = build_problem(small_trace(), hw, trace_digest=DIGEST)
+    layout = build_layout(problem, chunk_elements=1 << 20)
+    padded = padded_comm_groups(layout, RANKS)
+    assert 0 in padded  # the embedding's own chunk and RANKS - 2 padding chunks of its size
+    d = placement_input(problem, layout)
+    assert padded <= decisions_from_placement(problem, layout, d, PlacementModel(d).solve()).reduce_scatter_buckets
+    base = uniform_decisions(problem, layout)
+    whole, per_chunk = (materialize(problem, dataclasses.replace(base, reduce_scatter_buckets=frozenset(b)))
+                        for b in ((), padded))
+    trainable = {slot.chunk for slot in layout.tensors if slot.trainable}
+    for g in padded:
+        reduces = [a for a in per_chunk.actions if a.op is Op.REDUCE_SCATTER and a.chunk == g]
+        assert reduces and all(a.bucket for a in reduces)
+        assert sum(a.bytes for a in reduces) == sum(layout.chunks[c].elements * 2 for c in trainable if c // RANKS == g)
+    moved = [s.prediction.bytes_per_channel[Channel.INTER_GPU] for s in (whole, per_chunk)]
+    assert moved[1] < moved[0]
+    simulate(per_chunk, hw)  # replays without a violation
