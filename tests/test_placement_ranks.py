@@ -207,11 +207,13 @@ def test_device_steps_in_backward_free_the_grads_and_end_the_iteration_sooner() 
     assert one_late.to_msgpack() == one_early.to_msgpack()
 
 
-def test_comm_groups_mostly_padding_are_reduced_chunk_by_chunk() -> None:
-    """`emit.reduce_per_chunk_is_cheaper`: a comm group whose trainable chunks are fewer than p-1 among
-    padding (a big tensor in its own chunk, per-block padding) is reduced chunk by chunk into the owners,
-    its trainable chunks' bytes once, instead of a ring reduce-scatter of (p-1) x its largest chunk. tide's
-    decisions name those groups; the schedule moves fewer INTER_GPU bytes and the simulator replays it."""
+def test_comm_groups_mostly_padding_are_reduced_and_gathered_chunk_by_chunk() -> None:
+    """`emit.reduce_per_chunk_is_cheaper`, `emit.gather_per_chunk`: a comm group whose trainable chunks are
+    fewer than p-1 among padding (a big tensor in its own chunk, per-block padding) is reduced chunk by chunk
+    into the owners, its trainable chunks' bytes once, instead of a ring reduce-scatter of (p-1) x its largest
+    chunk, and its chunks holding params are broadcast by their owners instead of a ring all-gather over the
+    padding. tide's decisions name those groups; the schedule moves fewer INTER_GPU bytes and the simulator
+    replays it."""
     import dataclasses
 
     from planner.materialize import materialize, uniform_decisions
@@ -234,6 +236,10 @@ def test_comm_groups_mostly_padding_are_reduced_chunk_by_chunk() -> None:
         reduces = [a for a in per_chunk.actions if a.op is Op.REDUCE_SCATTER and a.chunk == g]
         assert reduces and all(a.bucket for a in reduces)
         assert sum(a.bytes for a in reduces) == sum(layout.chunks[c].elements * 2 for c in trainable if c // RANKS == g)
+        used = tuple(c for c in range(g * RANKS, (g + 1) * RANKS) if layout.chunks[c].used_elements)
+        gathers = [a for a in per_chunk.actions if a.op is Op.ALL_GATHER and a.chunk == g]
+        assert gathers and all(a.bucket == used and a.bytes == 2 * sum(layout.chunks[c].elements for c in used)
+                               for a in gathers)
     moved = [s.prediction.bytes_per_channel[Channel.INTER_GPU] for s in (whole, per_chunk)]
     assert moved[1] < moved[0]
     simulate(per_chunk, hw)  # replays without a violation
