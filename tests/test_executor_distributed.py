@@ -403,7 +403,14 @@ def test_device_steps_in_backward_train_like_one_process(tmp_path, monkeypatch) 
         return materialize(problem, dataclasses.replace(decisions, device_steps_in_backward=True))
 
     monkeypatch.setattr(test_distributed, "schedule_for", early)
-    tmp, schedule, init = launch_two_ranks(SCRIPT, tmp_path)
+    # and gradient accumulation without clipping on the same schedule: the steps in backward run on the last
+    # micro-step only (the others write nothing back: their PARAM is unchanged)
+    extra = ("--accumulate-schedule", str(tmp_path / "schedule.msgpack"), "--accumulate", str(ACCUMULATE),
+             "--accumulate-steps", str(ACCUMULATE_STEPS), "--accumulate-clip", "none")
+    tmp, schedule, init = launch_two_ranks(SCRIPT, tmp_path, extra=extra)
+    accumulated, _ = plain_accumulated(init, range(ACCUMULATE_STEPS), parts=2 * ACCUMULATE, eps=ACCUMULATE_EPS,
+                                       clip=float("inf"))
+    assert max_relative(state.load(tmp / "accumulate_final.pt")["model"], accumulated.state_dict()) <= 1e-6
     optimizer_moment = next(m.id for m in schedule.moments if m.phase.value == "OPTIMIZER")
     steps = [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP]
     assert steps and all(a.dst is Tier.DEVICE for a in steps)
