@@ -243,3 +243,15 @@ def test_comm_groups_mostly_padding_are_reduced_and_gathered_chunk_by_chunk() ->
     moved = [s.prediction.bytes_per_channel[Channel.INTER_GPU] for s in (whole, per_chunk)]
     assert moved[1] < moved[0]
     simulate(per_chunk, hw)  # replays without a violation
+
+
+def test_several_ranks_the_solve_replays_gpu_steps_in_backward_and_after() -> None:
+    """Note [DEVICE steps in backward]: stepping in backward can cost more than it saves (a group's PARAM held
+    until its reduce-scatter lands), so with p ranks the solve replays each MIP plan both ways and keeps the
+    faster (here a plan whose steps in backward do not fit the DEVICE at all survives with them after it);
+    with one rank it replays one way (the switch is off there)."""
+    many = solve_report(small_trace(), ranks_box(device_gb=1.0), trace_digest=DIGEST)
+    assert any("GPU steps after backward" in what for what, _ in many.evaluated)
+    assert many.schedule.prediction.iteration_seconds == min(seconds for _, seconds in many.evaluated)
+    one = solve_report(small_trace(), box(device_gb=1.0), trace_digest=DIGEST)
+    assert not any("GPU steps after backward" in what for what, _ in one.evaluated)
