@@ -99,6 +99,17 @@ class CollectiveStats:
 
 
 @dataclass(slots=True, eq=False)
+class _Works:
+    """Several torch.distributed works waited on as one (an all-gather broadcast chunk by chunk)."""
+
+    works: list[Any]
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
+@dataclass(slots=True, eq=False)
 class CollectiveWork:
     """An in-flight collective and the buffer it fills: `wait()` before reading `buffer`."""
 
@@ -244,11 +255,27 @@ class CommGroupCollectives:
 
     # -- collectives -------------------------------------------------------------------------
     def all_gather(self, lst: ChunkList, comm_group: int, local_shard: Tensor,
-                   out: Tensor | Sequence[Tensor]) -> CollectiveWork:
-        """Gather the group's chunks (this rank's: `local_shard`) into `out`, in rank order."""
+                   out: Tensor | Sequence[Tensor], *, sources: Sequence[int] = ()) -> CollectiveWork:
+        """Gather the group's chunks (this rank's: `local_shard`) into `out`, in rank order.
+
+        sources: an ALL_GATHER's `bucket` (planner.emit `gather_per_chunk`): only these chunks are broadcast
+        from their owners into the chunk buffers `out`, each chunk's capacity bytes counted once (a ring
+        broadcast: nccl-tests doc/PERFORMANCE.md, busBw = algBw); the other (padding) buffers stay as they are."""
         self._check_buffers("ALL_GATHER", comm_group, local_shard, out)
         self._move(lst, comm_group, GroupState.GATHERING)
         work = CollectiveWork(op=Op.ALL_GATHER, list=lst, comm_group=comm_group, buffer=out, _owner=self)
+        if sources:
+            if isinstance(out, Tensor) or any(c // self.world_size != comm_group for c in sources):
+                raise ExecutorError(f"ALL_GATHER of comm group {comm_group} per chunk {list(sources)}: expected chunk "
+                                    "buffers and chunks of that comm group")
+            if self.world_size > 1:
+                dist = torch.distributed
+                work._work = _Works([dist.broadcast(out[c % self.world_size], src=self.layout.chunks[c].owner_rank,
+                                                    group=self.process_group, async_op=True) for c in sources])
+                self.stats.all_gather_bytes += sum(self.layout.chunks[c].elements for c in sources) * DTYPE_BYTES[
+                    self.layout.list_dtypes[lst]]
+            self.stats.all_gather_count += 1
+            return work
         if self.world_size == 1:
             (out if isinstance(out, Tensor) else out[0]).copy_(local_shard)
         elif isinstance(out, Tensor):

@@ -308,7 +308,9 @@ class StoreCollectives:
                 if c != own and store.device_tensor(ChunkList.PARAM, c) is None:
                     store.allocate(ChunkList.PARAM, c, Tier.DEVICE, why=f"{why}, filled by the all-gather")
             buffers = [store.tensor(ChunkList.PARAM, c, Tier.DEVICE, why=why) for c in chunks]
-            self.pending[(ChunkList.PARAM, g)] = coll.all_gather(ChunkList.PARAM, g, buffers[coll.rank], buffers)
+            # with a `bucket`: those chunks broadcast from their owners, the padding chunks left as allocated
+            self.pending[(ChunkList.PARAM, g)] = coll.all_gather(ChunkList.PARAM, g, buffers[coll.rank], buffers,
+                                                                 sources=action.bucket)
         elif action.op is Op.REDUCE_SCATTER and action.bucket:
             # per bucket (Note [reduce-scatter per bucket], planner/device_cache.py): each chunk reduced into
             # its owner's GRAD payload; the others drop theirs when it lands

@@ -401,7 +401,8 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
     # micro-steps an EVICT that would drop the last copy of a GRAD chunk keeps it (a DEVICE copy is first
     # written back to HOST) and the next ALLOCATE brings the accumulated chunk back instead of zeros.
     # Those extra copies are counted on their channels, so with N > 1 the bytes per micro-step exceed the
-    # prediction by exactly that traffic (with N = 1 they equal it). Several ranks (DDP `no_sync`): on the
+    # prediction by exactly that traffic (with N = 1 they equal it); a WRITE_BACK of a PARAM chunk whose step
+    # was skipped on the first N-1 (a DEVICE step, in backward or not) is skipped too: its home copy is current. Several ranks (DDP `no_sync`): on the
     # first N-1 micro-steps the REDUCE_SCATTERs are skipped and every rank keeps the full grads of every
     # group (the GRAD EVICTs above keep non-owned chunks too); the last micro-step reduce-scatters the
     # accumulated sums. The reduce-scatter averages over the ranks and the loop divides each micro-step's
@@ -439,6 +440,9 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
                     continue  # the reduce-scatter left this rank the owned chunk's grads only
             if a.list is ChunkList.GRAD and op is not Op.ALLOCATE:
                 self._fill_gaps(a.chunk)  # the chunk is read (copied) or dropped: no unset element left
+            if (op is Op.WRITE_BACK and a.list is ChunkList.PARAM and (not final or self._found_inf)
+                    and a.dst in store.valid_tiers(a.list, a.chunk)):
+                continue  # its OPTIMIZER_STEP was skipped (an accumulating micro-step, an fp16 overflow): home is current
             if op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
                 store.copy(a.list, a.chunk, a.src, a.dst, a.channel, why=why)
                 if op is Op.FETCH:

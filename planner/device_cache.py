@@ -163,10 +163,73 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
         if plan.optimizer_tier[g] is Tier.HOST:
             overlap = plan.decisions.optimizer_overlap and g in grad_ticks
             plan.host_step_tick[g] = grad_ticks[g][-1] + 1 if overlap else base
+    early = _backward_device_steps(plan, grad_ticks, device, base)
     for g in device:
+        if g in early:
+            continue
         plan.device_step_tick[g] = len(plan.tick_moment)
         plan.tick_moment.append(opt_moment)
         plan.needs.append([2 * g + PARAM_ENTRY, 2 * g + GRAD_ENTRY])
+
+
+# Note [DEVICE steps in backward]
+# With several ranks a DEVICE-stepped comm group used to wait for the OPTIMIZER moment: its owner's reduced
+# grads stayed on DEVICE through the rest of backward, and after backward the GPU Adam steps of every such
+# group ran one after the other, each sharded one followed by the D2H write-back of its updated PARAM chunk
+# (PatrickStar's 4B on 8 x V100, tide's MIP plan: 85 ms after the last backward compute, 2.6% of the
+# iteration; bench/RESULTS.md "v18 (session 6)"). A chunk's Adam update needs its own final grads and
+# nothing else unless the grads are clipped by their global norm or checked for fp16 overflow first; that
+# is the contract `optimizer_overlap` already stands for (the CPU steps overlapped with backward, Fuyou
+# §4.3; the executor refuses such a schedule with clipping or fp16 loss scaling, executor/attach.py
+# `check_schedule_supported`). PyTorch fuses the optimizer step into backward the same way
+# (`torch.distributed.optim._apply_optimizer_in_backward`, used with FSDP; the tutorial "How to save memory
+# by fusing the optimizer step into the backward pass", `register_post_accumulate_grad_hook`). So with
+# `Decisions.device_steps_in_backward` (several ranks, overlap on) a comm group whose OS lives on DEVICE
+# (nothing to stream) is stepped in backward: its step needs its PARAM and GRAD entries at the first
+# backward tick whose estimated start is at least its reduce-scatter's seconds after the tick that issues
+# the reduce-scatter (estimated from the moments' compute plus recompute; `Hardware.collective_seconds`),
+# so the GPU kernel does not hold the compute stream waiting for the collective (the simulator queues a
+# DEVICE step on COMPUTE once its inputs are ready; the executor waits for the reduce-scatter before the
+# step), and whose moment has work: a sharded group's updated chunk is written back right after the step
+# (planner/emit.py) and its EVICT at the next tick finds the copy landed (an EVICT whose copy still reads
+# the bytes holds the allocations after it, Note [simulator evictions] in planner/sim_actions.py).
+# Groups finishing too late for that, and groups with streamed OS, keep their OPTIMIZER-moment tick.
+# The cost: the PARAM entry stays on DEVICE until the step (the reduce-scatter's seconds), the step's
+# compute moves into backward; the gain: the write-back of a sharded group's updated chunk and the GPU
+# Adam steps overlap backward, and the local grads leave DEVICE at the step.
+def _backward_device_steps(plan: CachePlan, grad_ticks: dict[int, list[int]], device: list[int], base: int) -> set[int]:
+    """Comm groups stepped on DEVICE during backward (Note [DEVICE steps in backward]); adds their step
+    ticks' needs and `device_step_tick`."""
+    problem, d = plan.problem, plan.decisions
+    if not (d.device_steps_in_backward and d.optimizer_overlap and plan.ws > 1):
+        return set()
+    extra = [0.0] * len(problem.moments)
+    for b, mode in enumerate(d.activation_modes):
+        first = problem.blocks[b].backward_moments[0]
+        if mode is ActivationMode.RECOMPUTE and first >= 0:
+            extra[first] += problem.blocks[b].recompute_seconds
+    start, work, t = [], [], 0.0  # estimated start and work seconds of each tick before the OPTIMIZER moment
+    for tick in range(base):
+        start.append(t)
+        m = plan.tick_moment[tick]
+        work.append(problem.moments[m].compute_seconds + extra[m])
+        t += work[-1]
+    hw = problem.hardware
+    early: set[int] = set()
+    for g in device:
+        if g not in grad_ticks or any(plan.os_tier[c] is not Tier.DEVICE for c in plan.trainable_chunks[g]):
+            continue
+        issued = grad_ticks[g][-1] + 1  # the reduce-scatter's tick (`grad_final_tick`)
+        per_rank = (plan.ws - 1) * max(plan.chunk_bytes[ChunkList.GRAD][c] for c in plan.comm_group_chunks[g])
+        landed = start[issued] + hw.collective_seconds(per_rank) if issued < base else math.inf
+        # a tick with work: the write-back of the updated chunk, issued after the step, runs beside it
+        tick = next((k for k in range(issued + 1, base) if start[k] >= landed and work[k] > 0), None)
+        if tick is None:
+            continue
+        early.add(g)
+        plan.device_step_tick[g] = tick
+        plan.needs[tick] = [*plan.needs[tick], 2 * g + PARAM_ENTRY, 2 * g + GRAD_ENTRY]
+    return early
 
 
 def scattered_bytes(plan: CachePlan, g: int) -> int:
@@ -535,7 +598,8 @@ def estimated_tick_seconds(plan: CachePlan) -> list[float]:
     for m in problem.moments:
         start.append(t)
         t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
-    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    # (DEVICE steps in backward run beside backward's compute: not a lag of the OPTIMIZER moment's ticks)
+    step_at = {tick: g for g, tick in plan.device_step_tick.items() if plan.tick_moment[tick] == problem.optimizer_moment}
     pcie = pcie_time_rows(hw)
     out: list[float] = []
     lag = 0.0

@@ -58,6 +58,11 @@ class _Emitter:
     def collective(self, tick: int, op: Op, lst: ChunkList, group: int) -> None:
         chunks = self.plan.comm_group_chunks[group]
         per_rank = (self.plan.ws - 1) * max(self.plan.chunk_bytes[lst][c] for c in chunks)
+        used = gather_per_chunk(self.plan, group) if op is Op.ALL_GATHER and lst is ChunkList.PARAM else ()
+        if used:
+            self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bucket=used,
+                     bytes=sum(self.plan.chunk_bytes[lst][c] for c in used))
+            return
         self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bytes=per_rank)
 
 
@@ -91,7 +96,19 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     paced_write_backs: dict[int, list[int]] = {}
     for g, tick in write_tick.items():
         paced_write_backs.setdefault(tick, []).append(g)
-    device_steps = {tick: g for g, tick in plan.device_step_tick.items()}
+    # DEVICE steps in backward (Note [DEVICE steps in backward] in planner/device_cache.py): several may
+    # share a tick; their OS lives on DEVICE, so each is the step alone, emitted last in its tick
+    backward_steps: dict[int, list[int]] = {}
+    for g, tick in sorted(plan.device_step_tick.items()):
+        if tick < optimizer_tick:
+            backward_steps.setdefault(tick, []).append(g)
+    # a sharded group's updated PARAM chunk goes down right after its step, not when its stay ends at the
+    # next tick: an EVICT whose copy still reads the bytes holds the allocations after it (Note [simulator
+    # evictions] in planner/sim_actions.py), and the next backward prefetch would wait for it
+    backward_step_tick = {g: tick for tick, gs in backward_steps.items() for g in gs}
+    written_at_step = {id(iv) for iv in intervals if iv.entry & 1 == PARAM_ENTRY and iv.write_back and not iv.pinned
+                       and iv.first_use <= backward_step_tick.get(iv.entry >> 1, -1) <= iv.last_use}
+    device_steps = {tick: g for g, tick in plan.device_step_tick.items() if tick >= optimizer_tick}
     device_order = [device_steps[t] for t in sorted(device_steps)]
     device_rank = {g: k for k, g in enumerate(device_order)}
     activation = _activation_actions(plan.problem, plan.decisions.activation_modes, plan.decisions.checkpoint_tier)
@@ -112,7 +129,8 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                     out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)
             for bucket in _buckets(plan, bucket_finals.get(tick, ())):
                 g = bucket[0] // plan.ws
-                if list(bucket) == plan.trainable_chunks[g] and plan.grad_final_tick.get(g) == tick:
+                if (list(bucket) == plan.trainable_chunks[g] and plan.grad_final_tick.get(g) == tick
+                        and not reduce_per_chunk_is_cheaper(plan, g)):
                     out.collective(tick, Op.REDUCE_SCATTER, ChunkList.GRAD, g)  # one bucket: the group's reduce-scatter
                 else:
                     out.bucket_reduce(tick, bucket)
@@ -120,7 +138,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             for g in sorted(finals.get(tick, ())):
                 _all_reduce(out, plan, g, tick)
         for iv in sorted(ends.get(tick, ()), key=key):
-            _emit_end(out, plan, iv, tick)
+            _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
         # copies issued at one tick go in the order of their first use (the links are FIFOs): by
         # entry id a chunk needed two stages later went first, and the next stage waited behind it
         # (GPT-3 175B x rtx4090-768g-12ssd: every backward block's tail issued the prefetches of
@@ -158,6 +176,11 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
         if tick == n_ticks:
             for previous in written_back_later:
                 _host_step_write_back(out, plan, previous, tick)
+        for g in backward_steps.get(tick, ()):
+            _device_step(out, plan, g, tick)
+            if not plan.persistent[g]:
+                for c in plan.trainable_chunks[g]:  # what the step updated
+                    _param_write_back(out, plan, c, tick)
         if tick in device_steps:
             k = device_rank[device_steps[tick]]
             g = device_steps[tick]
@@ -187,6 +210,37 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
                 deferred_write_back = []
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
+
+
+def reduce_per_chunk_is_cheaper(plan: CachePlan, g: int) -> bool:
+    """Whether reducing comm group g's trainable chunks one by one into their owners (a ring reduce sends a
+    chunk's bytes once per rank, Note [reduce-scatter per bucket]) moves fewer INTER_GPU bytes per rank than
+    its ring reduce-scatter ((p-1) x its largest chunk, padding chunks included: NCCL's reduce-scatter
+    takes equal parts). True for a comm group of few trainable chunks among padding, e.g. a tied embedding
+    larger than the chunk size in its own chunk, whose group is that chunk and p-1 padding chunks of its size
+    (PatrickStar's 4B on 8 ranks: 1 x 232 MB instead of 7 x 232 MB, 12.5 -> 1.8 ms after the last backward
+    moment)."""
+    grads = plan.chunk_bytes[ChunkList.GRAD]
+    return (sum(grads[c] for c in plan.trainable_chunks[g])
+            < (plan.ws - 1) * max(grads[c] for c in plan.comm_group_chunks[g]))
+
+
+def gather_per_chunk(plan: CachePlan, g: int) -> tuple[int, ...]:
+    """The chunks of comm group g that hold params, when broadcasting each from its owner (a ring broadcast
+    sends a chunk's bytes once per rank: nccl-tests doc/PERFORMANCE.md, broadcast busBw = algBw) moves fewer
+    INTER_GPU bytes per rank than a ring all-gather of (p-1) x its largest chunk, padding included; () where
+    it does not (or where those chunks are not consecutive). The PARAM side of `reduce_per_chunk_is_cheaper`:
+    PatrickStar's 4B on 8 ranks gathers the tied embedding's group after its step in 1.8 ms instead of 12.5 ms.
+    Only for the comm groups tide's decisions reduce per bucket (`Decisions.reduce_scatter_buckets`: the
+    baselines' all-gathers stay what their systems run)."""
+    if g not in plan.decisions.reduce_scatter_buckets:
+        return ()
+    chunks = plan.comm_group_chunks[g]
+    layout, pbytes = plan.decisions.layout, plan.chunk_bytes[ChunkList.PARAM]
+    used = tuple(c for c in chunks if layout.chunks[c].used_elements > 0)
+    if not used or list(used) != list(range(used[0], used[0] + len(used))):
+        return ()
+    return used if sum(pbytes[c] for c in used) < (plan.ws - 1) * max(pbytes[c] for c in chunks) else ()
 
 
 def _buckets(plan: CachePlan, chunks) -> list[tuple[int, ...]]:
@@ -267,15 +321,22 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
     return step_tick, read_tick, write_tick
 
 
-def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int) -> None:
+def _param_write_back(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
+    """A PARAM chunk updated on DEVICE by its optimizer step goes back home (its home copy is stale)."""
+    out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
+    if plan.home[c] is Tier.NVME:
+        out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
+        out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+
+
+def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int, *, written: bool = False) -> None:
+    """`written`: a dirty PARAM stay whose stepped chunks were written back at their step (a DEVICE step in
+    backward, `emit_actions`; a chunk without trainable params was not updated, its HOST copy is valid)."""
     g, kind = iv.entry >> 1, iv.entry & 1
     if kind == PARAM_ENTRY:
         for c in plan.comm_group_chunks[g]:
-            if iv.write_back:  # updated on DEVICE by its optimizer step: home is stale
-                out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.DEVICE, Tier.HOST)
-                if plan.home[c] is Tier.NVME:
-                    out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
-                    out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
+            if iv.write_back and not written:  # updated on DEVICE by its optimizer step: home is stale
+                _param_write_back(out, plan, c, tick)
             out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)
         return
     final = g in plan.grad_final_tick and tick >= plan.grad_final_tick[g]

@@ -329,6 +329,8 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
         inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
         end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
                         f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
+        if a.op is Op.ALL_GATHER:  # per chunk (a `bucket`): the chunks holding params broadcast, the padding allocated
+            comm_group = sim.comm_groups.get(a.chunk, ())
         for c in comm_group:
             if a.op is Op.ALL_GATHER:
                 hold(sim, li, c, DEVICE_INDEX, everywhere=True)

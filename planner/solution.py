@@ -79,6 +79,16 @@ def with_header_stats(schedule: Schedule, objective: float | PlacementSolution, 
     return dataclasses.replace(schedule, header=header)
 
 
+def padded_comm_groups(layout: ChunkLayout, world_size: int) -> set[int]:
+    """Comm groups of `world_size` chunks holding trainable params in fewer than world_size - 1 of them."""
+    if world_size <= 1:
+        return set()
+    trainable = {slot.chunk for slot in layout.tensors if slot.trainable}
+    n_groups = len(layout.chunks) // world_size
+    return {g for g in range(n_groups)
+            if 0 < sum(c in trainable for c in range(g * world_size, (g + 1) * world_size)) < world_size - 1}
+
+
 def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: PlacementInput, sol: PlacementSolution, *,
                              notes: tuple[str, ...] = ()) -> Decisions:
     """planner.materialize.Decisions from a placement solution (counts -> concrete chunks)."""
@@ -126,6 +136,9 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         size = g.comm_group_size
         for j in range(min(int(n_bucket), len(g.chunks) // size)):
             buckets.add(g.chunks[j * size] // size)
+    # and the comm groups whose trainable chunks are fewer than p-1 among padding: reduced chunk by chunk they
+    # move fewer bytes than a ring reduce-scatter over the padding (`emit.reduce_per_chunk_is_cheaper`)
+    buckets |= padded_comm_groups(layout, problem.world_size)
     if all(t is Tier.HOST for t in param_home_tiers):
         param_home_tiers = ()
     modes = tuple(sol.activation_modes)
@@ -145,6 +158,8 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
         moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
         spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets), hold_write_backs=True,
+        # several ranks: GPU steps in backward where the OS is on DEVICE (Note [DEVICE steps in backward])
+        device_steps_in_backward=data.optimizer_overlap and problem.world_size > 1,
     )
 
 

@@ -242,6 +242,15 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                              budget=max(SAFETY_SECONDS, time_limit_s))
                     if found is not None:
                         evaluated.append(found)
+                if decisions.device_steps_in_backward:
+                    # and every GPU step in the OPTIMIZER moment: stepping in backward holds a group's PARAM
+                    # until its reduce-scatter lands, which can cost more than it saves (PatrickStar 4B on 2 x 8
+                    # V100: 3.4822 s in backward vs 3.4800 s; Note [DEVICE steps in backward]): both replayed
+                    late = _evaluate(problem, dataclasses.replace(decisions, pace_optimizer_io=paced, device_steps_in_backward=False),
+                                     what=f"placement MIP{label}, chunk size {size}{', paced' if paced else ''}, GPU steps after backward",
+                                     chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved_s[size], data=data)
+                    if late is not None:
+                        evaluated.append(late)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}

@@ -18,7 +18,9 @@ Action semantics (shared by the simulator and the executor; one moment = DESIGN.
 - ALL_GATHER / REDUCE_SCATTER act on the comm group `chunk` over the INTER_GPU channel. A REDUCE_SCATTER
   with a `bucket` acts on those chunks of the comm group only (a per-bucket reduce-scatter, ZeRO-3's
   `reduce_bucket_size`): each chunk's grads are reduced into its owner's copy and leave the other
-  ranks' DEVICE; the comm group's other chunks are reduced by later buckets.
+  ranks' DEVICE; the comm group's other chunks are reduced by later buckets. An ALL_GATHER with a `bucket`
+  broadcasts those chunks from their owners (the comm group's chunks holding params; the others are padding,
+  left as allocated) and leaves every chunk of the comm group on every rank's DEVICE.
 Copies are copies: the source stays valid until an EVICT.
 
 Integrity: the file's last top-level field, `content_digest`, is "sha256:" + the sha256 of the
@@ -335,8 +337,9 @@ class Action:
     dst: Tier | None = None
     channel: Channel | None = None
     bytes: int = constrained(minimum=0, default=0)
-    # REDUCE_SCATTER only: the chunk ids (consecutive, ascending, inside comm group `chunk`) of a per-bucket
-    # reduce-scatter, whose grads are final at this moment; () = the whole comm group. Optional in format 2,
+    # REDUCE_SCATTER / ALL_GATHER only: the chunk ids (consecutive, ascending, inside comm group `chunk`) of a per-bucket
+    # reduce-scatter, whose grads are final at this moment, or of an all-gather broadcasting its comm group's
+    # chunks that hold params (planner.emit `gather_per_chunk`); () = the whole comm group. Optional in format 2,
     # written only when not empty (`_plain`), so files without it keep their bytes and meaning
     bucket: tuple[int, ...] = ()
 
@@ -561,7 +564,8 @@ def validate_schedule(s: Schedule, *, source: str) -> None:
         if a.block != -1:
             req(a.block < n_blocks, f"{path}.block", f"a block id below {n_blocks}, found {a.block}")
         if a.bucket:
-            req(a.op is Op.REDUCE_SCATTER, f"{path}.bucket", f"empty for a {a.op} action (only a REDUCE_SCATTER has a bucket)")
+            req(a.op in (Op.REDUCE_SCATTER, Op.ALL_GATHER), f"{path}.bucket",
+                f"empty for a {a.op} action (only a REDUCE_SCATTER or an ALL_GATHER has a bucket)")
             first = a.chunk * ws
             req(list(a.bucket) == list(range(a.bucket[0], a.bucket[0] + len(a.bucket))) and first <= a.bucket[0]
                 and a.bucket[-1] < min(first + ws, n_chunks), f"{path}.bucket",

@@ -384,3 +384,42 @@ def test_reduce_scatter_per_bucket_trains_like_one_process(tmp_path, monkeypatch
     for rank, stats in enumerate(rank_stats(tmp, "stats")):
         assert [inter_gpu(it) for it in stats["iterations"]] == [predicted] * STEPS
         assert [it["bytes_per_channel"] for it in stats["iterations"]] == [rank_prediction(schedule, rank)] * STEPS
+
+
+@needs_gloo
+def test_device_steps_in_backward_train_like_one_process(tmp_path, monkeypatch) -> None:
+    """Note [DEVICE steps in backward] (planner/device_cache.py): OS on DEVICE, each comm group stepped on
+    its owner's GPU during backward once its reduce-scatter is in, the updated chunk written back right
+    after the step. Two gloo ranks train like one plain process (fp32, <= 1e-6), and per rank and
+    iteration INTER_GPU == the schedule's prediction and every channel == the bytes of its actions."""
+    import test_distributed
+
+    def early(tmp: Path, world_size: int) -> Schedule:
+        trace = Trace.read(TRACES / "gpt-small.msgpack")
+        trace = dataclasses.replace(trace, meta=dataclasses.replace(trace.meta, world_size=world_size))
+        problem = build_problem(trace, hardware(tmp, world_size), trace_digest=DIGEST, device_bytes=3 * DEVICE_BYTES)
+        layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
+        decisions = uniform_decisions(problem, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+        return materialize(problem, dataclasses.replace(decisions, device_steps_in_backward=True))
+
+    monkeypatch.setattr(test_distributed, "schedule_for", early)
+    # and gradient accumulation without clipping on the same schedule: the steps in backward run on the last
+    # micro-step only (the others write nothing back: their PARAM is unchanged)
+    extra = ("--accumulate-schedule", str(tmp_path / "schedule.msgpack"), "--accumulate", str(ACCUMULATE),
+             "--accumulate-steps", str(ACCUMULATE_STEPS), "--accumulate-clip", "none")
+    tmp, schedule, init = launch_two_ranks(SCRIPT, tmp_path, extra=extra)
+    accumulated, _ = plain_accumulated(init, range(ACCUMULATE_STEPS), parts=2 * ACCUMULATE, eps=ACCUMULATE_EPS,
+                                       clip=float("inf"))
+    assert max_relative(state.load(tmp / "accumulate_final.pt")["model"], accumulated.state_dict()) <= 1e-6
+    optimizer_moment = next(m.id for m in schedule.moments if m.phase.value == "OPTIMIZER")
+    steps = [a for a in schedule.actions if a.op is Op.OPTIMIZER_STEP]
+    assert steps and all(a.dst is Tier.DEVICE for a in steps)
+    assert sum(a.moment < optimizer_moment for a in steps) >= len(steps) // 2  # most of them during backward
+    reference, _ = plain_run(init, range(STEPS))
+    final = state.load(tmp / "final.pt")
+    assert max_relative(final["model"], reference.state_dict()) <= 1e-6
+    assert max_relative(final["model"], init) > 1e-3  # it did train
+    predicted = schedule.prediction.bytes_per_channel[Channel.INTER_GPU]
+    for rank, stats in enumerate(rank_stats(tmp, "stats")):
+        assert [inter_gpu(it) for it in stats["iterations"]] == [predicted] * STEPS
+        assert [it["bytes_per_channel"] for it in stats["iterations"]] == [rank_prediction(schedule, rank)] * STEPS

@@ -77,6 +77,8 @@ def test_two_nodes_of_two_ranks_train_like_one_process(tmp_path) -> None:
     schedule = schedule_for(cluster(tmp_path))
     scatters = [a for a in schedule.actions if a.op is Op.REDUCE_SCATTER]
     assert any(a.bucket for a in scatters) and any(not a.bucket for a in scatters)  # both kinds replayed
+    # comm group 0 (2 of 4 chunks hold params) is also gathered chunk by chunk (planner.emit `gather_per_chunk`)
+    assert any(a.op is Op.ALL_GATHER and a.bucket for a in schedule.actions)
     schedule.write(tmp_path / "schedule.msgpack")
     init = build_model(model_spec("gpt-small"), seed=0).state_dict()
     torch.save({"format": state.CHECKPOINT_FORMAT, "model": init}, tmp_path / "init.pt")

@@ -168,3 +168,90 @@ def test_reduce_scatter_per_bucket_frees_each_chunk_once_it_is_final() -> None:
     one, many = (np.array(replay_residency(s).device_bytes) for s in (per_group, bucketed))
     assert (many <= one).all() and (many < one).any()
     simulate(bucketed, hw)  # replays without a violation
+
+
+def test_device_steps_in_backward_free_the_grads_and_end_the_iteration_sooner() -> None:
+    """Note [DEVICE steps in backward] (planner/device_cache.py): with p ranks and the optimizer overlapped, a
+    comm group whose OS lives on DEVICE is stepped on its owner's GPU during backward, after its reduce-scatter,
+    and its updated chunk written back right after the step. Per moment a rank never holds more GRAD than with
+    every step in the OPTIMIZER moment and less somewhere; the replay is shorter (the write-backs and steps
+    overlap backward). With one rank the switch changes nothing (the schedule's bytes are the same)."""
+    import dataclasses
+
+    from planner.materialize import materialize, uniform_decisions
+    from planner.simulate import simulate
+    from schemas.schedule import ChunkList, Op, Tier
+    from schemas.trace import Phase
+
+    def schedules(hw):
+        problem = build_problem(small_trace(layers=16), hw, trace_digest=DIGEST)
+        layout = build_layout(problem, chunk_elements=1 << 20)
+        base = uniform_decisions(problem, layout, os_tier=Tier.DEVICE, optimizer_tier=Tier.DEVICE)
+        return materialize(problem, base), materialize(problem, dataclasses.replace(base, device_steps_in_backward=True))
+
+    hw = ranks_box(device_gb=8.0)
+    late, early = schedules(hw)
+    optimizer_moment = next(m.id for m in early.moments if m.phase is Phase.OPTIMIZER)
+    steps = [a for a in early.actions if a.op is Op.OPTIMIZER_STEP]
+    assert all(a.dst is Tier.DEVICE for a in steps)
+    in_backward = [a for a in steps if a.moment < optimizer_moment]
+    assert len(in_backward) >= len(steps) // 2
+    scattered = {a.chunk: a.moment for a in early.actions if a.op is Op.REDUCE_SCATTER}
+    assert all(a.moment > scattered[a.chunk // RANKS] for a in in_backward)  # after its reduce-scatter was issued
+    fast, slow = simulate(early, hw), simulate(late, hw)
+    early_grads, late_grads = ([s.chunk_bytes.get(ChunkList.GRAD, 0) for s in r.memory if s.tier is Tier.DEVICE]
+                               for r in (fast, slow))
+    assert all(a <= b for a, b in zip(early_grads, late_grads)) and early_grads != late_grads
+    assert fast.iteration_seconds < slow.iteration_seconds
+    one_late, one_early = schedules(box(device_gb=8.0))
+    assert one_late.to_msgpack() == one_early.to_msgpack()
+
+
+def test_comm_groups_mostly_padding_are_reduced_and_gathered_chunk_by_chunk() -> None:
+    """`emit.reduce_per_chunk_is_cheaper`, `emit.gather_per_chunk`: a comm group whose trainable chunks are
+    fewer than p-1 among padding (a big tensor in its own chunk, per-block padding) is reduced chunk by chunk
+    into the owners, its trainable chunks' bytes once, instead of a ring reduce-scatter of (p-1) x its largest
+    chunk, and its chunks holding params are broadcast by their owners instead of a ring all-gather over the
+    padding. tide's decisions name those groups; the schedule moves fewer INTER_GPU bytes and the simulator
+    replays it."""
+    import dataclasses
+
+    from planner.materialize import materialize, uniform_decisions
+    from planner.simulate import simulate
+    from planner.solution import decisions_from_placement, padded_comm_groups
+    from schemas.schedule import Channel, Op
+
+    hw = ranks_box(device_gb=4.0)
+    problem = build_problem(small_trace(), hw, trace_digest=DIGEST)
+    layout = build_layout(problem, chunk_elements=1 << 20)
+    padded = padded_comm_groups(layout, RANKS)
+    assert 0 in padded  # the embedding's own chunk and RANKS - 2 padding chunks of its size
+    d = placement_input(problem, layout)
+    assert padded <= decisions_from_placement(problem, layout, d, PlacementModel(d).solve()).reduce_scatter_buckets
+    base = uniform_decisions(problem, layout)
+    whole, per_chunk = (materialize(problem, dataclasses.replace(base, reduce_scatter_buckets=frozenset(b)))
+                        for b in ((), padded))
+    trainable = {slot.chunk for slot in layout.tensors if slot.trainable}
+    for g in padded:
+        reduces = [a for a in per_chunk.actions if a.op is Op.REDUCE_SCATTER and a.chunk == g]
+        assert reduces and all(a.bucket for a in reduces)
+        assert sum(a.bytes for a in reduces) == sum(layout.chunks[c].elements * 2 for c in trainable if c // RANKS == g)
+        used = tuple(c for c in range(g * RANKS, (g + 1) * RANKS) if layout.chunks[c].used_elements)
+        gathers = [a for a in per_chunk.actions if a.op is Op.ALL_GATHER and a.chunk == g]
+        assert gathers and all(a.bucket == used and a.bytes == 2 * sum(layout.chunks[c].elements for c in used)
+                               for a in gathers)
+    moved = [s.prediction.bytes_per_channel[Channel.INTER_GPU] for s in (whole, per_chunk)]
+    assert moved[1] < moved[0]
+    simulate(per_chunk, hw)  # replays without a violation
+
+
+def test_several_ranks_the_solve_replays_gpu_steps_in_backward_and_after() -> None:
+    """Note [DEVICE steps in backward]: stepping in backward can cost more than it saves (a group's PARAM held
+    until its reduce-scatter lands), so with p ranks the solve replays each MIP plan both ways and keeps the
+    faster (here a plan whose steps in backward do not fit the DEVICE at all survives with them after it);
+    with one rank it replays one way (the switch is off there)."""
+    many = solve_report(small_trace(), ranks_box(device_gb=1.0), trace_digest=DIGEST)
+    assert any("GPU steps after backward" in what for what, _ in many.evaluated)
+    assert many.schedule.prediction.iteration_seconds == min(seconds for _, seconds in many.evaluated)
+    one = solve_report(small_trace(), box(device_gb=1.0), trace_digest=DIGEST)
+    assert not any("GPU steps after backward" in what for what, _ in one.evaluated)

@@ -109,6 +109,8 @@ def main() -> int:
     parser.add_argument("--accumulate", type=int, default=0, help="micro-steps per step of the accumulate phase")
     parser.add_argument("--accumulate-steps", type=int, default=4)
     parser.add_argument("--accumulate-schedule", help="a world_size=2 schedule stepping after backward (clipping)")
+    parser.add_argument("--accumulate-clip", default=str(ACCUMULATE_CLIP),
+                        help="grad-norm clipping of the accumulate phase, or 'none' (a schedule stepping in backward)")
     parser.add_argument("--fp16-schedule", help="a world_size=2 fp16 schedule for the fp16 phase")
     parser.add_argument("--fp16-steps", type=int, default=6)
     parser.add_argument("--fp16-init-scale", type=float, default=2.0**16)
@@ -134,7 +136,8 @@ def main() -> int:
 
     if args.accumulate:
         model, engine = attach(Schedule.read(args.accumulate_schedule), init, eps=ACCUMULATE_EPS,
-                               grad_clip_norm=ACCUMULATE_CLIP, grad_accumulation_steps=args.accumulate)
+                               grad_clip_norm=None if args.accumulate_clip == "none" else float(args.accumulate_clip),
+                               grad_accumulation_steps=args.accumulate)
         write_stats(out, "stats_accumulate", train(model, engine, range(args.accumulate_steps),
                                                    accumulate=args.accumulate))
         engine.save(out / "accumulate_final.pt")
