@@ -209,3 +209,9 @@ def test_each_round_is_predicted_on_its_own_recorded_runs_and_probed_rates(tiny_
         sum(r.measured["iteration"] for r in rounds) / sum(r.predicted["iteration"] for r in rounds))
     pooled = bench.mean_parts([r.predicted for r in rounds])
     assert pooled["iteration"] == pytest.approx(sum(r.predicted["iteration"] for r in rounds) / 2)
+    rows = dict(bench.round_rows(rounds, trace, schedule))
+    assert rows["offload: measured / simulated, pooled: sum measured / sum predicted (issue 17 target 0.90-1.10)"] == \
+        f"{bench.pooled_ratio(rounds):.3f}"
+    opt = next(i for i, m in enumerate(trace.moments) if m.phase is Phase.OPTIMIZER)
+    recorded_step = sum(scale[r] * trace.moments[opt].compute_seconds + 1e-3 * (2 * r + 1.5) for r in (0, 1)) / 2
+    assert rows["offload: of the rounds' recordings, plain PyTorch's optimizer step s (pooled)"] == f"{recorded_step:.3f}"
