@@ -170,7 +170,6 @@ def test_each_round_is_predicted_on_its_own_recorded_runs_and_probed_rates(tiny_
         model(**batch).backward()
         engine.step()
 
-    n = len(trace.moments)
     scale = {0: 3.0, 1: 7.0}  # round r's recorded runs: every moment r-dependent, far from the recording
     calls = []
 
