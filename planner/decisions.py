@@ -97,6 +97,12 @@ class Decisions:
     # when keeping it would leave a PARAM prefetch in that gap no room (`device_cache.spill_idle_grads`);
     # False: it stays (every baseline policy: their grad movements are set by their own fields above)
     spill_idle_grads: bool = False
+    # the prefetch pass counts a written-back stay's DEVICE bytes until its copy is estimated to land, and an
+    # offloaded block's until it lands behind the prefetches placed before it (Notes [write-backs in flight]
+    # and [offloads behind prefetches] in planner/device_cache.py: the caching allocator's rule; the budget
+    # must be `param_budget_bytes(offload_in_flight=True)`'s); False: free at the stay's end, offloads as the
+    # budget says (every baseline policy: what the system it imitates prefetches by)
+    hold_write_backs: bool = False
 
 
 @frozen

@@ -12,10 +12,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from planner.decisions import Decisions, EvictionRule, non_model_curve, os_device_bytes
+from planner.costmodel import channel_bytes_per_s, pcie_time_rows
+from planner.decisions import (
+    Decisions,
+    EvictionRule,
+    activation_moments,
+    non_model_curve,
+    offload_landing_moments,
+    os_device_bytes,
+)
 from planner.errors import InfeasibleError
 from planner.problem import Problem
-from schemas.schedule import ChunkList, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Tier
 from schemas.trace import Phase
 
 
@@ -502,6 +510,318 @@ def spill_idle_grads(plan: CachePlan, intervals: list[CacheInterval]) -> list[Ca
     return out if split else None
 
 
+def estimated_tick_seconds(plan: CachePlan) -> list[float]:
+    """When each tick starts if nothing waits: the cumulative compute of the moments (plus the
+    recompute of RECOMPUTE blocks at their first backward moment), then in the OPTIMIZER moment one
+    DEVICE step after the other at the placement model's price of its copies: the PCIe link's
+    both-ways rows (`costmodel.pcie_time_rows`, what the simulator charges a link moving both ways)
+    or its SSD traffic, whichever is longer. Paces the SSDs (`planner.emit`)
+    and dates the write-backs in flight (`write_back_holds`).
+
+    (At each direction's rate alone, the price before, GPT-3 175B x rtx4090-768g-12ssd's 104 NVMe-
+    streamed steps were estimated at 0.38 s each against 0.56 s on the rows and ~0.63 s replayed:
+    the CPU steps the estimate placed after the last DEVICE step were issued there, their OS
+    write-backs queued behind the last step's on the SSDs, which wrote alone for 7.3 s after the
+    link went idle; 128.77 -> 122.19 s, bench/bench_stage_gap.py, 2026-11-24.)"""
+    problem, hw = plan.problem, plan.problem.hardware
+    extra = [0.0] * len(problem.moments)
+    for b, mode in enumerate(plan.decisions.activation_modes):
+        if mode is ActivationMode.RECOMPUTE:
+            first = problem.blocks[b].backward_moments[0]
+            if first >= 0:
+                extra[first] += problem.blocks[b].recompute_seconds
+    hint = plan.decisions.moment_seconds_hint
+    start, t = [], 0.0
+    for m in problem.moments:
+        start.append(t)
+        t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
+    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
+    pcie = pcie_time_rows(hw)
+    out: list[float] = []
+    lag = 0.0
+    for tick, m in enumerate(plan.tick_moment):
+        out.append(start[m] + lag)
+        g = step_at.get(tick)
+        if g is None:
+            continue
+        up = down = nvme = 0.0
+        for c in plan.trainable_chunks[g]:
+            os_bytes = sum(plan.chunk_bytes[x][c] for x in problem.os_lists)
+            param = plan.chunk_bytes[ChunkList.PARAM][c]
+            if plan.os_tier[c] is not Tier.DEVICE:
+                up += os_bytes
+                down += os_bytes
+            if plan.os_tier[c] is Tier.NVME:
+                nvme += os_bytes / (hw.nvme_read_bytes_per_s or math.inf) + os_bytes / (hw.nvme_write_bytes_per_s or math.inf)
+            if not plan.persistent[g]:
+                up += 2 * param
+                down += param
+        lag += max(max(a * up + b * down for a, b in pcie), nvme)
+    return out
+
+
+
+# Note [write-backs in flight]:
+# A dirty entry's stay ends with its WRITE_BACK and EVICT (a GRAD going down to HOST for its CPU step
+# or to the SSDs, a PARAM updated by its DEVICE step), and its DEVICE bytes stay until that copy lands
+# (PyTorch's caching allocator: the copy records them on its stream; the simulator's rule, Note
+# [simulator evictions] in planner/sim_actions.py), as offloaded activations do (Note [offloads in
+# flight] in planner/decisions.py). The demand and trim passes free them at the stay's end; the
+# prefetch pass then filled that room with the next PARAM prefetch, and the next work, whose own
+# allocation needed the room, waited for the write-back: on GPT-3 175B x a100-80g-12ssd every backward
+# block's work waited for the whole 3.6 GB grad write-back of the block before it (0.142 s at the D2H
+# rate, 11.8 s in all, with D2H idle 40 of 52 s of backward and H2D 30 s: bench/bench_stage_gap.py
+# --waits, 2026-11-24). So with `Decisions.hold_write_backs` the prefetch pass counts a written-back
+# stay's bytes through the ticks estimated to start before its copy lands: ticks start at
+# `estimated_tick_seconds` (no stalls: stalls only land copies earlier relative to the work), the
+# write-backs and activation offloads leave DEVICE one after the other on the D2H FIFO (in the order
+# emit issues them: a tick's activation offloads, then its ended stays by entry), each at the rate the
+# hardware file gives a copy of its size while H2D runs too (`costmodel.channel_bytes_per_s(duplex=True)`:
+# backward prefetches PARAM beside them; pageable where the policy stages there). Only the prefetch
+# pass: a prefetch placed after the copy lands costs nothing where the link has idle time, while the
+# demand pass's evictions would fetch again. Where the link has none (GPT-3 175B x rtx4090-768g-12ssd:
+# per backward block ~0.35 s of PCIe rows against 0.375 s of compute) a prefetch held back arrives late
+# and the work waits for it instead (130.88 -> 133.28 s held always). So each prefetch the held bytes
+# push later (`_HeldRoom.choose`) is placed later only if the work would wait longer for the write-backs
+# at the ticks it would crowd than the prefetch would arrive late (against the estimated tick starts) by
+# waiting, both on the H2D FIFO estimate (fetches in the order placed, activation reloads at their tick,
+# at the duplex rate); otherwise where it fits without them, and those ticks' work waits (then once: a
+# later prefetch crowding the same tick costs nothing more). OPTIMIZER ticks are left out: their D2H
+# traffic is the streamed steps' OS, which the tail's SSD or link time bounds (bench_stage_gap: forced).
+# Measured on the best MIP plans of session 5 (replayed, one run each, 2026-11-24): 175B x a100 120.37 ->
+# 115.53 s (backward waits 12.4 -> 0.9 s; the tail, bound by the SSDs, takes 7 s of it back), 256 blocks
+# x a100 36.17 -> 32.83 s, 175B x rtx4090 130.88 -> 130.76 s, 13B x rtx4090 8.745 -> 8.736 s, 13B x
+# a100 6.555 -> 6.570 s (its tail is CPU Adam's: backward 0.22 s shorter, the tail 0.23 s longer).
+#
+# Note [offloads behind prefetches]:
+# On the PCIe link both directions share its rows (`costmodel.pcie_time_rows`; the simulator gives a
+# two-way link's shared time to the copy placed first, Note [two-way links in the simulator] in
+# planner/sim_actions.py): at full H2D rate the first row is full, so a D2H copy placed after a burst
+# of prefetches lands only once that burst is done. The budget holds an offloaded block's activations
+# until its offload is estimated to land beside H2D but not behind it (`offload_landing_moments`, Note
+# [offloads in flight] in planner/decisions.py, fixed before any prefetch is placed). On GPT-3 13B x
+# a100-80g-12ssd the prefetch pass issues 60 PARAM prefetches (12.6 GB, 0.49 s of H2D) at the first
+# tick; the 0.08 GB offloads of the first blocks landed 0.47 s late and the fourth block's work waited
+# 0.42 s for their bytes (bench_stage_gap --waits). So the prefetch pass runs twice: the first
+# placement is replayed on an estimate (`_HeldRoom.replayed`: the H2D FIFO in the order placed, the
+# activation reloads at their tick, each tick's work starting once its fetches and reloads arrived),
+# which dates when H2D is done with the copies placed before each tick; the second placement holds each
+# offload's bytes until it lands behind them (one D2H FIFO with the write-backs) and uses that estimated
+# timeline for every date. Only the offloads wait behind the H2D backlog in this estimate: dating the
+# backward's grad write-backs the same way (their H2D backlog is mostly the prefetches of the same
+# blocks, which the rows share as they alternate) held them longer than they are held in the replay:
+# 175B x rtx4090 132.30 s against 130.16 s, the others within 0.1 s.
+# Measured on the same plans as above (one run each): 13B x a100 6.570 -> 6.155 s, 13B x rtx4090 8.736 ->
+# 8.511 s, 175B x a100 115.53 -> 113.80 s, 175B x rtx4090 130.76 -> 130.16 s, 256 blocks 32.83 -> 32.47 s.
+def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval], est: Sequence[float] | None = None,
+                     h2d_before: Sequence[float] | None = None,
+                     offloads: dict[int, float] | None = None) -> list[tuple[CacheInterval, int, float]]:
+    """Per written-back stay ending at a FORWARD/BACKWARD tick: the tick until which (exclusive) its
+    DEVICE bytes are held after its end, and when its copy is estimated to land (Note [write-backs in
+    flight]; `est`: `estimated_tick_seconds`); stays landing before their end tick starts are left out.
+    `h2d_before`: per tick, when H2D is done with the copies issued before it (a D2H copy placed after
+    them waits for them on the link's shared rows); `offloads`: filled with each offloaded block's landing."""
+    problem, d = plan.problem, plan.decisions
+    n_ticks = len(plan.tick_moment)
+    est = estimated_tick_seconds(plan) if est is None else est
+    hw = problem.hardware
+    pageable = d.host_staging is HostStaging.PAGEABLE
+
+    def seconds(nbytes: int, tier: Tier = Tier.HOST) -> float:
+        rate = channel_bytes_per_s(hw, Channel.D2H, duplex=True, pageable=pageable, nbytes=nbytes)
+        if tier is Tier.NVME:
+            rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=nbytes) or rate)
+        return nbytes / rate if rate > 0 else 0.0
+
+    queue: list[tuple[int, int, int, float, CacheInterval | None]] = []  # (tick, order, entry, copy seconds, stay)
+    for b, mode in enumerate(d.activation_modes):
+        fwd_last, reload, _ = activation_moments(problem, b)
+        if fwd_last < 0:
+            continue
+        info = problem.blocks[b]
+        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+            queue.append((plan.first_tick[fwd_last], 0, b, seconds(info.activation_bytes, tier), None))
+        elif mode is ActivationMode.RECOMPUTE and d.checkpoint_tier is not None and reload > fwd_last:
+            nbytes = min(info.input_bytes, info.activation_bytes)
+            queue.append((plan.first_tick[fwd_last], 0, b, seconds(nbytes, d.checkpoint_tier), None))
+    optimizer = problem.optimizer_moment
+    for iv in intervals:
+        if iv.pinned or not iv.write_back or not 0 <= iv.end < n_ticks or plan.tick_moment[iv.end] == optimizer:
+            continue
+        g = iv.entry >> 1
+        lst = ChunkList.PARAM if iv.entry & 1 == PARAM_ENTRY else ChunkList.GRAD
+        chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
+        # one rank copies its own chunk of the comm group down (Note [materialize ranks]): the busiest one's
+        copy = (max((seconds(plan.chunk_bytes[lst][c]) for c in chunks), default=0.0) if plan.ws > 1
+                else sum(seconds(plan.chunk_bytes[lst][c]) for c in chunks))
+        queue.append((iv.end, 1, iv.entry, copy, iv))
+    next_start: dict[int, list[int]] = {}
+    for iv in intervals:
+        next_start.setdefault(iv.entry, []).append(iv.start)
+    for starts in next_start.values():
+        starts.sort()
+    out: list[tuple[CacheInterval, int, float]] = []
+    free_at = 0.0  # when D2H is done with the copies queued so far
+    for tick, _, entry, copy, iv in sorted(queue, key=lambda x: x[:3]):
+        # an offload waits behind the H2D copies placed before it (Note [offloads behind prefetches])
+        gate = h2d_before[tick] if h2d_before is not None and iv is None else 0.0
+        lands = max(est[tick], free_at, gate) + copy
+        free_at = lands
+        if iv is None:
+            if offloads is not None:
+                offloads[entry] = lands
+            continue
+        back = [t for t in next_start[entry] if t > iv.end]  # the entry's next stay counts it from its start
+        stop = min(back[0] if back else n_ticks, n_ticks)
+        t = iv.end
+        while t < stop and est[t] < lands:
+            t += 1
+        if t > iv.end:
+            out.append((iv, t, lands))
+    return out
+
+
+class _HeldRoom:
+    """The prefetch pass's view of write-backs in flight (Note [write-backs in flight]): per tick the
+    bytes still landing and how long that tick's work would wait for them, and an estimate of the H2D
+    FIFO (PARAM and GRAD fetches in the order placed, activation reloads at their tick) to date each
+    prefetch's arrival."""
+
+    def __init__(self, plan: CachePlan, intervals: Sequence[CacheInterval],
+                 replayed: tuple[list[float], list[float]] | None = None) -> None:
+        n_ticks = len(plan.tick_moment)
+        self.plan = plan
+        self.est, h2d_before = replayed if replayed is not None else (estimated_tick_seconds(plan), None)
+        self._est = np.array(self.est, dtype=np.float64)
+        self._copy: dict[int, float] = {}
+        self.pageable = plan.decisions.host_staging is HostStaging.PAGEABLE
+        self.bytes = np.zeros(n_ticks + 1, dtype=np.int64)
+        self.wait = np.zeros(n_ticks, dtype=np.float64)
+        d, problem = plan.decisions, plan.problem
+        offloads: dict[int, float] = {}
+        for iv, until, lands in write_back_holds(plan, intervals, self.est, h2d_before, offloads):
+            self._hold(bytes_at(plan, iv.entry, max(iv.start, iv.end - 1)), iv.end, until, lands)
+        if h2d_before is not None:
+            # the budget holds an offloaded block's bytes until the moment its offload was estimated to land
+            # beside H2D alone (`offload_landing_moments`); behind the H2D copies placed before it, later
+            landed = offload_landing_moments(problem, d.activation_modes, d.checkpoint_tier, d.moment_seconds_hint)
+            for b, lands in sorted(offloads.items()):
+                info, (_, reload, _) = problem.blocks[b], activation_moments(problem, b)
+                t = first = plan.first_tick[landed.get(b, reload)]
+                stop = plan.first_tick[reload]
+                while t < stop and self.est[t] < lands:
+                    t += 1
+                nbytes = info.activation_bytes if d.activation_modes[b] is not ActivationMode.RECOMPUTE \
+                    else min(info.input_bytes, info.activation_bytes)
+                if t > first:
+                    self._hold(nbytes, first, t, lands)
+        self.bytes = np.cumsum(self.bytes[:-1])
+        self.pageable = d.host_staging is HostStaging.PAGEABLE
+        reloads: list[tuple[int, float]] = []
+        reload_blocks: list[int] = []
+        for b, mode in enumerate(d.activation_modes):
+            _, reload, _ = activation_moments(problem, b)
+            info = problem.blocks[b]
+            if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+                tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+                reloads.append((plan.first_tick[reload], self._seconds(info.activation_bytes, tier)))
+                reload_blocks.append(b)
+            elif mode is ActivationMode.RECOMPUTE and d.checkpoint_tier is not None and reload >= 0:
+                nbytes = min(info.input_bytes, info.activation_bytes)
+                reloads.append((plan.first_tick[reload], self._seconds(nbytes, d.checkpoint_tier)))
+                reload_blocks.append(b)
+        order = sorted(range(len(reloads)), key=lambda k: reloads[k])
+        self.reload_blocks = [reload_blocks[k] for k in order]
+        self.reloads = [reloads[k] for k in order]
+        self.next_reload = 0
+        self.free_at = 0.0  # when H2D is done with the copies issued so far
+
+    def _hold(self, nbytes: int, first: int, until: int, lands: float) -> None:
+        self.bytes[first] += nbytes
+        self.bytes[until] -= nbytes
+        self.wait[first:until] = np.maximum(self.wait[first:until], lands - self._est[first:until])
+
+    def replayed(self, intervals: Sequence[CacheInterval]) -> tuple[list[float], list[float]]:
+        """Per tick of a placement (`intervals` placed): when its work is estimated to start, waiting for the
+        fetches it uses and the reloads of its blocks on the H2D FIFO (the estimated ticks move by the
+        waits), and when H2D is done with the copies issued at the ticks before it."""
+        plan = self.plan
+        n_ticks = len(plan.tick_moment)
+        issued: list[list[tuple[int, float]]] = [[] for _ in range(n_ticks)]  # (first use, copy seconds)
+        for iv in intervals:
+            if not iv.pinned and not iv.allocate and iv.start < n_ticks:
+                issued[iv.start].append((iv.first_use, self.copy_seconds(iv.entry)))
+        problem = plan.problem
+        for (t, secs), b in zip(self.reloads, self.reload_blocks):
+            issued[t].insert(0, (plan.first_tick[problem.blocks[b].backward_moments[0]], secs))
+        needed_at = [0.0] * (n_ticks + 1)
+        starts, before = [], []
+        free, event = 0.0, 0.0
+        for t in range(n_ticks):
+            before.append(free)
+            for use, secs in sorted(issued[t], key=lambda x: x[0]):
+                free = max(free, event) + secs
+                needed_at[use] = max(needed_at[use], free)
+            work = max(event, needed_at[t])
+            starts.append(work)
+            event = work + ((self.est[t + 1] if t + 1 < n_ticks else self.est[t]) - self.est[t])
+        return starts, before
+
+    def _seconds(self, nbytes: int, tier: Tier = Tier.HOST) -> float:
+        hw = self.plan.problem.hardware
+        rate = channel_bytes_per_s(hw, Channel.H2D, duplex=True, pageable=self.pageable, nbytes=nbytes)
+        if tier is Tier.NVME:
+            rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_READ, nbytes=nbytes) or rate)
+        return nbytes / rate if rate > 0 else 0.0
+
+    def copy_seconds(self, entry: int) -> float:
+        found = self._copy.get(entry)
+        if found is None:
+            plan, g = self.plan, entry >> 1
+            lst = ChunkList.PARAM if entry & 1 == PARAM_ENTRY else ChunkList.GRAD
+            chunks = plan.comm_group_chunks[g] if lst is ChunkList.PARAM else plan.trainable_chunks[g]
+            each = [self._seconds(plan.chunk_bytes[lst][c], plan.home[c] if lst is ChunkList.PARAM else Tier.HOST)
+                    for c in chunks]
+            # with several ranks each owner fetches its own chunk of the comm group (Note [materialize ranks])
+            found = self._copy[entry] = (max(each, default=0.0) if plan.ws > 1 else sum(each))
+        return found
+
+    def _queue_until(self, tick: int) -> float:
+        """H2D's estimated free time once the reloads issued up to `tick` are queued (not committed)."""
+        free = self.free_at
+        for t, secs in self.reloads[self.next_reload:]:
+            if t > tick:
+                break
+            free = max(free, self.est[t]) + secs
+        return free
+
+    def arrival(self, entry: int, tick: int) -> float:
+        return max(self.est[tick], self._queue_until(tick)) + self.copy_seconds(entry)
+
+    def issue(self, entry: int, tick: int) -> None:
+        while self.next_reload < len(self.reloads) and self.reloads[self.next_reload][0] <= tick:
+            t, secs = self.reloads[self.next_reload]
+            self.free_at = max(self.free_at, self.est[t]) + secs
+            self.next_reload += 1
+        self.free_at = max(self.free_at, self.est[tick]) + self.copy_seconds(entry)
+
+    def choose(self, entry: int, use: int, early: int, held: int, slack: np.ndarray, size: int) -> int:
+        """The start of a prefetch for `use` that fits the budget from `early`, and from `held` with the
+        write-backs in flight counted: `held` unless placing it there makes it arrive later than the
+        work at `early`..`held` would wait for the write-backs, by the estimates (the wait is counted once
+        per tick: a tick whose work waits anyway costs nothing more)."""
+        if held == early:
+            return held
+        late_held = max(0.0, self.arrival(entry, held) - self.est[use])
+        late_early = max(0.0, self.arrival(entry, early) - self.est[use])
+        ticks = early + np.flatnonzero(slack[early:held] - self.bytes[early:held] < size)
+        if float(self.wait[ticks].sum()) + late_early >= late_held:
+            return held
+        self.wait[ticks] = 0.0  # those ticks' work waits for the copies in flight now
+        return early
+
+
 def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
     """Move each fetch to the earliest tick from which it fits the budget until its use (Cao et al.)."""
     n_ticks = len(plan.tick_moment)
@@ -525,6 +845,20 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         delta[end] -= plan.entry_bytes[iv.entry]
     occupied = np.cumsum(delta[:-1])
     slack = plan.tick_budget - occupied
+    if not plan.decisions.hold_write_backs:
+        _place_prefetches(plan, intervals, slack, None)
+        return
+    # Note [write-backs in flight]: a first placement dates the H2D copies, behind which the D2H copies wait
+    first = [replace(iv) for iv in intervals]
+    held = _HeldRoom(plan, intervals)
+    _place_prefetches(plan, first, slack.copy(), held)
+    _place_prefetches(plan, intervals, slack, _HeldRoom(plan, intervals, held.replayed(first)))
+
+
+def _place_prefetches(plan: CachePlan, intervals: list[CacheInterval], slack: np.ndarray,
+                      held: _HeldRoom | None) -> None:
+    """`prefetch_early`'s placement, in order of need, given the slack of every tick (changed in place)."""
+    n_ticks = len(plan.tick_moment)
     bucket = plan.decisions.prefetch_bucket_bytes
     ahead = np.zeros(n_ticks, dtype=np.int64)  # bytes fetched ahead of their use, per tick (with a bucket)
     previous_end: dict[int, int] = {}
@@ -538,6 +872,8 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         lower = max(lower, issued)
         if iv.start <= lower:
             issued = max(issued, iv.start)
+            if held is not None:
+                held.issue(iv.entry, iv.start)
             continue
         size = plan.entry_bytes[iv.entry]
         window = slack[lower:iv.start]
@@ -545,6 +881,13 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
         if bucket is not None:
             blocked = np.union1d(blocked, _over_bucket(ahead[lower:iv.start], size, bucket))
         start = lower + (int(blocked[-1]) + 1 if blocked.size else 0)
+        if held is not None and start < iv.start:
+            later = np.flatnonzero(window - held.bytes[lower:iv.start] < size)
+            start = held.choose(iv.entry, iv.start, start, max(start, lower + (int(later[-1]) + 1 if later.size else 0)),
+                                slack, size)
+            held.issue(iv.entry, start)
+        elif held is not None:
+            held.issue(iv.entry, iv.start)
         if start < iv.start:
             slack[start:iv.start] -= size
             if bucket is not None:

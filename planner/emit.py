@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.costmodel import cpu_adam_threads, optimizer_step_price, pcie_time_rows
+from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.decisions import activation_moments, non_model_curve, os_device_bytes
 from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
+from planner.device_cache import estimated_tick_seconds as _estimated_tick_seconds
 from planner.problem import Problem
 from schemas.schedule import (
     COPY_CHANNEL,
@@ -208,55 +209,6 @@ def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
         half = (p - 1) * plan.decisions.layout.chunks[c].used_elements * plan.problem.list_itemsize(ChunkList.GRAD) // p
         for op in (Op.REDUCE_SCATTER, Op.ALL_GATHER):
             out.add(tick, op=op, list=ChunkList.GRAD, chunk=c, channel=Channel.INTER_GPU, bytes=half)
-
-
-def _estimated_tick_seconds(plan: CachePlan) -> list[float]:
-    """When each tick starts if nothing waits: the cumulative compute of the moments (plus the
-    recompute of RECOMPUTE blocks at their first backward moment), then in the OPTIMIZER moment one
-    DEVICE step after the other at the placement model's price of its copies: the PCIe link's
-    both-ways rows (`costmodel.pcie_time_rows`, what the simulator charges a link moving both ways)
-    or its SSD traffic, whichever is longer. Only used to pace the SSDs.
-
-    (At each direction's rate alone, the price before, GPT-3 175B x rtx4090-768g-12ssd's 104 NVMe-
-    streamed steps were estimated at 0.38 s each against 0.56 s on the rows and ~0.63 s replayed:
-    the CPU steps the estimate placed after the last DEVICE step were issued there, their OS
-    write-backs queued behind the last step's on the SSDs, which wrote alone for 7.3 s after the
-    link went idle; 128.77 -> 122.19 s, bench/bench_stage_gap.py, 2026-11-24.)"""
-    problem, hw = plan.problem, plan.problem.hardware
-    extra = [0.0] * len(problem.moments)
-    for b, mode in enumerate(plan.decisions.activation_modes):
-        if mode is ActivationMode.RECOMPUTE:
-            first = problem.blocks[b].backward_moments[0]
-            if first >= 0:
-                extra[first] += problem.blocks[b].recompute_seconds
-    hint = plan.decisions.moment_seconds_hint
-    start, t = [], 0.0
-    for m in problem.moments:
-        start.append(t)
-        t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
-    step_at = {tick: g for g, tick in plan.device_step_tick.items()}
-    pcie = pcie_time_rows(hw)
-    out: list[float] = []
-    lag = 0.0
-    for tick, m in enumerate(plan.tick_moment):
-        out.append(start[m] + lag)
-        g = step_at.get(tick)
-        if g is None:
-            continue
-        up = down = nvme = 0.0
-        for c in plan.trainable_chunks[g]:
-            os_bytes = sum(plan.chunk_bytes[x][c] for x in problem.os_lists)
-            param = plan.chunk_bytes[ChunkList.PARAM][c]
-            if plan.os_tier[c] is not Tier.DEVICE:
-                up += os_bytes
-                down += os_bytes
-            if plan.os_tier[c] is Tier.NVME:
-                nvme += os_bytes / (hw.nvme_read_bytes_per_s or math.inf) + os_bytes / (hw.nvme_write_bytes_per_s or math.inf)
-            if not plan.persistent[g]:
-                up += 2 * param
-                down += param
-        lag += max(max(a * up + b * down for a, b in pcie), nvme)
-    return out
 
 
 def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:

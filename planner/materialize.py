@@ -179,7 +179,8 @@ def _without_offloads_in_flight(problem: Problem, d: Decisions) -> Decisions | N
     plain = param_budget_bytes(*args)
     if held == plain or tuple(d.param_device_budget_bytes) != held:
         return None
-    return dataclasses.replace(d, param_device_budget_bytes=plain)
+    # nor does the prefetch pass hold write-backs and offloads in flight (it dates them from the held budget)
+    return dataclasses.replace(d, param_device_budget_bytes=plain, hold_write_backs=False)
 
 
 def _materialize_replayed_once(problem: Problem, decisions: Decisions,

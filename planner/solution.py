@@ -144,7 +144,7 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
         moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
-        spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets),
+        spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets), hold_write_backs=True,
     )
 
 

@@ -78,6 +78,12 @@ FREE_MODE_POLISH_MAX_BLOCKS = 32
 # (true gap 12.8% -> 5.9%), x a100-80g-12ssd 5.587 -> 5.988 s (14.8% -> 8.7%), same plans, 6.3-6.9 ->
 # 7.2-7.6 CPU s (bench/RESULTS.md "Session 5 ... the final tree"); as deep as the two prices go
 BOTH_PRICES_MAX_BLOCKS = 64
+# below this many blocks a MIP plan is also replayed with the whole DEVICE as its budget, not only its own
+# (Note [the plan's own budget]), the simulator judging: the 3-block toy of tests/test_solve.py (rtx4090-768g-12ssd)
+# replays its fastest MIP plan in 0.5703 ms with the whole DEVICE's budget, 0.6199 ms at best with its own (the own
+# budget faster for 2 of its 4 plans); from GPT-3 13B (40 blocks) up the own budget won every case measured
+# (bench/RESULTS.md "lp17"), and the replays of a deep trace are what its CPU target cannot pay twice
+BOTH_BUDGETS_MAX_BLOCKS = 32
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
@@ -130,7 +136,9 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 #    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
 # 3. Decisions -> `planner.materialize` (actions, steady state, prediction), eviction
 #    BELADY_CLEAN_FIRST with prefetch at the first harmless opportunity; each placement twice: the
-#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once.
+#    overlapped CPU steps' SSD traffic paced by the placement's timeline, and issued at once; each with
+#    the PARAM+GRAD budget cut to the placement's own bytes per stage (Note [the plan's own budget]; the
+#    whole DEVICE's too below BOTH_BUDGETS_MAX_BLOCKS blocks, or where the cut one fails).
 # 4. The simulator is the judge (DESIGN.md §4.5): every materialized placement and the reference
 #    decision sets (`reference_decisions`: what Fuyou, ZeRO-Offload, PatrickStar/Gemini and PyTorch
 #    decide, expressed as tide Decisions and materialized by tide's engine) are replayed by
@@ -208,12 +216,23 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             layout, data = inputs_s[size]
             say(f"chunk size {size}: materialize and simulate{label}")
             decisions = decisions_from_placement(problem, layout, data, solved_s[size])
+            # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
+            own = _own_budget(problem, decisions, solved_s[size])
+            budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
+            both = len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS
             for paced in (True, False):  # the optimizer's SSD traffic at the CPU's pace, or at once
-                found = _evaluate(problem, dataclasses.replace(decisions, pace_optimizer_io=paced),
-                                  what=f"placement MIP{label}, chunk size {size}{', paced' if paced else ''}", chunk_elements=size,
-                                  wasted=by_size[size].wasted_elements, placement=solved_s[size], data=data)
-                if found is not None:
-                    evaluated.append(found)
+                found = []
+                for chosen_budget, budget_label in budgets:
+                    one = _evaluate(problem, dataclasses.replace(chosen_budget, pace_optimizer_io=paced),
+                                    what=f"placement MIP{label}, chunk size {size}{', paced' if paced else ''}{budget_label}",
+                                    chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved_s[size],
+                                    data=data)
+                    if one is not None:
+                        found.append(one)
+                        if not both:
+                            break
+                if found:
+                    evaluated.extend(found)
                 elif paced:
                     # Paced steps keep the grads the CPU has not reached on HOST, which the placement's
                     # HOST rows do not see (a backlog row per stage made the 175B MIP time out): plan
@@ -359,6 +378,35 @@ class Evaluated:
     placement: PlacementSolution | None = None  # None: a reference decision set
     data: PlacementInput | None = None
     replay: object = None  # planner.sim_result.SimResult of the schedule
+
+
+# Note [the plan's own budget]:
+# `decisions_from_placement` gives materialize all the room the DEVICE leaves PARAM+GRAD at each moment, and
+# materialize's Belady pass fills it (prefetching early, keeping more). Since sim17 a D2H copy's source bytes
+# stay on DEVICE until it lands and an allocation that finds no room waits for every copy in flight (Note
+# [simulator evictions] in planner/sim_actions.py), so a budget filled to the brim makes the work wait for the
+# previous stage's grad write-backs: GPT-3 175B x a100-80g-12ssd, chunk 605212776, every backward stage replayed
+# 0.142 s (one block's grads at 25.5 GB/s) over the model's. The MIP's own PARAM+GRAD bytes per stage
+# (`PlacementSolution.param_bytes_per_stage`) leave the room its rows keep (Note [copies in flight] in
+# planner/placement_time.py). Measured with the budget cut to them at every moment of the stage (one run each,
+# 2-core box under load ~8, bench/RESULTS.md "lp17"): 256 blocks x 4096 on a100-80g-12ssd 36.13 -> 32.27 s; GPT-3
+# 175B x a100 120.16 -> 116.18 s, x rtx4090 130.76 -> 130.31 s; GPT-3 13B x rtx4090 8.603 -> 8.516 s, x a100 6.320 ->
+# 6.191 s. One rank only (the multi-rank model counts gathered comm groups, not materialize's entries); where
+# materialize or the simulator refuses the cut budget, the whole DEVICE's, labelled "full budget".
+def _own_budget(problem, decisions, sol: PlacementSolution):
+    """`decisions` with its PARAM+GRAD budget at each moment at most the placement's bytes of the moment's stage
+    (Note [the plan's own budget]); `decisions` itself with several ranks or where that cuts nothing."""
+    if problem.world_size > 1 or not sol.param_bytes_per_stage:
+        return decisions
+    budget = list(decisions.param_device_budget_bytes)
+    for st in problem.stages:
+        # (the model's bytes are MiB floats: rounded up, never below the plan's integral chunks)
+        cap = math.ceil(sol.param_bytes_per_stage[st.id] * (1 + 1e-9))
+        for m in range(st.first_moment, st.last_moment + 1):
+            budget[m] = min(budget[m], cap)
+    if tuple(budget) == tuple(decisions.param_device_budget_bytes):
+        return decisions
+    return dataclasses.replace(decisions, param_device_budget_bytes=tuple(budget))
 
 
 def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int,
