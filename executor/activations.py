@@ -16,7 +16,9 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,17 @@ def _device_empty(nbytes: int, device: torch.device) -> torch.Tensor:
 def _copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     """The copy worker's one primitive on the CPU (a module function so tests can make it fail)."""
     dst.copy_(src)
+
+
+def _landed_well(ready: Ready) -> bool:
+    """Whether an offload copy is done and did not fail (a failed one stays for a wait to raise)."""
+    if not ready.done():
+        return False
+    try:
+        ready.wait()
+    except Exception:  # noqa: BLE001 - the question asked
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------------- the manager
@@ -159,6 +172,9 @@ class ActivationManager:
                           needs_nvme=any(b.swap_tier is Tier.NVME for b in self.blocks))
         self._offloading = 0  # live bytes whose offload copy is in flight
         self._landing: list[tuple[Ready, weakref.ref[Record], int]] = []  # CUDA offloads not seen landed yet
+        # every offload whose DEVICE -> HOST copy may be in flight, oldest first: (issue time in
+        # perf_counter_ns, its landing, the record), for `oldest_offload` (Note [offload landing])
+        self._in_flight: deque[tuple[int, Ready, weakref.ref[Record]]] = deque()
         self._lock = threading.Lock()
         self._by_storage: dict[int, tuple[weakref.ref, weakref.ref[Record]]] = {}
         self._param_storages: set[int] = set()
@@ -221,6 +237,7 @@ class ActivationManager:
         self.remove()
         self._finalizer()
         self._landing = []
+        self._in_flight.clear()
 
     def __enter__(self) -> ActivationManager:
         return self
@@ -370,27 +387,38 @@ class ActivationManager:
     # CUDA event calls nothing back, so the manager books the landed ones whenever it is asked
     # (`_harvest`: counters, `wait_offloaded`, a block's next forward). Dropping the DEVICE reference early is
     # safe on a GPU: the copy engine records the source on its stream, so the allocator does not hand
-    # the memory out before the copy ends.
+    # the memory out before the copy ends. Until it lands, the bytes count on DEVICE (`live_bytes`); the
+    # engine's budget check waits for the oldest offloads in flight when the DEVICE bytes would not fit
+    # otherwise (`oldest_offload`; Note [activations] in executor/runtime.py).
     def _offload(self, b: Block, record: Record) -> None:
         tier = record.tier
         src, record.device = record.device, None
         with self._lock:
             self._offloading += record.nbytes
-        landing = self._io.offload(b, record, src, cpu_copy=functools.partial(self._copy_and_land, record))
+        landed: Future = Future()  # the CPU copy job's landing (an NVME swap's `offload` is its file write)
+        landing = self._io.offload(b, record, src, cpu_copy=functools.partial(self._copy_and_land, record, landed))
         del src
         if landing is not None:
             with self._lock:
                 self._landing.append((landing, weakref.ref(record), record.nbytes))
+        while self._in_flight and _landed_well(self._in_flight[0][1]):
+            self._in_flight.popleft()
+        self._in_flight.append((time.perf_counter_ns(), landing or Ready(future=landed), weakref.ref(record)))
         with self._lock:
             self._offloaded[tier] += record.nbytes
             self._offloaded_per_block[b.index] += record.nbytes
             for channel in COPY_PATH[(Tier.DEVICE, tier)]:  # an NVME swap crosses HOST
                 self._channels[channel] += record.nbytes
 
-    def _copy_and_land(self, record: Record, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def _copy_and_land(self, record: Record, landed: Future, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy worker (CPU): the offload copy, then its landing (Note [offload landing])."""
-        _copy_bytes(dst, src)
+        try:
+            _copy_bytes(dst, src)
+        except BaseException as exc:
+            landed.set_exception(exc)
+            raise
         self._landed(record, record.nbytes)
+        landed.set_result(None)
 
     def _landed(self, record: Record | None, nbytes: int) -> None:
         with self._lock:
@@ -408,6 +436,32 @@ class ActivationManager:
             self._landing = [x for x, d in zip(self._landing, done, strict=True) if not d]
         for _, ref, nbytes in landed:
             self._landed(ref(), nbytes)  # a record autograd already freed gave its live bytes back then
+
+    def oldest_offload(self) -> tuple[int, Callable[[], float]] | None:
+        """The oldest offload whose copy has not landed yet: (its issue time in perf_counter_ns, a call
+        that waits for it and returns the seconds waited), or None (`executor.store.Pool.oldest_other`)."""
+        while self._in_flight and _landed_well(self._in_flight[0][1]):
+            self._in_flight.popleft()
+        self._harvest()
+        if not self._in_flight:
+            return None
+        return self._in_flight[0][0], self._wait_oldest_offload
+
+    def _wait_oldest_offload(self) -> float:
+        """Block until the oldest offload in flight landed; a failed one raises ExecutorError."""
+        _, ready, ref = self._in_flight.popleft()
+        start = time.perf_counter()
+        record = ref()
+        if record is not None:
+            self._result(ready, record, "offload")
+        else:
+            try:
+                ready.wait()
+            except Exception as exc:  # noqa: BLE001 - one clear line, as `_result` gives
+                raise ExecutorError(f"activations: the offload of a saved tensor failed in the copy worker: "
+                                    f"{type(exc).__name__}: {exc}") from exc
+        self._harvest()
+        return time.perf_counter() - start  # a stall the pool counts (`Pool.stall_seconds`)
 
     def prefetch(self, block: int) -> None:
         """Start bringing `block`'s swapped activations back to DEVICE (a no-op when they are not

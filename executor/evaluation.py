@@ -155,7 +155,7 @@ class Evaluation:
             before = self._eval_before.pop((chunk, tier), None)
             if before is None:
                 continue
-            if before is CopyState.ABSENT:
+            if before in (CopyState.ABSENT, CopyState.RETIRING):  # RETIRING: evicted, copies still landing
                 self.store.evict(ChunkList.PARAM, chunk, tier, why="the end of an evaluation")
             elif before is CopyState.STALE:
                 self.store.mark_stale(ChunkList.PARAM, chunk, tier)

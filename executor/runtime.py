@@ -179,6 +179,7 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
             alias_unpack=self._unpack, copies=self.store.copies, nvme=self.store.nvme, auto_prefetch=False,
             on_failure=self._failed_elsewhere)
         self.store.pools[Tier.DEVICE].other_bytes = self._activation_device_bytes
+        self.store.pools[Tier.DEVICE].oldest_other = self.activations.oldest_offload
         self._setup_evaluation(model)
         self._setup_batch_check(schedule)
 
@@ -196,9 +197,12 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
     # deadline) waits for the block's offload copies and starts its prefetch, so a checkpoint is back
     # before the block's backward reruns its forward; an unpack waits for its reload. The activation
     # bytes held on DEVICE count against the DEVICE budget together with the chunks: every chunk
-    # allocation and every moment checks chunk bytes + activation bytes <= the budget and raises
-    # `ExecutorError` ("DEVICE budget exceeded") otherwise (bytes whose offload copy is in flight count as
-    # gone, as the schedule counts them).
+    # allocation and every moment checks chunk bytes + activation bytes <= the budget. Bytes whose offload
+    # copy is in flight count until it lands, as the simulator and the planner count them (Note
+    # [simulator evictions] in planner/sim_actions.py, Note [offloads in flight] in planner/decisions.py),
+    # and so do evicted chunks whose copies are in flight (Note [retiring payloads] in executor/store.py):
+    # over the budget, the training thread first waits for the oldest of those to land (stall seconds),
+    # and raises `ExecutorError` ("DEVICE budget exceeded") only when nothing in flight is left to wait for.
     #
     # Note [NVME tier]
     # NVME tier (`nvme_dir=`): chunks on NVME live in preallocated files (`executor.nvme.NvmeStore`,
@@ -507,6 +511,11 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
             except ExecutorError as exc:
                 self._mark_failed(str(exc))
                 raise
+        try:  # ...and every copy reading an evicted chunk landed (Note [retiring payloads] in executor/store.py)
+            self.store.land_evicted()
+        except ExecutorError as exc:
+            self._mark_failed(str(exc))
+            raise
         if self.comm is not None:
             self.comm.end_iteration()
         if final:
@@ -530,16 +539,17 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
 
 
     def _activation_device_bytes(self) -> int:
-        """Activation bytes on DEVICE as the schedule counts them: an offload copy in flight counts as
-        gone (the schedule moves them at ACT_OFFLOAD; the copy's deadline bounds how long they stay)."""
-        return self.activations.live_bytes - self.activations.offloading_bytes
+        """Activation bytes on DEVICE as the simulator and the planner count them: an offload copy in
+        flight counts until it lands (Note [activations])."""
+        return self.activations.live_bytes
 
     def _check_device_budget(self, m: int) -> None:
-        """Chunks + activations held on DEVICE after moment m's actions: over the budget is a bug, raised loudly."""
+        """Chunks + activations held on DEVICE after moment m's actions: over the budget, wait for the
+        oldest bytes in flight to land; still over it is a bug, raised loudly (Note [activations])."""
         pool = self.store.pools[Tier.DEVICE]
-        live = self._activation_device_bytes()
-        if pool.capacity_bytes is not None and pool.in_use_bytes + live > pool.capacity_bytes:
-            self._fail(f"DEVICE budget exceeded at moment {m}: {pool.in_use_bytes} chunk bytes + {live} activation "
+        if not pool.make_room(0):
+            live = self._activation_device_bytes()
+            self._fail(f"DEVICE budget exceeded at moment {m}: {pool.held_bytes} chunk bytes + {live} activation "
                        f"bytes > {pool.capacity_bytes}; the schedule does not fit its own budget (re-solve it with "
                        "`python -m planner solve`, and check it with `python -m planner simulate`)")
 

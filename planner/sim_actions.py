@@ -238,15 +238,13 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
 # training thread (or the work) waits until all have landed, as the allocator does (the action that
 # needed them keeps its start: the simulator placed it first). HOST and NVME copies are freed as issued.
 # ACT_RELOAD waits on the training thread for the block's offload (the executor's `wait_offloaded`).
-# What the executor does differs, and the simulator does not follow it here: `ChunkStore.evict`
-# (executor/store.py) blocks the training thread on EVERY eviction until the copies reading the payload
-# have landed (`_drain_readers`), on DEVICE and HOST alike (a CPU step's GRAD input excepted, retired after
-# the step), whether or not the memory is needed: modelled literally (branch sim17-evict-blocks) GPT-3
-# 175B's golden replays in 202 s instead of 132 s, and tide's MIP plans lose to reference decision sets.
-# The executor's activation budget check, conversely, counts an offload in flight as gone
-# (executor/runtime.py `_activation_device_bytes`), under-counting what the GPU holds during the copy
-# (no corruption: the allocator waits). Before (session 5, sim17), every EVICT and ACT_OFFLOAD freed its
-# DEVICE bytes as it was issued.
+# The executor follows the same rule (session 6, Note [retiring payloads] in executor/store.py): an EVICT
+# returns at once and the payload's bytes stay counted against the DEVICE budget until its readers land
+# (RETIRING); an allocation, or a moment's budget check, that finds no room waits for the oldest retiring
+# buffers and offloads in flight, and counts their activation bytes until they land. Before, its EVICT
+# blocked the training thread until every copy reading the payload had landed (modelled literally, branch
+# sim17-evict-blocks: GPT-3 175B's golden replayed in 202 s instead of 132 s).
+# Before sim17 (session 5), every EVICT and ACT_OFFLOAD freed its DEVICE bytes as it was issued.
 #
 # Note [simulator validity]:
 # Per (list, chunk, tier) the simulator tracks whether the tier holds a copy and whether

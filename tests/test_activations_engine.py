@@ -205,14 +205,14 @@ def _device_meter(engine):
     pool = engine.store.pools[Tier.DEVICE]
     peak = [0]
 
-    def sample():
-        peak[0] = max(peak[0], pool.in_use_bytes + engine._activation_device_bytes())
+    def sample():  # evicted chunks whose copies are in flight and offloads in flight count (Note [activations])
+        peak[0] = max(peak[0], pool.held_bytes + engine._activation_device_bytes())
 
     check, allocate = engine._check_device_budget, pool.allocate
 
     def checked(m):
+        check(m)  # waits for bytes in flight to land when they do not fit
         sample()
-        check(m)
 
     def allocated(*args, **kwargs):
         out = allocate(*args, **kwargs)
