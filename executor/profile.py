@@ -28,6 +28,7 @@ compute rate and optimizer rate are the CPU's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import shutil
@@ -63,7 +64,7 @@ from schemas.hardware import (
 from schemas.schedule import ChunkList
 from schemas.trace import DType
 
-__all__ = ["measure", "register", "run"]
+__all__ = ["measure", "prices_measured_now", "register", "run"]
 
 _MIB = 1 << 20
 # copy sizes of the by-size tables: a chunk of tide's layouts is a few MiB to a few tens (planner.layout
@@ -360,6 +361,40 @@ def nvme_gb_per_s(directory: Path, *, total_bytes: int, chunk_bytes: int, worker
     return {"read": n * chunk_bytes / read_s / 1e9, "write": n * chunk_bytes / write_s / 1e9,
             "mixed_read": half * chunk_bytes / mixed_s / 1e9, "mixed_write": half * chunk_bytes / mixed_s / 1e9,
             "direct": direct}
+
+
+def prices_measured_now(hardware: Hardware, *, seconds: float = 0.05, nvme_dir: str | None = None) -> Hardware:
+    """`hardware` with the prices that drift with the machine's load measured again, now, in about a
+    second: the DEVICE <-> HOST copy rates (the flat fields and every row of `links.copy_rates`, each at
+    its own copy size; the flat fields are the largest row's, as `measure` writes them) and the CPU Adam
+    rates (`host.adam_rates` at `host.adam_chunk_params`, alone and beside memcpy + SSD writes). The
+    same probes as `measure`, each timed for `seconds` instead of 0.1-0.5 s: bench/bench_executor.py
+    calls it between the iterations it predicts (issue 17 item 6), so the prediction is priced on the
+    machine those iterations ran on. Everything else (compute, SSDs, DRAM, memory) is `hardware`'s."""
+    cuda = hardware.device.kind is DeviceKind.CUDA
+    if cuda and not torch.cuda.is_available():
+        raise ExecutorError(f"profile: hardware {hardware.name!r} is a CUDA profile but this process sees no GPU; "
+                            "measure again on the machine it describes")
+    probe = (lambda nbytes: cuda_copy_rates(nbytes=nbytes, seconds=seconds)) if cuda else \
+        (lambda nbytes: emulated_copy_rates(nbytes=nbytes, seconds=seconds))
+    sizes = sorted({r.chunk_bytes for r in hardware.links.copy_rates}) or [64 * _MIB]
+    rates = {nbytes: probe(nbytes) for nbytes in sizes}
+    flat = rates[sizes[-1]]
+    links = dataclasses.replace(
+        hardware.links, **{k: _sig(flat[k]) for k in _COPY_COLUMNS},
+        copy_rates=tuple(CopyRate(chunk_bytes=n, **{k: _sig(r[k]) for k in _COPY_COLUMNS}) for n, r in rates.items())
+        if hardware.links.copy_rates else ())
+    host = hardware.host
+    if host.adam_rates and host.adam_chunk_params:
+        rows = adam_thread_sweep(numel=host.adam_chunk_params, thread_counts=[r.threads for r in host.adam_rates],
+                                 seconds=seconds, load_bytes=128 * _MIB,
+                                 nvme_dir=Path(nvme_dir) if nvme_dir else Path(tempfile.gettempdir()))
+        host = dataclasses.replace(host, adam_rates=tuple(
+            AdamRate(threads=r["threads"], params_per_s=_sig(r["params_per_s"]),
+                     params_per_s_with_copies=_sig(r["params_per_s_with_copies"])) for r in rows))
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dataclasses.replace(hardware, links=links, host=host,
+                               description=f"{hardware.description}; copy and CPU Adam rates measured again at {when}")
 
 
 def _sig(x: float, digits: int = 4) -> float:

@@ -10,6 +10,7 @@ Python's cycle collector is paused during the instrumented run so the trace is d
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 from collections.abc import Callable
@@ -125,6 +126,70 @@ def typical_seconds(samples_seconds: list[float]) -> float:
     """The typical iteration of `samples_seconds` (see `typical_runs`): a 20%-trimmed mean."""
     kept = typical_runs(samples_seconds)
     return sum(samples_seconds[i] for i in kept) / len(kept)
+
+
+def typical_moment_seconds(runs_seconds: list[list[float]]) -> list[float]:
+    """Each moment's seconds in the typical iteration of `runs_seconds` (one list of per-moment seconds
+    per timed run): runs kept or dropped whole by their total (`typical_runs`), each moment the mean over
+    the kept runs, so the moments sum to `typical_seconds` of the totals exactly."""
+    if not runs_seconds:
+        raise ValueError("typical_moment_seconds: no runs")
+    n = len(runs_seconds[0])
+    if any(len(r) != n for r in runs_seconds):
+        raise ValueError(f"typical_moment_seconds: runs of {sorted({len(r) for r in runs_seconds})} moments; "
+                         "every run must time the same moments")
+    kept = [runs_seconds[i] for i in typical_runs([sum(r) for r in runs_seconds])]
+    return [sum(r[i] for r in kept) / len(kept) for i in range(n)]
+
+
+def with_compute_seconds(trace: Trace, runs_seconds: list[list[float]]) -> Trace:
+    """`trace` priced by other timed runs of the same iteration (`Retimer.run`): each moment's
+    compute_seconds the typical iteration's (`typical_moment_seconds`, the recorder's statistic) and each
+    block's forward_seconds the sum over its forward moments, as `record` builds them. Everything else
+    (bytes, FLOPs, activations, their recompute seconds from the instrumented run) is the trace's."""
+    if trace.meta.recording is not Recording.REAL:
+        raise ExecutorError(f"with_compute_seconds: trace {trace.meta.model_name!r} is a {trace.meta.recording.value} "
+                            "recording (times from FLOPs); only a real recording's times can be measured again")
+    if any(len(r) != len(trace.moments) for r in runs_seconds):
+        raise ExecutorError(f"with_compute_seconds: runs of {sorted({len(r) for r in runs_seconds})} moments for trace "
+                            f"{trace.meta.model_name!r} of {len(trace.moments)} moments; time runs of the same model and batch")
+    seconds = typical_moment_seconds(runs_seconds)
+    moments = tuple(dataclasses.replace(m, compute_seconds=float(s)) for m, s in zip(trace.moments, seconds))
+    blocks = tuple(dataclasses.replace(b, forward_seconds=sum(m.compute_seconds for m in moments
+                                                              if m.block == b.id and m.phase is Phase.FORWARD))
+                   for b in trace.blocks)
+    return dataclasses.replace(trace, moments=moments, blocks=blocks)
+
+
+class Retimer:
+    """The recorder's timed runs again, one at a time, on demand: what a bench needs to price a trace
+    in the same minutes as the iterations it predicts (bench/bench_executor.py, issue 17 item 6: on a
+    shared VM whose speed drifts ~20% within minutes, a recording made minutes earlier prices another
+    machine).
+
+    Built on a model and batch the trace was recorded from; one warm-up iteration (the optimizer's state
+    is allocated there, as `record` warms up) checks the module sequence against the trace's. Each
+    `run()` is one un-instrumented iteration timed per moment exactly as `record`'s `timing_iterations`
+    runs are (moment hooks, the same clock, fused optimizer step) and returns its per-moment seconds;
+    `with_compute_seconds(trace, runs)` prices the trace with them. Unlike `record`, the model is
+    trained by the runs (real optimizer steps, no snapshot restored): give it a copy."""
+
+    def __init__(self, model: nn.Module, batch: Batch | Callable[[], Batch], trace: Trace, *,
+                 loss_fn: Callable[[nn.Module, Batch], torch.Tensor] | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise ExecutorError(f"Retimer: model is a {type(model).__name__}; expected a torch.nn.Module")
+        self._recorder = _Recorder(model, batch, loss_fn=loss_fn, optimizer=trace.meta.optimizer.value,
+                                   model_name=trace.meta.model_name, model_config=dict(trace.meta.model_config))
+        if self._recorder.meta:
+            raise ExecutorError("Retimer: the model is on the meta device; times need a real device")
+        self._events = [MomentEvent(m.kind, m.phase, m.module, m.block) for m in trace.moments]
+        warmup: list[MomentEvent] = []
+        self._recorder._iteration(warmup.append)
+        self._recorder._check_same(self._events, warmup, "warm-up iteration of the Retimer")
+
+    def run(self) -> list[float]:
+        """One timed iteration: each moment's seconds, in the trace's moment order."""
+        return self._recorder._timed_once(self._events)[0]
 
 
 # ----------------------------------------------------------------------------- record
@@ -315,8 +380,7 @@ class _Recorder:
             self._check_same(events, timed, "second")
             return [0.0] * len(events), None
         runs = [self._timed_once(events) for _ in range(self.timing_iterations)]
-        kept = [runs[i][0] for i in typical_runs([sum(r[0]) for r in runs])]
-        seconds = [sum(r[i] for r in kept) / len(kept) for i in range(len(events))]
+        seconds = typical_moment_seconds([r[0] for r in runs])
         if self.device.type != "cuda":
             return seconds, None
         return seconds, [max(r[1][i] for r in runs) for i in range(len(events))]
@@ -475,7 +539,8 @@ def _moved(batch: Batch | Callable[[], Batch], device: torch.device) -> Batch | 
     return (lambda: move(batch())) if callable(batch) else move(batch)
 
 
-__all__ = ["call_model", "default_loss", "loss_in", "record", "typical_runs", "typical_seconds"]
+__all__ = ["Retimer", "call_model", "default_loss", "loss_in", "record", "typical_moment_seconds", "typical_runs",
+           "typical_seconds", "with_compute_seconds"]
 
 
 def _world_size() -> int:
