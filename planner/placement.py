@@ -75,10 +75,10 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
                  fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True,
-                 in_flight: bool = True) -> None:
+                 in_flight: bool = False) -> None:
         self.original = data
         self.with_late_arrivals = late_arrivals  # Note [late arrivals] in planner.placement_time
-        # Note [copies in flight] in planner.placement_time (their rows need the time rows)
+        # Note [copies in flight] in planner.placement_time (an option, off in solve; their rows need the time rows)
         self.with_in_flight = in_flight and not feasibility
         self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
         self.flags: dict[str, Any] = {}

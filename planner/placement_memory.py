@@ -10,10 +10,6 @@ from typing import Any
 from schemas.schedule import ActivationMode, Tier
 from planner.placement_terms import NVME_STREAM_STAGED_CHUNKS, act_windows, stage_runs
 
-# the in-flight D2H rows' depth range (why and what was measured: Note [copies in flight] in planner.placement_time)
-IN_FLIGHT_MIN_BLOCKS = 32
-IN_FLIGHT_MAX_BLOCKS = 64
-
 
 def node_factors(d: Any, g: Any) -> tuple[int, int]:
     """(PARAM, owner) multipliers from one rank's bytes of chunk class g to its busiest node's: every
@@ -255,7 +251,6 @@ class MemoryRows:
         zero: list[Any] = [0] * n
         sources = [st.id for st in d.stages if st.d2h_ready_seconds >= 0]
         if (not getattr(self, "with_in_flight", False) or d.ranks > 1 or self.capacity_variable is Tier.DEVICE
-                or not IN_FLIGHT_MIN_BLOCKS <= len(d.blocks) < IN_FLIGHT_MAX_BLOCKS
                 or d.d2h_fastest_bytes_per_s <= 0 or not sources):
             return -1, zero, list(zero)
         first = min(sources)

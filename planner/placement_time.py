@@ -65,16 +65,17 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
-# Note [copies in flight]: the rows only from IN_FLIGHT_MIN_BLOCKS to below IN_FLIGHT_MAX_BLOCKS blocks (set in
-# planner.placement_memory, which creates the variables), where
-# they were measured to help (one run each, 2-core box under load ~8, bench/RESULTS.md "lp17"). GPT-3 13B (40
-# blocks), the MIP's plan with its own budget (Note [the plan's own budget] in planner/solve.py) x
-# rtx4090-768g-12ssd 8.5155 s with the rows, 8.5417 s without; x a100-80g-12ssd 6.1795 vs 6.2133 s (1.5-1.9 CPU s
-# more). GPT-3 175B (96 blocks) and 256 / 512 blocks x 4096: LP and plans unchanged (the LP has room for the
-# bytes in flight; 175B x a100 LP 107.367 -> 107.392 s), and the 512-block LP took 15.2-16.7 instead of
-# 10.6-12.2 CPU s (issue 18's 60 s ladder target is at 57.7 s without them). The 3-block toy of
-# tests/test_solve.py (rtx4090-768g-12ssd at 5x its params): its best plan replayed 0.5703 ms with the rows,
-# 0.5341 ms without (a valid row that changes which plan the MIP picks, not what the simulator charges it)
+# Note [copies in flight]: the rows are a model option (`PlacementModel(in_flight=True)`), off in `solve`.
+# Measured with them on from 32 to 64 blocks (lp17, one run each, 2-core box under load ~8, bench/RESULTS.md
+# "lp17"): GPT-3 13B (40 blocks) x rtx4090-768g-12ssd 8.5155 s with the rows, 8.5417 s without; x
+# a100-80g-12ssd 6.1795 vs 6.2133 s. Since wb17's held write-backs (Note [write-backs in flight] in
+# planner/device_cache.py) the simulator no longer charges what the rows price, and the rows only change which
+# plan the MIP picks: the fastest replay of a solve, both budgets (session 7, quiet box, bench/RESULTS.md
+# "Session 7") x rtx4090 8.544 s with the rows, 8.319 s without; x a100 6.150 vs 6.155 s; LP bound 8.2346 vs
+# 8.2320 s. GPT-3 175B (96 blocks) and 256 / 512 blocks x 4096: LP and plans unchanged with them, and the
+# 512-block LP took 15.2-16.7 instead of 10.6-12.2 CPU s. The 3-block toy of tests/test_solve.py: best plan
+# 0.5703 ms with the rows, 0.5341 ms without (a valid row that changes which plan the MIP picks, not what the
+# simulator charges it).
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
 TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 

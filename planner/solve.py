@@ -79,11 +79,15 @@ FREE_MODE_POLISH_MAX_BLOCKS = 32
 # 7.2-7.6 CPU s (bench/RESULTS.md "Session 5 ... the final tree"); as deep as the two prices go
 BOTH_PRICES_MAX_BLOCKS = 64
 # below this many blocks a MIP plan is also replayed with the whole DEVICE as its budget, not only its own
-# (Note [the plan's own budget]), the simulator judging: the 3-block toy of tests/test_solve.py (rtx4090-768g-12ssd)
-# replays its fastest MIP plan in 0.5703 ms with the whole DEVICE's budget, 0.6199 ms at best with its own (the own
-# budget faster for 2 of its 4 plans); from GPT-3 13B (40 blocks) up the own budget won every case measured
-# (bench/RESULTS.md "lp17"), and the replays of a deep trace are what its CPU target cannot pay twice
-BOTH_BUDGETS_MAX_BLOCKS = 32
+# (Note [the plan's own budget]), the simulator judging. The 3-block toy of tests/test_solve.py (rtx4090-768g-12ssd)
+# replays its fastest MIP plan in 0.5703 ms with the whole DEVICE's budget, 0.6199 ms at best with its own. Since
+# wb17's held write-backs (Note [write-backs in flight] in planner/device_cache.py) neither budget wins everywhere
+# (session 7, quiet box, bench/RESULTS.md "Session 7"; own -> whole): GPT-3 13B (40 blocks) x rtx4090-768g-12ssd
+# 8.646 -> 8.544 s, x a100-80g-12ssd 6.221 -> 6.150 s; GPT-3 175B (96 blocks) x a100-80g-12ssd chunk 1812099072
+# 116.877 -> 113.804 s but chunk 605212776 118.051 -> 120.159 s; both cost 175B 9.5 CPU s in all. Not from 128
+# blocks on, where the replays of a deep trace are what its CPU target (issue 18: 512 blocks in 60 s) cannot pay
+# twice, and where lp17 measured the own budget faster (256 blocks x 4096 on a100-80g-12ssd 36.13 -> 32.27 s)
+BOTH_BUDGETS_MAX_BLOCKS = 128
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
@@ -396,8 +400,7 @@ class Evaluated:
 # [simulator evictions] in planner/sim_actions.py), so a budget filled to the brim makes the work wait for the
 # previous stage's grad write-backs: GPT-3 175B x a100-80g-12ssd, chunk 605212776, every backward stage replayed
 # 0.142 s (one block's grads at 25.5 GB/s) over the model's. The MIP's own PARAM+GRAD bytes per stage
-# (`PlacementSolution.param_bytes_per_stage`) leave the room its rows keep (Note [copies in flight] in
-# planner/placement_time.py). Measured with the budget cut to them at every moment of the stage (one run each,
+# (`PlacementSolution.param_bytes_per_stage`) leave the room its plan did not fill. Measured with the budget cut to them at every moment of the stage (one run each,
 # 2-core box under load ~8, bench/RESULTS.md "lp17"): 256 blocks x 4096 on a100-80g-12ssd 36.13 -> 32.27 s; GPT-3
 # 175B x a100 120.16 -> 116.18 s, x rtx4090 130.76 -> 130.31 s; GPT-3 13B x rtx4090 8.603 -> 8.516 s, x a100 6.320 ->
 # 6.191 s. One rank only (the multi-rank model counts gathered comm groups, not materialize's entries); where

@@ -191,15 +191,12 @@ def test_late_arrivals_charge_the_copies_that_fit_only_after_the_peak():
     assert with_row.objective_seconds > without.objective_seconds * (1 + 1e-3)
 
 
-def test_grads_in_flight_hold_their_device_bytes(monkeypatch):
+def test_grads_in_flight_hold_their_device_bytes():
     """Note [copies in flight]: each backward stage's grads are written back to HOST (CPU Adam) after
     its work, and their DEVICE bytes stay until the copy lands, so the next stage's work starts with
     them still on DEVICE. With 12 MiB of DEVICE they do not fit beside it: the next stage waits for the
     copy (or plans otherwise), in the LP and in the MIP. Without the stage timing (-1) or the rows,
     the model lets the copy run beside the very work that produces its bytes."""
-    import planner.placement_memory as pm
-
-    monkeypatch.setattr(pm, "IN_FLIGHT_MIN_BLOCKS", 0)  # the rows at 3 blocks (planned from 32 on)
     base = synthetic(layers=3, chunks=2, device_mib=12, act_mib=1, compute_s=1e-3, nvme=False)
     stages = tuple(dataclasses.replace(st, peak_tail_seconds=st.compute_seconds, last_moment_seconds=0.0,
                                        d2h_ready_seconds=st.compute_seconds if st.phase is not Phase.OPTIMIZER else -1.0)
@@ -207,13 +204,13 @@ def test_grads_in_flight_hold_their_device_bytes(monkeypatch):
     seen = dataclasses.replace(base, stages=stages, stream_optimizer=False, d2h_fastest_bytes_per_s=1e9)
     blind = dataclasses.replace(seen, stages=base.stages)
     for relax in (True, False):
-        with_rows = PlacementModel(seen, relax=relax).solve().objective_seconds
-        assert with_rows > PlacementModel(seen, relax=relax, in_flight=False).solve().objective_seconds * 1.05
-        assert with_rows > PlacementModel(blind, relax=relax).solve().objective_seconds * 1.05
+        with_rows = PlacementModel(seen, relax=relax, in_flight=True).solve().objective_seconds
+        assert with_rows > PlacementModel(seen, relax=relax).solve().objective_seconds * 1.05
+        assert with_rows > PlacementModel(blind, relax=relax, in_flight=True).solve().objective_seconds * 1.05
     # with room for them the rows cost nothing
     roomy = dataclasses.replace(seen, device_bytes=30 * MIB)
-    assert PlacementModel(roomy, relax=True).solve().objective_seconds == pytest.approx(
-        PlacementModel(roomy, relax=True, in_flight=False).solve().objective_seconds, rel=1e-3)
+    assert PlacementModel(roomy, relax=True, in_flight=True).solve().objective_seconds == pytest.approx(
+        PlacementModel(roomy, relax=True).solve().objective_seconds, rel=1e-3)
 
 
 def test_in_flight_timing_of_a_gpt_trace():
