@@ -60,6 +60,10 @@ class Decisions:
     # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
     # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
     pace_optimizer_io: bool = False
+    # with `pace_optimizer_io`: emit the plan once more paced on its first replay's clock and keep the faster
+    # replay (Note [pacing by the replay] in planner/materialize.py); False: paced on the estimate only (every
+    # baseline policy and reference decision set: one emission each, as solve's CPU-time targets need)
+    pace_on_replay: bool = False
     # -- what a real system needs (planner/policies/): defaults are tide's behaviour --
     # DDP: every rank holds every chunk (layout built for one rank), grads all-reduced when final
     replicated: bool = False

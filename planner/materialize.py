@@ -59,6 +59,7 @@ from planner.simulate import simulate
 from schemas.schedule import (
     ActivationMode,
     Budgets,
+    Channel,
     OptimizerSwap,
     Prediction,
     Schedule,
@@ -213,7 +214,8 @@ def _materialize_replayed_once(problem: Problem, decisions: Decisions,
             other = None
         if other is not None and other.result.iteration_seconds < best.result.iteration_seconds:
             best = other
-    if paces_host_io(plan):  # Note [pacing by the replay]: the faster set of stays only
+    if decisions.pace_on_replay and _cpu_starved(best.result) and paces_host_io(plan):
+        # Note [pacing by the replay]: the faster set of stays only
         clock = replayed_tick_seconds(plan, best.result.moment_start_seconds)
         try:
             repaced = _emitted(problem, decisions, plan, best.intervals, stats, clock=clock, read_ahead=best.read_ahead)
@@ -261,6 +263,18 @@ def _finished(problem: Problem, decisions: Decisions, stats: SolverStats | None,
     return dataclasses.replace(schedule, prediction=prediction), e.result
 
 
+def _cpu_starved(result: SimResult) -> bool:
+    """Whether the replay's CPU optimizer idled, between its first step's start and its last step's end, longer
+    than its longest step: time in which the pace could have given it one more step (Note [pacing by the
+    replay]; its busy seconds include the time steps lost to copies beside them)."""
+    steps = [iv for iv in result.timeline if iv.channel is Channel.CPU_OPTIMIZER]
+    if not steps:
+        return False
+    span = max(iv.end_seconds for iv in steps) - min(iv.start_seconds for iv in steps)
+    longest = max(iv.end_seconds - iv.start_seconds for iv in steps)
+    return span - result.busy_seconds_per_channel.get(Channel.CPU_OPTIMIZER, 0.0) > longest
+
+
 def _reads_ahead(plan: CachePlan) -> bool:
     """Whether `emit_actions(read_ahead=True)` emits anything else than `read_ahead=False` for this plan: some
     DEVICE step in the OPTIMIZER moment streams its OS from NVME (and so may swap with the next one)."""
@@ -279,7 +293,12 @@ def _reads_ahead(plan: CachePlan) -> bool:
 # them: it idled 18.4 s in backward (one step per 0.65 s replayed, 0.43 s each), and those steps and their
 # SSD traffic ran in the tail. So a paced plan is emitted a second time, paced on the first replay's own
 # clock (`planner.emit.replayed_tick_seconds`), replayed, and the faster of the two replays is kept (ties:
-# the first). Deterministic; it costs one more emission and replay for paced plans only. The CPU price stays
+# the first). Only where the first replay's CPU optimizer idled longer than its longest step (`_cpu_starved`:
+# GPT-3 175B's MIP plans of 605212776-element chunks idled 8.8-20 s and replay 0.9-1.8 s faster re-paced;
+# those of 1812099072 idled 0.3-1.2 s, their steps 1.2 s, and replay the same). Deterministic; it costs one
+# more emission and replay per such plan, so only for tide's MIP plans
+# (`Decisions.pace_on_replay`, set by planner/solution.py; GPT-3 175B's solve replays ~6 paced reference sets
+# besides its 4 paced MIP plans, and re-pacing all of them took it past its 10 CPU s). The CPU price stays
 # the one with copies (the replay's steps run at it while a copy runs; pacing at the rate alone issued the
 # write-backs too early: 175B x rtx4090 130.16 -> 135.04 s, bench/RESULTS.md a175).
 

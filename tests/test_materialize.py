@@ -654,12 +654,13 @@ def test_paced_plans_are_paced_again_on_their_replays_clock_and_the_faster_kept(
                                                             adam_rates=rates))
     p = problem(hardware=slow)
     decisions = dataclasses.replace(uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, param_home=Tier.NVME,
-                                                      param_budget=450_000), pace_optimizer_io=True)
+                                                      param_budget=450_000), pace_optimizer_io=True, pace_on_replay=True)
     repaced = materialize(p, decisions)
     check(repaced, decisions, slow)
-    monkeypatch.setattr(m, "paces_host_io", lambda plan: False)
-    estimated = materialize(p, decisions)
+    estimated = materialize(p, dataclasses.replace(decisions, pace_on_replay=False))  # a baseline's: the estimate only
     assert repaced.prediction.iteration_seconds < estimated.prediction.iteration_seconds
+    monkeypatch.setattr(m, "paces_host_io", lambda plan: False)
+    assert materialize(p, decisions).actions == estimated.actions
     # the clock: forward and backward ticks at the replay's moment starts, the OPTIMIZER moment's at the estimate's spacing
     plan = cache_plan(p, decisions)
     starts = simulate(estimated, slow).moment_start_seconds
