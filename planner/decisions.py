@@ -170,6 +170,24 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
     return np.maximum(curve, 0)
 
 
+def activation_offloads(problem: Problem, activation_modes: Sequence[ActivationMode],
+                        checkpoint_tier: Tier | None = None) -> list[tuple[int, int, int, Tier]]:
+    """(offload moment, block, bytes, tier) of each block whose forward ends with a D2H offload: its
+    activations when swapped, its checkpointed input when recomputed with a checkpoint tier."""
+    out: list[tuple[int, int, int, Tier]] = []
+    for b, mode in enumerate(activation_modes):
+        fwd_last, reload, _ = activation_moments(problem, b)
+        if fwd_last < 0:
+            continue
+        info = problem.blocks[b]
+        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+            out.append((fwd_last, b, info.activation_bytes, tier))
+        elif mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None and reload > fwd_last:
+            out.append((fwd_last, b, min(info.input_bytes, info.activation_bytes), checkpoint_tier))
+    return out
+
+
 # Note [offloads in flight]:
 # A block's activations (or a RECOMPUTE block's checkpoint) offloaded at its last forward moment keep
 # their DEVICE bytes until the copy lands: the copy engine records them on its stream, and PyTorch's
@@ -195,20 +213,9 @@ def offload_landing_moments(problem: Problem, activation_modes: Sequence[Activat
     for m in problem.moments:
         starts.append(t)
         t += moment_seconds[m.id] if moment_seconds else m.compute_seconds
-    offloads: list[tuple[int, int, int, Tier]] = []  # (offload moment, block, bytes, tier)
-    for b, mode in enumerate(activation_modes):
-        fwd_last, reload, _ = activation_moments(problem, b)
-        if fwd_last < 0:
-            continue
-        info = problem.blocks[b]
-        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
-            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
-            offloads.append((fwd_last, b, info.activation_bytes, tier))
-        elif mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None and reload > fwd_last:
-            offloads.append((fwd_last, b, min(info.input_bytes, info.activation_bytes), checkpoint_tier))
     out: dict[int, int] = {}
     free_at = 0.0  # when the copy channel is done with the offloads issued so far
-    for fwd_last, b, nbytes, tier in sorted(offloads):
+    for fwd_last, b, nbytes, tier in sorted(activation_offloads(problem, activation_modes, checkpoint_tier)):
         rate = channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=nbytes)
         if tier is Tier.NVME:
             rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=nbytes) or rate)
