@@ -37,6 +37,14 @@ class Ready:
             return not isinstance(inner, Ready) or inner.done()
         return self._event is None or self._event.query()
 
+    def succeeded(self) -> bool:
+        """Wait for the copy; whether it landed without failing (a failed one is left for a `wait` to raise)."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the question asked
+            return False
+        return True
+
     def on_done(self, fn: Callable[[], None]) -> bool:
         """Run `fn()` when a future-carried copy ends (on the thread that ends it); False for a CUDA event,
         which calls nothing back: the caller polls `done()`."""

@@ -60,6 +60,10 @@ class Decisions:
     # as soon as the grads are final (`_paced_host_io`): faster when the CPU optimizer falls behind
     # backward, but the grads wait on HOST for it (the placement model's CPU-lag row counts them)
     pace_optimizer_io: bool = False
+    # with `pace_optimizer_io`: emit the plan once more paced on its first replay's clock and keep the faster
+    # replay (Note [pacing by the replay] in planner/materialize.py); False: paced on the estimate only (every
+    # baseline policy and reference decision set: one emission each, as solve's CPU-time targets need)
+    pace_on_replay: bool = False
     # -- what a real system needs (planner/policies/): defaults are tide's behaviour --
     # DDP: every rank holds every chunk (layout built for one rank), grads all-reduced when final
     replicated: bool = False
@@ -171,6 +175,24 @@ def non_model_curve(problem: Problem, activation_modes: Sequence[ActivationMode]
     return np.maximum(curve, 0)
 
 
+def activation_offloads(problem: Problem, activation_modes: Sequence[ActivationMode],
+                        checkpoint_tier: Tier | None = None) -> list[tuple[int, int, int, Tier]]:
+    """(offload moment, block, bytes, tier) of each block whose forward ends with a D2H offload: its
+    activations when swapped, its checkpointed input when recomputed with a checkpoint tier."""
+    out: list[tuple[int, int, int, Tier]] = []
+    for b, mode in enumerate(activation_modes):
+        fwd_last, reload, _ = activation_moments(problem, b)
+        if fwd_last < 0:
+            continue
+        info = problem.blocks[b]
+        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
+            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
+            out.append((fwd_last, b, info.activation_bytes, tier))
+        elif mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None and reload > fwd_last:
+            out.append((fwd_last, b, min(info.input_bytes, info.activation_bytes), checkpoint_tier))
+    return out
+
+
 # Note [offloads in flight]:
 # A block's activations (or a RECOMPUTE block's checkpoint) offloaded at its last forward moment keep
 # their DEVICE bytes until the copy lands: the copy engine records them on its stream, and PyTorch's
@@ -196,20 +218,9 @@ def offload_landing_moments(problem: Problem, activation_modes: Sequence[Activat
     for m in problem.moments:
         starts.append(t)
         t += moment_seconds[m.id] if moment_seconds else m.compute_seconds
-    offloads: list[tuple[int, int, int, Tier]] = []  # (offload moment, block, bytes, tier)
-    for b, mode in enumerate(activation_modes):
-        fwd_last, reload, _ = activation_moments(problem, b)
-        if fwd_last < 0:
-            continue
-        info = problem.blocks[b]
-        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
-            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
-            offloads.append((fwd_last, b, info.activation_bytes, tier))
-        elif mode is ActivationMode.RECOMPUTE and checkpoint_tier is not None and reload > fwd_last:
-            offloads.append((fwd_last, b, min(info.input_bytes, info.activation_bytes), checkpoint_tier))
     out: dict[int, int] = {}
     free_at = 0.0  # when the copy channel is done with the offloads issued so far
-    for fwd_last, b, nbytes, tier in sorted(offloads):
+    for fwd_last, b, nbytes, tier in sorted(activation_offloads(problem, activation_modes, checkpoint_tier)):
         rate = channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=nbytes)
         if tier is Tier.NVME:
             rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=nbytes) or rate)

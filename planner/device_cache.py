@@ -17,6 +17,7 @@ from planner.decisions import (
     Decisions,
     EvictionRule,
     activation_moments,
+    activation_offloads,
     non_model_curve,
     offload_landing_moments,
     os_device_bytes,
@@ -702,17 +703,8 @@ def write_back_holds(plan: CachePlan, intervals: Sequence[CacheInterval], est: S
         return nbytes / rate if rate > 0 else 0.0
 
     queue: list[tuple[int, int, int, float, CacheInterval | None]] = []  # (tick, order, entry, copy seconds, stay)
-    for b, mode in enumerate(d.activation_modes):
-        fwd_last, reload, _ = activation_moments(problem, b)
-        if fwd_last < 0:
-            continue
-        info = problem.blocks[b]
-        if mode in (ActivationMode.SWAP_HOST, ActivationMode.SWAP_NVME):
-            tier = Tier.HOST if mode is ActivationMode.SWAP_HOST else Tier.NVME
-            queue.append((plan.first_tick[fwd_last], 0, b, seconds(info.activation_bytes, tier), None))
-        elif mode is ActivationMode.RECOMPUTE and d.checkpoint_tier is not None and reload > fwd_last:
-            nbytes = min(info.input_bytes, info.activation_bytes)
-            queue.append((plan.first_tick[fwd_last], 0, b, seconds(nbytes, d.checkpoint_tier), None))
+    for fwd_last, b, nbytes, tier in activation_offloads(problem, d.activation_modes, d.checkpoint_tier):
+        queue.append((plan.first_tick[fwd_last], 0, b, seconds(nbytes, tier), None))
     optimizer = problem.optimizer_moment
     for iv in intervals:
         if iv.pinned or not iv.write_back or not 0 <= iv.end < n_ticks or plan.tick_moment[iv.end] == optimizer:

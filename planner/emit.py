@@ -66,9 +66,14 @@ class _Emitter:
         self.add(tick, op=op, list=lst, chunk=group, channel=Channel.INTER_GPU, bytes=per_rank)
 
 
-def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple[Action, ...], tuple[int, ...]]:
+def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequence[float] | None = None,
+                 read_ahead: bool = True) -> tuple[tuple[Action, ...], tuple[int, ...]]:
     """Actions in tick order (within a tick: activations, reduce-scatters, evictions, loads, staging
-    cleanup, optimizer steps) and each action's deadline moment (a prefetch's first use)."""
+    cleanup, optimizer steps) and each action's deadline moment (a prefetch's first use).
+
+    `clock`: when each tick starts, for pacing the overlapped CPU steps' SSD traffic (`_paced_host_io`;
+    None: `estimated_tick_seconds`; a replay's: `replayed_tick_seconds`). `read_ahead`: NVMe-streamed
+    DEVICE steps read the next step's OS before the swap (Note [streamed reads before the swap])."""
     n_ticks = len(plan.tick_moment)
     out = _Emitter(plan, [[] for _ in range(n_ticks + 1)])
     ends: dict[int, list[CacheInterval]] = {}
@@ -86,7 +91,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
     for c, tick in plan.chunk_final_tick.items():
         bucket_finals.setdefault(tick, []).append(c)
     optimizer_tick = plan.first_tick[plan.problem.optimizer_moment]
-    step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick)
+    step_tick, read_tick, write_tick = _paced_host_io(plan, optimizer_tick, clock)
     host_steps: dict[int, list[int]] = {}
     for g, tick in plan.host_step_tick.items():
         host_steps.setdefault(step_tick.get(g, tick), []).append(g)
@@ -186,13 +191,18 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval]) -> tuple[tuple
             g = device_steps[tick]
             nxt = device_order[k + 1] if k + 1 < len(device_order) else None
             defer = nxt is not None and resident is not None and _may_defer_write_back(plan, room, resident, g, nxt)
+            early = (read_ahead and bool(deferred_write_back) and nxt is not None
+                     and _os_staged_on_host(plan, deferred_write_back[0]))
+            if early:
+                # Note [streamed reads before the swap]: the previous step's stale HOST OS makes room first
+                _evict_stale_staged_os(out, plan, deferred_write_back[0], tick)
+                _device_step_nvme_reads(out, plan, nxt, tick)
             if deferred_write_back:
-                # Note [streamed write-back after the next fetch]: after this tick's CPU steps, and
-                # before the next step's NVMe reads (HOST stages two streamed steps' OS at most)
+                # Note [streamed write-back after the next fetch]: after this tick's CPU steps
                 _device_step_swap(out, plan, deferred_write_back[0], g, tick)
             if k == 0:
                 _device_step_nvme_reads(out, plan, device_order[0], tick)
-            if k + 1 < len(device_order):
+            if k + 1 < len(device_order) and not early:
                 # the next step's OS is read from NVME before this one's goes back: the SSDs are one
                 # FIFO (simplex), so a write-back queued first would hold the next read behind the
                 # whole DEVICE round trip of this step (the streamed steps pipeline instead)
@@ -265,7 +275,31 @@ def _all_reduce(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
             out.add(tick, op=op, list=ChunkList.GRAD, chunk=c, channel=Channel.INTER_GPU, bytes=half)
 
 
-def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+def paces_host_io(plan: CachePlan) -> bool:
+    """Whether `emit_actions` paces overlapped CPU steps' SSD traffic (`_paced_host_io`) for this plan."""
+    return bool(_paced_host_io(plan, plan.first_tick[plan.problem.optimizer_moment])[0])
+
+
+def replayed_tick_seconds(plan: CachePlan, moment_start_seconds: Sequence[float]) -> list[float]:
+    """When each tick starts in a replay of the plan's schedule (`SimResult.moment_start_seconds`): a forward
+    or backward tick when its moment's work starts; the OPTIMIZER moment's ticks (one per DEVICE step) at
+    `estimated_tick_seconds`' spacing from the end of the work before it (the replay has one start for the
+    whole moment). The clock `_paced_host_io` paces by on a second emission (Note [pacing by the replay])."""
+    est = _estimated_tick_seconds(plan)
+    opt_moment = plan.problem.optimizer_moment
+    opt = plan.first_tick[opt_moment]
+    out = [float(moment_start_seconds[m]) for m in plan.tick_moment[:opt]]
+    before = opt_moment - 1 if opt_moment > 0 else None
+    if before is None or before not in plan.first_tick:
+        return out + est[opt:]
+    # the end of the work before the OPTIMIZER moment, where its actions are issued: the replayed start of that
+    # work plus its estimated length (the estimate's own spacing of the two ticks)
+    base = moment_start_seconds[before] + est[opt] - est[plan.first_tick[before]]
+    return out + [base + est[t] - est[opt] for t in range(opt, len(plan.tick_moment))]
+
+
+def _paced_host_io(plan: CachePlan, optimizer_tick: int,
+                   clock: Sequence[float] | None = None) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
     """Ticks at which the overlapped CPU steps, and the NVMe reads and write-backs of their OS, are issued.
 
     The SSDs are one FIFO (simplex): a write-back issued before its CPU step is done holds every
@@ -287,7 +321,7 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int) -> tuple[dict[int, int]
                        if plan.os_tier[c] is Tier.NVME) for _, g in early}
     if not any(os_bytes.values()):
         return {}, {}, {}
-    est = _estimated_tick_seconds(plan)
+    est = list(clock) if clock is not None else _estimated_tick_seconds(plan)
     n_ticks = len(plan.tick_moment)
     hw = problem.hardware
     # the simulator's price of these steps: overlapped with backward, SSD/PCIe traffic beside them
@@ -478,6 +512,29 @@ def _device_step_nvme_reads(out: _Emitter, plan: CachePlan, g: int, tick: int) -
 # sim17's simulator, 2026-11-24: the OPTIMIZER moment's actions waited 50 s in all on a100-80g-12ssd).
 # Now the best MIP plan replays in 120.37 s instead of 123.68 s (a100-80g-12ssd) and 130.88 s instead
 # of 135.09 s (rtx4090-768g-12ssd).
+#
+# Note [streamed reads before the swap]:
+# An NVMe-streamed DEVICE step's OS is read to HOST one step ahead (`_device_step_nvme_reads`). Emitted
+# after the swap, the reads of step k+1 were issued by the training thread only once it had passed the
+# swap's FETCHes, each of which waits there for the write-back before it to land (the caching allocator);
+# and on the SSDs (one FIFO) they queued behind step k-1's write-backs, issued in the swap. So step k+1's
+# OS reached HOST late and the chain of streamed steps waited for it (`bench/bench_stage_gap.py --waits`:
+# GPT-3 175B x a100-80g-12ssd, the tail's 6.6 s of waits past the SSD time). Now they are issued at the
+# tick's start, before the swap: the SSDs read step k+1 while the link moves step k-1 down and step k up.
+# The HOST room they take is step k-1's: its staged OS there is stale from its DEVICE step on (the step
+# updated the DEVICE copy: Note [simulator validity] in planner/sim_actions.py), so it is evicted first,
+# and its write-back comes down into HOST list by list and leaves for the SSDs at once. HOST then holds
+# steps k and k+1 plus one list of step k-1 in transit: one list more than the placement model's
+# NVME_STREAM_STAGED_CHUNKS (two steps); where that does not fit, `planner.materialize` emits the
+# reads after the swap again (`read_ahead=False`).
+def _evict_stale_staged_os(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """Step g ran on DEVICE: its OS staged on HOST (read from NVME for it) is stale, its room free."""
+    for c in plan.trainable_chunks[g]:
+        if plan.os_tier[c] is Tier.NVME:
+            for lst in plan.problem.os_lists:
+                out.evict(tick, lst, c, Tier.HOST)
+
+
 def _os_bytes_streamed(plan: CachePlan, g: int) -> int:
     """DEVICE bytes of comm group g's OS fetched for its DEVICE step (0 where its OS lives on DEVICE)."""
     return sum(plan.chunk_bytes[lst][c] for c in plan.trainable_chunks[g] if plan.os_tier[c] is not Tier.DEVICE

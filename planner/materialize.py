@@ -49,7 +49,8 @@ from planner.device_cache import (
     spill_idle_grads,
     trim_intervals,
 )
-from planner.emit import block_activation_plans, emit_actions, initial_residency
+from planner.emit import (block_activation_plans, emit_actions, initial_residency, paces_host_io,
+                          replayed_tick_seconds)
 from planner.errors import InfeasibleError, PlannerError
 from planner.problem import Problem
 from planner.replay import ReplayError, ResidencyReplay, replay_residency
@@ -58,6 +59,7 @@ from planner.simulate import simulate
 from schemas.schedule import (
     ActivationMode,
     Budgets,
+    Channel,
     OptimizerSwap,
     Prediction,
     Schedule,
@@ -183,6 +185,17 @@ def _without_offloads_in_flight(problem: Problem, d: Decisions) -> Decisions | N
     return dataclasses.replace(d, param_device_budget_bytes=plain, hold_write_backs=False)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Emitted:
+    """One emission of a set of DEVICE stays: the draft schedule, its residency replay and simulation."""
+
+    draft: Schedule
+    replay: ResidencyReplay
+    result: SimResult
+    intervals: list[CacheInterval]  # the stays it was emitted from (after the prefetch pass)
+    read_ahead: bool  # emit_actions' read_ahead (Note [streamed reads before the swap] in planner/emit.py)
+
+
 def _materialize_replayed_once(problem: Problem, decisions: Decisions,
                                stats: SolverStats | None) -> tuple[Schedule, SimResult]:
     _check_decisions(problem, decisions)
@@ -191,38 +204,121 @@ def _materialize_replayed_once(problem: Problem, decisions: Decisions,
     intervals = demand_pass(plan)
     trim_intervals(intervals, len(plan.tick_moment))
     spilled = spill_idle_grads(plan, intervals) if decisions.spill_idle_grads and decisions.prefetch else None
-    best = _materialize_intervals(problem, decisions, plan, intervals, stats)
+    best = _emission(problem, decisions, plan, intervals, stats)
     if spilled is not None:
         # the spill trades a round trip of the grad for room before crowded peaks: kept only where
         # the replay is faster (measured both ways; ties keep the grad where it is)
         try:
-            other = _materialize_intervals(problem, decisions, plan, spilled, stats)
+            other = _emission(problem, decisions, plan, spilled, stats)
         except InfeasibleError:  # the grad's HOST copy does not fit there: keep it on DEVICE
             other = None
-        if other is not None and other[1].iteration_seconds < best[1].iteration_seconds:
+        if other is not None and other.result.iteration_seconds < best.result.iteration_seconds:
             best = other
-    return best
+    if decisions.pace_on_replay and _cpu_starved(best.result) and paces_host_io(plan):
+        # Note [pacing by the replay]: the faster set of stays only
+        clock = replayed_tick_seconds(plan, best.result.moment_start_seconds)
+        try:
+            repaced = _emitted(problem, decisions, plan, best.intervals, stats, clock=clock, read_ahead=best.read_ahead)
+        except InfeasibleError:  # the staged OS the new pace keeps on HOST does not fit there
+            repaced = None
+        if repaced is not None and repaced.result.iteration_seconds < best.result.iteration_seconds:
+            best = repaced
+    return _finished(problem, decisions, stats, best)
 
 
 def _materialize_intervals(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
                            stats: SolverStats | None) -> tuple[Schedule, SimResult]:
-    """The schedule of one set of DEVICE stays, replayed (steps 4-7 of Note [materialize steps])."""
+    """The schedule of one set of DEVICE stays, replayed (steps 4-7 of Note [materialize steps]), paced on the
+    estimated clock."""
+    return _finished(problem, decisions, stats, _emission(problem, decisions, plan, intervals, stats))
+
+
+def _emission(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
+              stats: SolverStats | None) -> _Emitted:
+    """One set of DEVICE stays after the prefetch pass, emitted and replayed (steps 4-7 of Note [materialize
+    steps])."""
     intervals = [dataclasses.replace(iv) for iv in intervals]  # prefetch_early moves starts in place
     if decisions.prefetch:
         prefetch_early(plan, intervals)
-    actions, _deadlines = emit_actions(plan, intervals)
-    residency = initial_residency(plan)
-    activation_plans = block_activation_plans(problem, decisions.activation_modes)
+    try:
+        return _emitted(problem, decisions, plan, intervals, stats)
+    except InfeasibleError:
+        # the NVMe-streamed DEVICE steps' reads before the swap take one OS list more on HOST than the
+        # placement model counts (Note [streamed reads before the swap] in planner/emit.py): after it instead
+        if not _reads_ahead(plan):
+            raise
+        return _emitted(problem, decisions, plan, intervals, stats, read_ahead=False)
+
+
+def _finished(problem: Problem, decisions: Decisions, stats: SolverStats | None, e: _Emitted) -> tuple[Schedule, SimResult]:
+    """The schedule of an emission with the simulator's prediction in it."""
+    draft = dataclasses.replace(e.draft, header=_header(problem, decisions, stats, e.result.iteration_seconds))
+    # times and totals: the simulator's; peaks: the larger of the residency replay's (which the capacities
+    # were checked on; it counts copies alive only between two actions of one moment) and the simulator's
+    # (which holds an evicted copy's bytes until the copies reading it land: Note [simulator evictions])
+    schedule = with_simulated_prediction(draft, e.result, objective=False)
+    peaks = {t: max(e.replay.peak_bytes_per_tier.get(t, 0), e.result.peak_bytes_per_tier.get(t, 0))
+             for t in (*e.replay.peak_bytes_per_tier, *e.result.peak_bytes_per_tier)}
+    prediction = dataclasses.replace(schedule.prediction, peak_bytes_per_tier=peaks)
+    return dataclasses.replace(schedule, prediction=prediction), e.result
+
+
+def _cpu_starved(result: SimResult) -> bool:
+    """Whether the replay's CPU optimizer idled, between its first step's start and its last step's end, longer
+    than its longest step: time in which the pace could have given it one more step (Note [pacing by the
+    replay]; its busy seconds include the time steps lost to copies beside them)."""
+    steps = [iv for iv in result.timeline if iv.channel is Channel.CPU_OPTIMIZER]
+    if not steps:
+        return False
+    span = max(iv.end_seconds for iv in steps) - min(iv.start_seconds for iv in steps)
+    longest = max(iv.end_seconds - iv.start_seconds for iv in steps)
+    return span - result.busy_seconds_per_channel.get(Channel.CPU_OPTIMIZER, 0.0) > longest
+
+
+def _reads_ahead(plan: CachePlan) -> bool:
+    """Whether `emit_actions(read_ahead=True)` emits anything else than `read_ahead=False` for this plan: some
+    DEVICE step in the OPTIMIZER moment streams its OS from NVME (and so may swap with the next one)."""
+    opt = plan.first_tick[plan.problem.optimizer_moment]
+    return any(tick >= opt and any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g])
+               for g, tick in plan.device_step_tick.items())
+
+
+# Note [pacing by the replay]:
+# The overlapped CPU steps' SSD traffic is paced on a clock (`planner.emit._paced_host_io`): a step is issued
+# about when the CPU is estimated to reach it, its write-back once it is estimated done, because a
+# write-back queued on the SSDs (one FIFO) before its step ends holds every later read behind it. The first
+# emission's clock is `estimated_tick_seconds`, each moment at its placement price. Where the replay runs
+# slower than that (GPT-3 175B x rtx4090-768g-12ssd: backward 49.1 s replayed against ~37 s estimated, its
+# blocks waiting for grad write-backs in flight), the steps were issued a third later than the CPU could take
+# them: it idled 18.4 s in backward (one step per 0.65 s replayed, 0.43 s each), and those steps and their
+# SSD traffic ran in the tail. So a paced plan is emitted a second time, paced on the first replay's own
+# clock (`planner.emit.replayed_tick_seconds`), replayed, and the faster of the two replays is kept (ties:
+# the first). Only where the first replay's CPU optimizer idled longer than its longest step (`_cpu_starved`:
+# GPT-3 175B's MIP plans of 605212776-element chunks idled 8.8-20 s and replay 0.9-1.8 s faster re-paced;
+# those of 1812099072 idled 0.3-1.2 s, their steps 1.2 s, and replay the same). Deterministic; it costs one
+# more emission and replay per such plan, so only for tide's MIP plans
+# (`Decisions.pace_on_replay`, set by planner/solution.py; GPT-3 175B's solve replays ~6 paced reference sets
+# besides its 4 paced MIP plans, and re-pacing all of them took it past its 10 CPU s). The CPU price stays
+# the one with copies (the replay's steps run at it while a copy runs; pacing at the rate alone issued the
+# write-backs too early: 175B x rtx4090 130.16 -> 135.04 s, bench/RESULTS.md a175).
+
+
+def _emitted(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
+             stats: SolverStats | None, *, clock: Sequence[float] | None = None,
+             read_ahead: bool = True) -> _Emitted:
+    """The draft schedule of `intervals` (emitted with `clock` and `read_ahead`: `planner.emit.emit_actions`),
+    its residency replay and its simulation; InfeasibleError when a tier overflows."""
+    actions, _deadlines = emit_actions(plan, intervals, clock=clock, read_ahead=read_ahead)
     budgets = _reserved_budgets(problem, decisions)
     draft = Schedule(
         header=_header(problem, decisions, stats, 0.0),
         budgets=budgets,
         layout=decisions.layout,
         chunk_plans=decisions.chunk_plans,
-        activation_plans=activation_plans,
+        activation_plans=block_activation_plans(problem, decisions.activation_modes),
         moments=problem.moments,
         stages=problem.stages,
-        initial_residency=residency,
+        initial_residency=initial_residency(plan),
         actions=actions,
         prediction=Prediction(iteration_seconds=0.0, flops=0, bytes_per_channel={}, busy_seconds_per_channel={},
                               peak_bytes_per_tier={}),
@@ -235,15 +331,7 @@ def _materialize_intervals(problem: Problem, decisions: Decisions, plan: CachePl
         if exc.kind is ViolationKind.CAPACITY:  # the simulator counts per action what the replay counts per moment
             raise InfeasibleError(str(exc)) from None
         raise
-    draft = dataclasses.replace(draft, header=_header(problem, decisions, stats, result.iteration_seconds))
-    # times and totals: the simulator's; peaks: the larger of the residency replay's (which the capacities
-    # were checked on; it counts copies alive only between two actions of one moment) and the simulator's
-    # (which holds an evicted copy's bytes until the copies reading it land: Note [simulator evictions])
-    schedule = with_simulated_prediction(draft, result, objective=False)
-    peaks = {t: max(replay.peak_bytes_per_tier.get(t, 0), result.peak_bytes_per_tier.get(t, 0))
-             for t in (*replay.peak_bytes_per_tier, *result.peak_bytes_per_tier)}
-    prediction = dataclasses.replace(schedule.prediction, peak_bytes_per_tier=peaks)
-    return dataclasses.replace(schedule, prediction=prediction), result
+    return _Emitted(draft=draft, replay=replay, result=result, intervals=intervals, read_ahead=read_ahead)
 
 
 def with_simulated_prediction(schedule: Schedule, r: SimResult, *, objective: bool = True) -> Schedule:

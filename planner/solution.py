@@ -156,7 +156,7 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
         param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
-        moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds),
+        moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds), pace_on_replay=True,
         spill_idle_grads=True, reduce_scatter_buckets=frozenset(buckets), hold_write_backs=True,
         # several ranks: GPU steps in backward where the OS is on DEVICE (Note [DEVICE steps in backward])
         device_steps_in_backward=data.optimizer_overlap and problem.world_size > 1,

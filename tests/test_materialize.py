@@ -578,3 +578,97 @@ def test_a_plan_with_no_room_for_offloads_in_flight_still_runs_waiting_for_them(
         assert schedule.actions == plain.actions
         return
     raise AssertionError("no DEVICE size where only the plain budget fits")
+
+
+def test_nvme_streamed_reads_go_before_the_swap_into_the_stale_steps_room() -> None:
+    # Note [streamed reads before the swap]: at step k's tick, step k+1's OS is read from NVME before the swap
+    # (step k-1's OS down, step k's up), once step k-1's stale OS staged on HOST has left it; HOST stages two
+    # steps' OS as before (step k-1's write-back passes through HOST list by list)
+    hw = resolve_hardware("a100-80g-12ssd")
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    schedule = materialize(p, decisions)
+    check(schedule, decisions, hardware=hw)
+    os_lists = {ChunkList.MASTER, ChunkList.M, ChunkList.V}
+    steps = [a.chunk for a in schedule.actions if a.op is Op.OPTIMIZER_STEP and a.dst is Tier.DEVICE]
+    first: dict[tuple, int] = {}
+    for i, a in enumerate(schedule.actions):
+        if a.moment == p.optimizer_moment and a.list in os_lists:
+            first.setdefault((a.op, a.src, a.dst, a.chunk), i)
+    swaps = 0
+    for prev, nxt in zip(steps, steps[2:]):
+        down = first.get((Op.WRITE_BACK, Tier.DEVICE, Tier.HOST, prev))
+        stale = first.get((Op.EVICT, Tier.HOST, None, prev))
+        read = first[(Op.FETCH, Tier.NVME, Tier.HOST, nxt)]
+        assert down is not None and stale is not None
+        assert stale < read < down
+        swaps += 1
+    assert swaps >= 3
+    staged, most = set(), 0
+    for a in schedule.actions:
+        if a.moment == p.optimizer_moment and a.list in os_lists:
+            if a.dst is Tier.HOST:
+                staged.add((a.list, a.chunk))
+            elif a.op is Op.EVICT and a.src is Tier.HOST:
+                staged.discard((a.list, a.chunk))
+            most = max(most, len(staged))
+    assert most <= 2 * len(os_lists) + 1  # two steps' OS and one list in transit
+
+
+def test_streamed_reads_go_after_the_swap_where_host_has_no_room_for_them(monkeypatch) -> None:
+    # the reads before the swap hold one OS list more on HOST than the placement model counts: where the
+    # schedule then overflows a tier, materialize emits them after the swap (read_ahead=False)
+    import planner.materialize as m
+
+    hw = resolve_hardware("a100-80g-12ssd")
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    emit = m.emit_actions
+    after = []
+
+    def emit_actions(plan, intervals, **kw):
+        if kw.get("read_ahead", True):
+            raise InfeasibleError("HOST runs out (a stand-in for a plan without the room)")
+        after.append(kw)
+        return emit(plan, intervals, **kw)
+
+    monkeypatch.setattr(m, "emit_actions", emit_actions)
+    schedule = materialize(p, decisions)
+    check(schedule, decisions, hardware=hw)
+    assert after
+    monkeypatch.setattr(m, "emit_actions", lambda plan, intervals, **kw: emit(plan, intervals, **{**kw, "read_ahead": False}))
+    assert materialize(p, decisions).actions == schedule.actions
+
+
+def test_paced_plans_are_paced_again_on_their_replays_clock_and_the_faster_kept(monkeypatch) -> None:
+    # Note [pacing by the replay]: the CPU steps' SSD traffic paced on the first replay's clock instead of the
+    # estimate; here (CPU Adam at half its rate, OS and PARAM on NVME) the second emission replays faster
+    import planner.materialize as m
+    from planner.device_cache import cache_plan, estimated_tick_seconds
+    from planner.emit import replayed_tick_seconds
+
+    host = HW.host
+    rates = tuple(dataclasses.replace(r, params_per_s=r.params_per_s / 2, params_per_s_with_copies=r.params_per_s_with_copies / 2)
+                  for r in host.adam_rates)
+    slow = dataclasses.replace(HW, host=dataclasses.replace(host, optimizer_params_per_s=host.optimizer_params_per_s / 2,
+                                                            adam_rates=rates))
+    p = problem(hardware=slow)
+    decisions = dataclasses.replace(uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, param_home=Tier.NVME,
+                                                      param_budget=450_000), pace_optimizer_io=True, pace_on_replay=True)
+    repaced = materialize(p, decisions)
+    check(repaced, decisions, slow)
+    estimated = materialize(p, dataclasses.replace(decisions, pace_on_replay=False))  # a baseline's: the estimate only
+    assert repaced.prediction.iteration_seconds < estimated.prediction.iteration_seconds
+    monkeypatch.setattr(m, "paces_host_io", lambda plan: False)
+    assert materialize(p, decisions).actions == estimated.actions
+    # the clock: forward and backward ticks at the replay's moment starts, the OPTIMIZER moment's at the estimate's spacing
+    plan = cache_plan(p, decisions)
+    starts = simulate(estimated, slow).moment_start_seconds
+    clock, est = replayed_tick_seconds(plan, starts), estimated_tick_seconds(plan)
+    opt = plan.first_tick[p.optimizer_moment]
+    assert clock[:opt] == [starts[m] for m in plan.tick_moment[:opt]]
+    assert [b - a for a, b in zip(clock[opt:], clock[opt + 1:])] == pytest.approx([b - a for a, b in zip(est[opt:], est[opt + 1:])])
+    # no pacing (no CPU step overlapped with NVMe OS): one emission
+    plain = dataclasses.replace(decisions, pace_optimizer_io=False)
+    monkeypatch.undo()
+    assert not m.paces_host_io(cache_plan(p, plain))
