@@ -165,7 +165,7 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
         if plan.optimizer_tier[g] is Tier.HOST:
             overlap = plan.decisions.optimizer_overlap and g in grad_ticks
             plan.host_step_tick[g] = grad_ticks[g][-1] + 1 if overlap else base
-            if overlap and plan.ws == 1 and plan.decisions.tail_write_backs and _is_tail(moments, plan.tick_moment, grad_ticks[g][-1] + 1):
+            if overlap and plan.ws == 1 and plan.decisions.tail_write_backs and is_tail_tick(moments, plan.tick_moment, grad_ticks[g][-1] + 1):
                 # the grads go down after the tail (Note [write-backs after a tail's prefetches]): the same instant
                 plan.host_step_tick[g] += 1
     early = _backward_device_steps(plan, grad_ticks, device, base)
@@ -830,8 +830,9 @@ class _HeldRoom:
 
     def _seconds(self, nbytes: int, tier: Tier = Tier.HOST) -> float:
         hw = self.plan.problem.hardware
-        # at the duplex rate, or alone with `tail_write_backs` (Note [write-backs after a tail's prefetches])
-        duplex = not self.plan.decisions.tail_write_backs
+        # at the duplex rate, or alone with `tail_write_backs` or `tail_prefetches_first` (Note [write-backs
+        # after a tail's prefetches]; Note [a tail's prefetches before its write-backs] in planner/emit.py)
+        duplex = not (self.plan.decisions.tail_write_backs or self.plan.decisions.tail_prefetches_first)
         rate = channel_bytes_per_s(hw, Channel.H2D, duplex=duplex, pageable=self.pageable, nbytes=nbytes)
         if tier is Tier.NVME:
             rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_READ, nbytes=nbytes) or rate)
@@ -947,7 +948,7 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
 # once more with it and the simulator judges (`Decisions.tail_write_backs`). What emit could do instead (not
 # this module's: planner/emit.py): a tail's prefetches needed at the next tick before its write-backs,
 # measured 124.263 s on the same plan with the H2D rate alone.
-def _is_tail(moments: Sequence, tick_moment: Sequence[int], t: int) -> bool:
+def is_tail_tick(moments: Sequence, tick_moment: Sequence[int], t: int) -> bool:
     """Tick t is a backward moment without compute followed by a backward tick."""
     if not 0 <= t < len(tick_moment) - 1:
         return False
@@ -966,7 +967,7 @@ def write_backs_after_tail_prefetches(plan: CachePlan, intervals: list[CacheInte
         t = iv.end
         if iv.pinned or not iv.write_back or iv.entry & 1 != GRAD_ENTRY or not 0 <= t < n_ticks - 1:
             continue
-        if not _is_tail(moments, plan.tick_moment, t):
+        if not is_tail_tick(moments, plan.tick_moment, t):
             continue
         g = iv.entry >> 1
         if plan.host_step_tick.get(g, n_ticks) <= t:  # its CPU step needs the grads on HOST there

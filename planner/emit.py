@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.decisions import activation_moments, non_model_curve, os_device_bytes
-from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
+from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan, is_tail_tick
 from planner.device_cache import estimated_tick_seconds as _estimated_tick_seconds
 from planner.problem import Problem
 from schemas.schedule import (
@@ -123,6 +123,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
     deferred_write_back: list[int] = []  # the DEVICE step whose OS goes down after the next step's fetch
     room = _streaming_room(plan) if device_order else None
     resident = _resident_bytes(plan, intervals) if room is not None else None
+    tail_first = plan.decisions.tail_prefetches_first and plan.ws == 1
 
     for tick in range(n_ticks + 1):
         if tick in first_tick_of:
@@ -142,14 +143,26 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
         elif plan.decisions.replicated and plan.problem.world_size > 1:
             for g in sorted(finals.get(tick, ())):
                 _all_reduce(out, plan, g, tick)
-        for iv in sorted(ends.get(tick, ()), key=key):
-            _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
+        tick_ends = sorted(ends.get(tick, ()), key=key)
         # copies issued at one tick go in the order of their first use (the links are FIFOs): by
         # entry id a chunk needed two stages later went first, and the next stage waited behind it
         # (GPT-3 175B x rtx4090-768g-12ssd: every backward block's tail issued the prefetches of
         # chunks 212, 216, 217 with 216 and 217 needed first; bench/bench_stage_gap.py)
-        for iv in sorted(starts.get(tick, ()), key=lambda iv: (iv.first_use, iv.entry)):
+        tick_starts = sorted(starts.get(tick, ()), key=lambda iv: (iv.first_use, iv.entry))
+        first: list[CacheInterval] = []  # Note [a tail's prefetches before its write-backs]
+        if tail_first and is_tail_tick(plan.problem.moments, plan.tick_moment, tick):
+            first = [iv for iv in tick_starts if iv.first_use == tick + 1]
+        for iv in tick_ends:
+            if not (first and iv.write_back):  # drops free their room first
+                _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
+        for iv in first:
             _emit_start(out, plan, iv, tick)
+        for iv in tick_ends if first else ():
+            if iv.write_back:
+                _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
+        for iv in tick_starts:
+            if not any(iv is x for x in first):
+                _emit_start(out, plan, iv, tick)
         for iv in sorted(first_uses.get(tick, ()), key=key):
             if iv.allocate:
                 continue

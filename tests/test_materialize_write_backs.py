@@ -165,3 +165,45 @@ def test_grads_final_at_a_tail_go_down_at_the_next_moment_after_the_tails_prefet
         step = [a.moment for a in after.actions if a.op is Op.OPTIMIZER_STEP and a.chunk == c]
         assert all(m >= new[c] for m in step)
     assert replay.iteration_seconds > 0
+
+
+def test_a_tails_prefetches_needed_next_are_issued_before_its_write_backs() -> None:
+    # Note [a tail's prefetches before its write-backs] (planner/emit.py): at a backward moment without
+    # compute the prefetches the next moment's work needs go before the moment's grad write-backs (the
+    # simulator gives a two-way link's shared time to the copy placed first); the other prefetches after
+    # them; without the option the ended stays go first, then the starts
+    from planner.device_cache import is_tail_tick
+    from planner.emit import emit_actions
+    from schemas.schedule import ChunkList, Op
+
+    p, d = _decisions(900_000_000)
+    d = dataclasses.replace(d, hold_write_backs=True)
+    plan, intervals = _stays(p, d)
+    n_ticks = len(plan.tick_moment)
+    tails = [t for t in range(n_ticks) if is_tail_tick(p.moments, plan.tick_moment, t)]
+    written = {iv.end for iv in intervals if iv.write_back and not iv.pinned and iv.entry & 1}
+
+    def fetched_at(t: int) -> list:
+        return [iv for iv in intervals if not iv.allocate and not iv.pinned and iv.start == iv.first_use == t]
+
+    # a tail that writes grads back, with the fetches of the work after it (and of the work after the next
+    # tail) issued there instead: prefetches the pass could place at that tail
+    t = next(t for t in tails if t in written and fetched_at(t + 1) and fetched_at(t + 3))
+    moved, later = fetched_at(t + 1), fetched_at(t + 3)
+    for iv in [*moved, *later]:
+        iv.start = t
+
+    def order(decisions) -> str:
+        plan.decisions = decisions
+        actions, _ = emit_actions(plan, intervals)
+        need = {c for iv in moved for c in plan.comm_group_chunks[iv.entry >> 1]}
+        return "".join("W" if a.op is Op.WRITE_BACK and a.list is ChunkList.GRAD else
+                       "N" if a.op is Op.PREFETCH and a.chunk in need else
+                       "P" if a.op is Op.PREFETCH else "" for a in actions if a.moment == plan.tick_moment[t])
+
+    plain = order(d)
+    assert plain.rindex("W") < plain.index("N") and plain.rindex("W") < plain.index("P"), plain
+    first = order(dataclasses.replace(d, tail_prefetches_first=True))
+    # needed next, then the write-backs, then the prefetches used later
+    assert first.rindex("N") < first.index("W") and first.rindex("W") < first.index("P"), first
+    assert sorted(first) == sorted(plain)
