@@ -107,15 +107,11 @@ class Decisions:
     # must be `param_budget_bytes(offload_in_flight=True)`'s); False: free at the stay's end, offloads as the
     # budget says (every baseline policy: what the system it imitates prefetches by)
     hold_write_backs: bool = False
-    # with `hold_write_backs`: a grad written back at a backward moment without compute (a block's tail) goes
-    # down at the next moment, after the tail's prefetches, and the prefetch pass dates H2D copies at the
-    # link's rate alone (Note [write-backs after a tail's prefetches] in planner/device_cache.py); False: at
-    # the tail, before them (every baseline policy; `planner.solve` replays its fastest MIP plan both ways)
-    tail_write_backs: bool = False
     # with `hold_write_backs`: at a backward moment without compute (a block's tail) emit issues the prefetches
     # the next moment's work needs before the tail's write-backs, and the prefetch pass dates H2D copies at the
-    # link's rate alone (Note [a tail's prefetches before its write-backs] in planner/emit.py); False: a tick's
-    # ended stays first, then its starts (every baseline policy: what the system it imitates issues)
+    # link's rate alone (Note [a tail's prefetches before its write-backs] in planner/emit.py; one rank); False:
+    # a tick's ended stays first, then its starts (every baseline policy; `planner.solve` replays its fastest
+    # MIP plan both ways)
     tail_prefetches_first: bool = False
     # with several ranks and `optimizer_overlap`: a DEVICE-stepped comm group whose OS lives on DEVICE is
     # stepped during backward once its reduce-scatter is estimated to have landed, instead of in the

@@ -160,14 +160,10 @@ def _optimizer_ticks(plan: CachePlan, grad_ticks: dict[int, list[int]], budgets:
     stepped = [g for g in range(plan.n_comm_groups) if plan.trainable_chunks[g]]
     device = [g for g in stepped if plan.optimizer_tier[g] is Tier.DEVICE]
     device.sort(key=lambda g: (-grad_ticks[g][-1] if g in grad_ticks else 1, g))
-    moments = plan.problem.moments
     for g in stepped:
         if plan.optimizer_tier[g] is Tier.HOST:
             overlap = plan.decisions.optimizer_overlap and g in grad_ticks
             plan.host_step_tick[g] = grad_ticks[g][-1] + 1 if overlap else base
-            if overlap and plan.ws == 1 and plan.decisions.tail_write_backs and is_tail_tick(moments, plan.tick_moment, grad_ticks[g][-1] + 1):
-                # the grads go down after the tail (Note [write-backs after a tail's prefetches]): the same instant
-                plan.host_step_tick[g] += 1
     early = _backward_device_steps(plan, grad_ticks, device, base)
     for g in device:
         if g in early:
@@ -830,9 +826,9 @@ class _HeldRoom:
 
     def _seconds(self, nbytes: int, tier: Tier = Tier.HOST) -> float:
         hw = self.plan.problem.hardware
-        # at the duplex rate, or alone with `tail_write_backs` or `tail_prefetches_first` (Note [write-backs
-        # after a tail's prefetches]; Note [a tail's prefetches before its write-backs] in planner/emit.py)
-        duplex = not (self.plan.decisions.tail_write_backs or self.plan.decisions.tail_prefetches_first)
+        # at the duplex rate, or alone with `tail_prefetches_first` (Note [a tail's prefetches before its
+        # write-backs] in planner/emit.py)
+        duplex = not self.plan.decisions.tail_prefetches_first
         rate = channel_bytes_per_s(hw, Channel.H2D, duplex=duplex, pageable=self.pageable, nbytes=nbytes)
         if tier is Tier.NVME:
             rate = min(rate, channel_bytes_per_s(hw, Channel.NVME_READ, nbytes=nbytes) or rate)
@@ -916,63 +912,15 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
     held = _HeldRoom(plan, intervals)
     _place_prefetches(plan, first, slack.copy(), held)
     _place_prefetches(plan, intervals, slack, _HeldRoom(plan, intervals, held.replayed(first)))
-    if plan.decisions.tail_write_backs:
-        write_backs_after_tail_prefetches(plan, intervals)
 
 
-# Note [write-backs after a tail's prefetches]:
-# A GPT block's backward is two moments: its work, then a tail without compute where the block's grads become
-# final. The simulator issues the tail's actions and the next block's at one instant, the end of the block's
-# work (Note [simulator time] in planner/simulate.py), and emit puts a tick's write-backs before its
-# prefetches (planner/emit.py `emit_actions`: ends, then starts); a two-way link gives its shared time to
-# the copy placed first (Note [two-way links in the simulator] in planner/sim_actions.py). Measured on GPT-3
-# 175B x rtx4090-768g-12ssd (chunk 605212776, 1.21 GB chunks of 3 per block; bench/bench_stage_gap.py and
-# the replay's timeline, 2026-11-24): at the next block's work DEVICE holds its PARAM and GRAD, 9.9 GB of
-# activations and work and the grads of the block before in flight (3.63 GB): 2 of the 3 PARAM chunks of the
-# block after fit beside them (24.41 of 24.09 GB with all 3), so one chunk is prefetched at a tail, where it
-# queued behind that tail's 3.63 GB grad write-back (D2H first: the chunk landed after 0.146 s) or, prefetched
-# earlier, the next work waited for the write-back to land (0.1355 s): every backward block 0.510 s for 0.375 s
-# of compute. Here each written-back GRAD stay ending at such a tail ends one tick later: its write-back is
-# emitted with the next moment's actions (the same instant), after the tail's prefetches, so the chunk
-# needed next crosses the link first (1.21 GB at 25.6 GB/s: 0.047 s) and the grads go down beside the next
-# work, which DEVICE holds them beside (the prefetch pass already counted their bytes there: `_HeldRoom`). A
-# CPU step of those grads at the tail moves with them (a tail has no compute: the same instant).
-# It pays only where the prefetch pass holds the room for the grads in flight: its H2D FIFO estimate at the
-# duplex rate (12.5 GB/s while D2H runs) put that pair's backward 12 s behind (6.9 GB of H2D per 0.375 s
-# block), so it placed prefetches early and the next work waited for the grads' landing anyway; dated at the
-# H2D rate alone (no D2H share: adding the link's first two-way row's D2H share, costmodel.pcie_two_way_facets,
-# left 130.32 s) the holds apply. Replayed (one run each, 2-core box): 175B x rtx4090 MIP plans paced 130.758
-# -> 127.540 s, paced full budget 130.157 -> 127.795 s (every backward block 0.422 s but 15 crowded ones);
-# applied to every MIP plan it cost elsewhere (best replay: 175B x a100-80g-12ssd 113.804 -> 114.424 s, 13B x
-# rtx4090 8.319 -> 8.431 s, 13B x a100 6.155 -> 6.169 s), so `planner.solve` replays its fastest MIP plan
-# once more with it and the simulator judges (`Decisions.tail_write_backs`). What emit could do instead (not
-# this module's: planner/emit.py): a tail's prefetches needed at the next tick before its write-backs,
-# measured 124.263 s on the same plan with the H2D rate alone.
 def is_tail_tick(moments: Sequence, tick_moment: Sequence[int], t: int) -> bool:
-    """Tick t is a backward moment without compute followed by a backward tick."""
+    """Tick t is a backward moment without compute followed by a backward tick: a GPT block's tail, where its
+    grads become final (Note [a tail's prefetches before its write-backs] in planner/emit.py)."""
     if not 0 <= t < len(tick_moment) - 1:
         return False
     tail, after = moments[tick_moment[t]], moments[tick_moment[t + 1]]
     return tail.phase is Phase.BACKWARD and after.phase is Phase.BACKWARD and tail.compute_seconds <= 0
-
-
-def write_backs_after_tail_prefetches(plan: CachePlan, intervals: list[CacheInterval]) -> None:
-    """Written-back GRAD stays ending at a backward tick without compute end at the next backward tick (Note
-    [write-backs after a tail's prefetches]); one rank (several: the reduce-scatter orders the grads)."""
-    n_ticks = len(plan.tick_moment)
-    moments = plan.problem.moments
-    if plan.ws > 1:
-        return
-    for iv in sorted(intervals, key=lambda x: (x.end, x.entry)):
-        t = iv.end
-        if iv.pinned or not iv.write_back or iv.entry & 1 != GRAD_ENTRY or not 0 <= t < n_ticks - 1:
-            continue
-        if not is_tail_tick(moments, plan.tick_moment, t):
-            continue
-        g = iv.entry >> 1
-        if plan.host_step_tick.get(g, n_ticks) <= t:  # its CPU step needs the grads on HOST there
-            continue
-        iv.end = t + 1
 
 
 def _place_prefetches(plan: CachePlan, intervals: list[CacheInterval], slack: np.ndarray,

@@ -235,6 +235,33 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
 
 
+# Note [a tail's prefetches before its write-backs]:
+# A GPT block's backward is two moments: its work, then a tail without compute where the block's grads
+# become final and are written back (their stays end there: the ended stays' actions go first in a tick,
+# then the starts). The simulator issues the tail's actions at the end of the block's work, the same
+# instant as the next block's (Note [simulator time] in planner/simulate.py), and gives a two-way link's
+# shared time to the copy placed first (Note [two-way links in the simulator] in planner/sim_actions.py).
+# On GPT-3 175B x rtx4090-768g-12ssd (chunk 605212776: 3 x 1.21 GB chunks per block) DEVICE holds at the
+# next block's work its PARAM and GRAD, its activations and the grads in flight (3.63 GB): 2 of the 3 PARAM
+# chunks of the block after fit beside them, so the third is prefetched at a tail, where it queued behind
+# that tail's 3.63 GB grad write-back (D2H placed first: ~0.14 s), and the next work waited for it: every
+# backward block 0.51 s for 0.375 s of compute (bench/RESULTS.md r175). With `Decisions.tail_prefetches_first`
+# (one rank) a tail issues the prefetches whose first use is the next tick before its write-backs (drops
+# first: they free room), the other prefetches after them: the chunk needed next crosses first (1.21 GB at
+# ~25.6 GB/s alone) and the grads go down beside the next work. DEVICE bytes do not change (a write-back's
+# bytes stay until its copy lands either way: Note [simulator evictions]). It pays only where the prefetch
+# pass dates H2D at the link's rate alone (`_HeldRoom._seconds` in planner/device_cache.py): at the duplex
+# rate (12.5 GB/s while D2H runs) its H2D FIFO estimate ran 12 s behind by mid-backward, every held prefetch
+# looked late and was placed early, and the next work waited for the grads' landing instead; so the option
+# sets both. Replayed (2026-11-24, main 22098ef + this, one run each, deterministic; bench/RESULTS.md r8):
+# 175B x rtx4090 the fastest MIP plan (paced, full budget) 128.369 -> 123.138 s (with the duplex estimate:
+# 128.470; the estimate alone without the reorder, r175: slower), the paced own-budget plan 128.957 ->
+# 122.651 s. Applied to every MIP plan it cost elsewhere (best replay: 175B x a100-80g-12ssd 113.438 ->
+# 114.281 s, 13B x rtx4090 8.3188 -> 8.3217 s; 13B x a100 6.1549 -> 6.1448 s), so `planner.solve` replays
+# its fastest MIP plan once more with it and the simulator judges. r175's other try, each such grad's stay
+# ending one tick later (its write-back after every prefetch of the tail), replayed 126.300 s there and was
+# no faster than this on any MIP plan of the four pairs but one (175B x a100, chunk 605212776 paced: 113.789
+# against 114.281 s, neither reaching that pair's fastest 113.438 s): not kept.
 def reduce_per_chunk_is_cheaper(plan: CachePlan, g: int) -> bool:
     """Whether reducing comm group g's trainable chunks one by one into their owners (a ring reduce sends a
     chunk's bytes once per rank, Note [reduce-scatter per bucket]) moves fewer INTER_GPU bytes per rank than

@@ -88,10 +88,10 @@ BOTH_PRICES_MAX_BLOCKS = 64
 # blocks on, where the replays of a deep trace are what its CPU target (issue 18: 512 blocks in 60 s) cannot pay
 # twice, and where lp17 measured the own budget faster (256 blocks x 4096 on a100-80g-12ssd 36.13 -> 32.27 s)
 BOTH_BUDGETS_MAX_BLOCKS = 128
-# below this many blocks the fastest MIP plan is replayed once more with `Decisions.tail_write_backs` (Note
-# [write-backs after a tail's prefetches] in planner/device_cache.py): one more materialize and replay (GPT-3
-# 175B, 96 blocks: ~0.5 CPU s); not deeper, where 512 blocks x 4096 is at its 60 CPU s target (issue 18) without it
-TAIL_WRITE_BACKS_MAX_BLOCKS = 128
+# below this many blocks the fastest MIP plan is replayed once more with `Decisions.tail_prefetches_first` (Note
+# [a tail's prefetches before its write-backs] in planner/emit.py): one more materialize and replay (GPT-3
+# 175B, 96 blocks: ~0.7 CPU s); not deeper, where 512 blocks x 4096 is at its 60 CPU s target (issue 18) without it
+TAIL_PREFETCHES_MAX_BLOCKS = 128
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
@@ -259,13 +259,14 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                      chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved_s[size], data=data)
                     if late is not None:
                         evaluated.append(late)
-    # the fastest MIP replay once more with its grads written back after a block's tail prefetches (Note
-    # [write-backs after a tail's prefetches] in planner/device_cache.py), the simulator judging
+    # the fastest MIP replay once more with a block's tail issuing the prefetches needed next before its grad
+    # write-backs (Note [a tail's prefetches before its write-backs] in planner/emit.py), the simulator judging:
+    # applied to every MIP plan it cost elsewhere (175B x a100-80g-12ssd 113.438 -> 114.281 s, bench/RESULTS.md r8)
     placed = [e for e in evaluated if e.placement is not None and e.decisions.hold_write_backs]
-    if placed and problem.world_size == 1 and len(problem.blocks) < TAIL_WRITE_BACKS_MAX_BLOCKS:
+    if placed and problem.world_size == 1 and len(problem.blocks) < TAIL_PREFETCHES_MAX_BLOCKS:
         best = min(placed, key=lambda e: (e.simulated_seconds, e.what))
-        again = _evaluate(problem, dataclasses.replace(best.decisions, tail_write_backs=True),
-                          what=f"{best.what}, write-backs after the tail's prefetches", chunk_elements=best.chunk_elements,
+        again = _evaluate(problem, dataclasses.replace(best.decisions, tail_prefetches_first=True),
+                          what=f"{best.what}, a tail's prefetches first", chunk_elements=best.chunk_elements,
                           wasted=best.wasted_elements, placement=best.placement, data=best.data)
         if again is not None:
             evaluated.append(again)

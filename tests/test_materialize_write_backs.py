@@ -135,38 +135,6 @@ def test_offloads_behind_a_burst_of_prefetches_are_held_until_they_land_behind_i
     assert all(b >= a for a, b in zip(est, starts)) and before == sorted(before)
 
 
-def test_grads_final_at_a_tail_go_down_at_the_next_moment_after_the_tails_prefetches() -> None:
-    # Note [write-backs after a tail's prefetches]: a grad whose last backward moment is followed by a tail
-    # without compute is written back with the next moment's actions (the same instant), so the tail's
-    # prefetches cross the link before it; its CPU step follows it there, and the plan still replays
-    from schemas.schedule import ChunkList, Op
-
-    p, d = _decisions(900_000_000)
-    d = dataclasses.replace(d, hold_write_backs=True)
-    tails = {m.id for m in p.moments[:-1] if m.phase.value == "BACKWARD" and m.compute_seconds <= 0
-             and p.moments[m.id + 1].phase.value == "BACKWARD"}
-    assert tails
-
-    def write_backs(schedule):
-        return {a.chunk: a.moment for a in schedule.actions if a.op is Op.WRITE_BACK and a.list is ChunkList.GRAD}
-
-    before, _ = materialize_replayed(p, d)
-    after, replay = materialize_replayed(p, dataclasses.replace(d, tail_write_backs=True))
-    old, new = write_backs(before), write_backs(after)
-    assert old.keys() == new.keys()
-    moved = [c for c in old if old[c] in tails]
-    assert len(moved) >= len(tails)
-    for c in old:
-        assert new[c] == (old[c] + 1 if c in moved else old[c]), c
-    for c in moved:  # after the prefetches of the tail it left
-        prefetched = [i for i, a in enumerate(after.actions) if a.moment == old[c] and a.op is Op.PREFETCH]
-        wb = next(i for i, a in enumerate(after.actions) if a.op is Op.WRITE_BACK and a.list is ChunkList.GRAD and a.chunk == c)
-        assert all(i < wb for i in prefetched)
-        step = [a.moment for a in after.actions if a.op is Op.OPTIMIZER_STEP and a.chunk == c]
-        assert all(m >= new[c] for m in step)
-    assert replay.iteration_seconds > 0
-
-
 def test_a_tails_prefetches_needed_next_are_issued_before_its_write_backs() -> None:
     # Note [a tail's prefetches before its write-backs] (planner/emit.py): at a backward moment without
     # compute the prefetches the next moment's work needs go before the moment's grad write-backs (the
