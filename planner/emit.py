@@ -258,7 +258,8 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
 # 128.470; the estimate alone without the reorder, r175: slower), the paced own-budget plan 128.957 ->
 # 122.651 s. Applied to every MIP plan it cost elsewhere (best replay: 175B x a100-80g-12ssd 113.438 ->
 # 114.281 s, 13B x rtx4090 8.3188 -> 8.3217 s; 13B x a100 6.1549 -> 6.1448 s), so `planner.solve` replays
-# its fastest MIP plan once more with it and the simulator judges. r175's other try, each such grad's stay
+# its fastest MIP plan once more with it (paced on the estimate only, for the CPU target: 124.219 s there)
+# and the simulator judges. r175's other try, each such grad's stay
 # ending one tick later (its write-back after every prefetch of the tail), replayed 126.300 s there and was
 # no faster than this on any MIP plan of the four pairs but one (175B x a100, chunk 605212776 paced: 113.789
 # against 114.281 s, neither reaching that pair's fastest 113.438 s): not kept.
