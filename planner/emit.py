@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.decisions import activation_moments, non_model_curve, os_device_bytes
-from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan, is_tail_tick
+from planner.device_cache import (
+    GRAD_ENTRY,
+    PARAM_ENTRY,
+    CacheInterval,
+    CachePlan,
+    is_tail_tick,
+)
 from planner.device_cache import estimated_tick_seconds as _estimated_tick_seconds
 from planner.problem import Problem
 from schemas.schedule import (
