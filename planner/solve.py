@@ -92,6 +92,12 @@ BOTH_BUDGETS_MAX_BLOCKS = 128
 # [a tail's prefetches before its write-backs] in planner/emit.py): one more materialize and replay (GPT-3
 # 175B, 96 blocks: ~0.7 CPU s); not deeper, where 512 blocks x 4096 is at its 60 CPU s target (issue 18) without it
 TAIL_PREFETCHES_MAX_BLOCKS = 128
+# below this many blocks the fastest MIP plan is replayed once more with its optimizer chains balanced where they
+# end whole steps apart (Note [the optimizer's two chains]): at most one more materialize and replay (GPT-3 175B x
+# a100-80g-12ssd: ~0.2 CPU s); not deeper, as TAIL_PREFETCHES_MAX_BLOCKS (512 blocks x 4096 at its 60 CPU s target)
+CHAIN_BALANCE_MAX_BLOCKS = 128
+# the steps at the end of a chain whose mean spacing estimates one more (or one fewer) step's seconds
+CHAIN_STEPS_MEASURED = 10
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
 RELEASE_STAGES = 6  # second try: chunk classes used within this many stages of a fractional variable are freed
 # HiGHS nodes per placement MIP: the fixed MIPs close in 1-5 nodes (bench/bench_depth.py, 32-512
@@ -274,6 +280,18 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                           wasted=best.wasted_elements, placement=best.placement, data=best.data)
         if again is not None:
             evaluated.append(again)
+    # the fastest MIP replay once more with its two optimizer chains ending together (Note [the optimizer's two
+    # chains]): applied only where the replay's chains end whole steps apart, the simulator judging
+    placed = [e for e in evaluated if e.placement is not None and e.replay is not None]
+    if placed and problem.world_size == 1 and len(problem.blocks) < CHAIN_BALANCE_MAX_BLOCKS:
+        best = min(placed, key=lambda e: (e.simulated_seconds, e.what))
+        moved = balanced_chains(best.decisions, best.replay)
+        if moved is not None:
+            balanced, how = moved
+            again = _evaluate(problem, balanced, what=f"{best.what}, {how}", chunk_elements=best.chunk_elements,
+                              wasted=best.wasted_elements, placement=best.placement, data=best.data)
+            if again is not None:
+                evaluated.append(again)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
@@ -456,6 +474,57 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
     return Evaluated(what=what, decisions=decisions, schedule=schedule, simulated_seconds=replay.iteration_seconds,
                      chunk_elements=chunk_elements, wasted_elements=wasted, placement=placement, data=data,
                      replay=replay)
+
+
+# Note [the optimizer's two chains]:
+# With OS streamed from the SSDs the tail after backward runs two chains of optimizer steps side by side:
+# CPU Adam steps (the CPU, their OS read and written on the SSDs) and DEVICE steps (their OS up and down the
+# PCIe link, read and written on the SSDs too). The placement MIP splits the chunks between them on its
+# stage rows; the replay ends when the later chain's last step (and its write-back) does. Measured on GPT-3
+# 175B x a100-80g-12ssd (the chosen MIP plan, chunk 1812099072, paced, full budget, 113.438 s; bench/RESULTS.md
+# "g175"): 69 CPU steps and 29 DEVICE steps, the last CPU step ending 3.84 s after the last DEVICE step,
+# the steps 1.48 s (CPU) and 1.91 s (DEVICE) apart at the end, and the SSDs idle 1.2 s in the last 2.5 s
+# waiting for the CPU. Moving a chunk from the later chain to the other takes about one of its steps
+# off the later chain and adds one to the other, so while the chains end more than both spacings apart
+# each move ends the iteration a whole step earlier with the other chain still ending first. Applied to
+# the fastest MIP replay: m = floor(difference / (both spacings)) chunks, the ones the later chain steps
+# last (each spacing the mean over its last CHAIN_STEPS_MEASURED steps), moved and replayed once more;
+# the simulator judges. There: one chunk, 113.438 -> 112.533 s (CPU 111.32, DEVICE 110.72 s; two
+# chunks: 113.550 s, the DEVICE chain then last, as the rule predicts). GPT-3 175B x rtx4090-768g-12ssd's
+# chains end 0.97 s apart with spacings 0.53 + 0.57 s: no move (one would replay 124.125 instead of
+# 124.219 s). Only a step whose OS lives below DEVICE (HOST or NVME) changes chain; one rank.
+def balanced_chains(decisions, replay) -> tuple[object, str] | None:
+    """`decisions` with the chunks the later optimizer chain of `replay` steps last moved to the other
+    chain (Note [the optimizer's two chains]), and what was moved; None where the chains end less than
+    both their step spacings apart."""
+    ends: dict[str, list[tuple[float, int]]] = {"CPU": [], "GPU": []}
+    for iv in replay.timeline:
+        if not iv.label.startswith("adam "):
+            continue
+        chain = "CPU" if iv.channel.value == "CPU_OPTIMIZER" else "GPU"
+        ends[chain].append((iv.end_seconds, int(iv.label.split()[1])))
+    if min(len(v) for v in ends.values()) < 2:
+        return None
+    spacing = {}
+    for chain, v in ends.items():
+        v.sort()
+        j = min(CHAIN_STEPS_MEASURED, len(v) - 1)
+        spacing[chain] = (v[-1][0] - v[-1 - j][0]) / j
+    late = max(ends, key=lambda k: (ends[k][-1][0], k))
+    early = "GPU" if late == "CPU" else "CPU"
+    moves = int((ends[late][-1][0] - ends[early][-1][0]) // (spacing["CPU"] + spacing["GPU"]))
+    plans = list(decisions.chunk_plans)
+    at = {p.chunk: k for k, p in enumerate(plans)}
+    target = Tier.DEVICE if late == "CPU" else Tier.HOST
+    chosen = [c for _, c in reversed(ends[late])
+              if c in at and plans[at[c]].os_tier in (Tier.HOST, Tier.NVME)][:min(moves, len(ends[late]) - 1)]
+    if not chosen:
+        return None
+    for c in chosen:
+        plans[at[c]] = dataclasses.replace(plans[at[c]], optimizer_tier=target)
+    how = (f"{len(chosen)} step{'s' if len(chosen) > 1 else ''} moved from the {late} to the {early} "
+           f"(chunk{'s' if len(chosen) > 1 else ''} {', '.join(str(c) for c in sorted(chosen))})")
+    return dataclasses.replace(decisions, chunk_plans=tuple(plans)), how
 
 
 def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: bool) -> Evaluated | None:

@@ -486,3 +486,52 @@ def test_gpt3_13b_on_a100_is_won_by_the_mip_with_a_true_gap_within_5_percent():
     assert all(h.lower_bound_seconds <= s * (1 + 1e-9) for _, s in report.evaluated)
     assert h.lower_bound_seconds <= angel * (1 + 1e-9)
     assert h.gap <= 0.05
+
+
+def _chains_replay(cpu: list[tuple[float, int]], gpu: list[tuple[float, int]]):
+    """A replay whose timeline holds CPU Adam steps (end, chunk) and DEVICE steps (end, chunk), 1 s each."""
+    import types
+
+    from planner.sim_result import Interval
+
+    timeline = [Interval(channel=Channel.CPU_OPTIMIZER, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}") for e, c in cpu]
+    timeline += [Interval(channel=Channel.COMPUTE, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}") for e, c in gpu]
+    timeline.append(Interval(channel=Channel.COMPUTE, start_seconds=0.0, end_seconds=1.0, label="backward h.0"))
+    return types.SimpleNamespace(timeline=tuple(timeline))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plans:
+    chunk_plans: tuple
+
+
+def _plans(tiers: list[tuple[Tier, Tier]]) -> _Plans:
+    from schemas.schedule import ChunkPlan
+
+    return _Plans(chunk_plans=tuple(ChunkPlan(chunk=c, os_tier=os, optimizer_tier=opt) for c, (os, opt) in enumerate(tiers)))
+
+
+def test_balanced_chains_moves_the_later_chains_last_steps_only_when_they_end_whole_steps_apart():
+    """Note [the optimizer's two chains] (planner/solve.py): the chunk the later chain steps last changes chain,
+    floor(difference / both spacings) of them; none where the chains end closer than both spacings (GPT-3 175B
+    x rtx4090-768g-12ssd: 0.97 s apart, spacings 0.53 + 0.57 s), and never one whose OS lives on DEVICE."""
+    from planner.solve import balanced_chains
+
+    nvme_gpu, nvme_cpu = (Tier.NVME, Tier.DEVICE), (Tier.NVME, Tier.HOST)
+    d = _plans([(Tier.DEVICE, Tier.DEVICE), nvme_gpu, nvme_gpu, nvme_cpu, nvme_cpu, nvme_cpu])
+    # 175B x a100-80g-12ssd's shape: the CPU chain (chunks 5, 4, 3) ends 3.84 s after the DEVICE chain (1, 2)
+    replay = _chains_replay(cpu=[(109.95, 5), (111.43, 4), (112.905, 3)], gpu=[(107.155, 1), (109.066, 2)])
+    moved, how = balanced_chains(d, replay)
+    assert [p.optimizer_tier for p in moved.chunk_plans] == [Tier.DEVICE] * 4 + [Tier.HOST] * 2
+    assert "chunk 3" in how and "from the CPU to the GPU" in how
+    # closer than both spacings (1.0 + 1.0 s): no move
+    assert balanced_chains(d, _chains_replay(cpu=[(9.0, 5), (10.0, 4), (11.5, 3)], gpu=[(9.5, 1), (10.5, 2)])) is None
+    # the DEVICE chain later by more than twice both spacings: its two last steps go to the CPU
+    replay = _chains_replay(cpu=[(1.0, 5), (2.0, 4)], gpu=[(3.0, 3), (4.0, 1), (5.0, 2), (6.5, 0)])
+    d2 = _plans([(Tier.DEVICE, Tier.DEVICE), nvme_gpu, nvme_gpu, nvme_gpu, nvme_cpu, nvme_cpu])
+    moved, how = balanced_chains(d2, replay)
+    # chunk 0's OS lives on DEVICE: it stays; the next two the DEVICE chain steps last (2 and 1) move
+    assert [p.optimizer_tier for p in moved.chunk_plans] == [Tier.DEVICE, Tier.HOST, Tier.HOST, Tier.DEVICE, Tier.HOST, Tier.HOST]
+    assert "chunks 1, 2" in how
+    # a chain of one step gives no spacing: no move
+    assert balanced_chains(d, _chains_replay(cpu=[(20.0, 3)], gpu=[(1.0, 1), (2.0, 2)])) is None
