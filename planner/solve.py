@@ -477,9 +477,9 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
 
 
 # Note [the optimizer's two chains]:
-# With OS streamed from the SSDs the tail after backward runs two chains of optimizer steps side by side:
-# CPU Adam steps (the CPU, their OS read and written on the SSDs) and DEVICE steps (their OS up and down the
-# PCIe link, read and written on the SSDs too). The placement MIP splits the chunks between them on its
+# With OS off the GPU the tail after backward runs two chains of optimizer steps side by side: CPU Adam
+# steps (the CPU; an NVMe OS read and written on the SSDs) and DEVICE steps (their OS up and down the PCIe
+# link, from HOST or through it from the SSDs). The placement MIP splits the chunks between them on its
 # stage rows; the replay ends when the later chain's last step (and its write-back) does. Measured on GPT-3
 # 175B x a100-80g-12ssd (the chosen MIP plan, chunk 1812099072, paced, full budget, 113.438 s; bench/RESULTS.md
 # "g175"): 69 CPU steps and 29 DEVICE steps, the last CPU step ending 3.84 s after the last DEVICE step,
@@ -492,7 +492,9 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
 # the simulator judges. There: one chunk, 113.438 -> 112.533 s (CPU 111.32, DEVICE 110.72 s; two
 # chunks: 113.550 s, the DEVICE chain then last, as the rule predicts). GPT-3 175B x rtx4090-768g-12ssd's
 # chains end 0.97 s apart with spacings 0.53 + 0.57 s: no move (one would replay 124.125 instead of
-# 124.219 s). Only a step whose OS lives below DEVICE (HOST or NVME) changes chain; one rank.
+# 124.219 s). Where the DEVICE chain ends later its last steps go to the CPU: GPT-3 13B x rtx4090-768g-12ssd
+# 8.3188 -> 8.2421 s (4 chunks), PatrickStar's 4B x rtx4090-768g-12ssd 2.452 -> 2.372 s (10 chunks; the goldens).
+# Only a step whose OS lives below DEVICE (HOST or NVME) changes chain; one rank.
 def balanced_chains(decisions, replay) -> tuple[object, str] | None:
     """`decisions` with the chunks the later optimizer chain of `replay` steps last moved to the other
     chain (Note [the optimizer's two chains]), and what was moved; None where the chains end less than
