@@ -374,7 +374,7 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
     # Note [idle grads]: the tied embedding's GRAD is used by the head's backward and the embedding's,
     # with the blocks' backward between; at 400 kB of PARAM budget the blocks' fetches lack room beside it
     from planner import device_cache as dc
-    from planner.materialize import _materialize_intervals
+    from planner.materialize import _emission, _finished
     trace = gpt_trace(layers=8, hidden=64, heads=4, seq=32, batch=2, vocab=1000)
     p = problem(trace)
     d = dataclasses.replace(uniform_decisions(p, layout_of(p), param_budget=400_000), spill_idle_grads=True)
@@ -391,7 +391,7 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
         stays = sorted((iv for iv in grads if iv.entry == e), key=lambda iv: iv.start)
         assert stays[0].write_back and not stays[1].allocate
         assert stays[1].start - stays[0].end >= dc.IDLE_GRAD_MIN_TICKS - 1
-    schedule, _ = _materialize_intervals(p, d, plan, spilled, None)
+    schedule, _ = _finished(p, d, None, _emission(p, d, plan, spilled, None))
     check(schedule, d)  # the round trip is a valid schedule: written back to HOST, fetched back before its use
     assert any(a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.DEVICE for a in schedule.actions)
     # materialize keeps the faster of the two: here the round trip costs more than the room it makes
