@@ -166,8 +166,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
         for iv in tick_ends if first else ():
             if iv.write_back:
                 _emit_end(out, plan, iv, tick, written=id(iv) in written_at_step)
+        issued = {id(iv) for iv in first}
         for iv in tick_starts:
-            if not any(iv is x for x in first):
+            if id(iv) not in issued:
                 _emit_start(out, plan, iv, tick)
         for iv in sorted(first_uses.get(tick, ()), key=key):
             if iv.allocate:
@@ -269,6 +270,8 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
 # ending one tick later (its write-back after every prefetch of the tail), replayed 126.300 s there and was
 # no faster than this on any MIP plan of the four pairs but one (175B x a100, chunk 605212776 paced: 113.789
 # against 114.281 s, neither reaching that pair's fastest 113.438 s): not kept.
+
+
 def reduce_per_chunk_is_cheaper(plan: CachePlan, g: int) -> bool:
     """Whether reducing comm group g's trainable chunks one by one into their owners (a ring reduce sends a
     chunk's bytes once per rank, Note [reduce-scatter per bucket]) moves fewer INTER_GPU bytes per rank than

@@ -226,13 +226,6 @@ def _materialize_replayed_once(problem: Problem, decisions: Decisions,
     return _finished(problem, decisions, stats, best)
 
 
-def _materialize_intervals(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
-                           stats: SolverStats | None) -> tuple[Schedule, SimResult]:
-    """The schedule of one set of DEVICE stays, replayed (steps 4-7 of Note [materialize steps]), paced on the
-    estimated clock."""
-    return _finished(problem, decisions, stats, _emission(problem, decisions, plan, intervals, stats))
-
-
 def _emission(problem: Problem, decisions: Decisions, plan: CachePlan, intervals: list[CacheInterval],
               stats: SolverStats | None) -> _Emitted:
     """One set of DEVICE stays after the prefetch pass, emitted and replayed (steps 4-7 of Note [materialize

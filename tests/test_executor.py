@@ -19,6 +19,7 @@ from torch import nn
 
 import executor
 import executor.runtime
+import executor.store
 from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_gpt2
 from executor.runtime import EngineState
@@ -344,6 +345,18 @@ def test_saved_param_views_are_rebuilt_from_the_chunk_after_eviction(saved_tenso
     if not saved_tensor_hooks:  # shows the test can fail: without the hooks the grads are wrong
         monkeypatch.setattr(executor.runtime.Engine, "_push_saved_hooks", lambda self: None)
         monkeypatch.setattr(executor.runtime.Engine, "_pack", lambda self, t: t)  # the blocks' aliasing too
+        # and an evicted buffer is reused at once, as on an idle machine: under load a copy still in flight
+        # kept it RETIRING, the next block got a new buffer and the stale view read the right values
+        free = executor.store.Pool.free
+
+        def free_now(self, tensor, *, after=None, what="a buffer", on_retired=None):
+            for ready in after or ():
+                ready.wait()
+            free(self, tensor, what=what)
+            if on_retired is not None:
+                on_retired()
+
+        monkeypatch.setattr(executor.store.Pool, "free", free_now)
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD)
     got = engine_run(engine, model, lambda m, b: m(b), batches)
     want = plain_run(ref, lambda m, b: m(b), batches)

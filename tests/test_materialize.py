@@ -374,7 +374,7 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
     # Note [idle grads]: the tied embedding's GRAD is used by the head's backward and the embedding's,
     # with the blocks' backward between; at 400 kB of PARAM budget the blocks' fetches lack room beside it
     from planner import device_cache as dc
-    from planner.materialize import _materialize_intervals
+    from planner.materialize import _emission, _finished
     trace = gpt_trace(layers=8, hidden=64, heads=4, seq=32, batch=2, vocab=1000)
     p = problem(trace)
     d = dataclasses.replace(uniform_decisions(p, layout_of(p), param_budget=400_000), spill_idle_grads=True)
@@ -391,7 +391,7 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
         stays = sorted((iv for iv in grads if iv.entry == e), key=lambda iv: iv.start)
         assert stays[0].write_back and not stays[1].allocate
         assert stays[1].start - stays[0].end >= dc.IDLE_GRAD_MIN_TICKS - 1
-    schedule, _ = _materialize_intervals(p, d, plan, spilled, None)
+    schedule, _ = _finished(p, d, None, _emission(p, d, plan, spilled, None))
     check(schedule, d)  # the round trip is a valid schedule: written back to HOST, fetched back before its use
     assert any(a.list is ChunkList.GRAD and a.src is Tier.HOST and a.dst is Tier.DEVICE for a in schedule.actions)
     # materialize keeps the faster of the two: here the round trip costs more than the room it makes
@@ -453,15 +453,20 @@ def test_streamed_device_steps_swap_their_os_so_the_link_moves_both_ways(monkeyp
     assert swapped.prediction.iteration_seconds < serial.prediction.iteration_seconds
 
 
+def _nvme_streamed_steps():
+    """a100-80g-12ssd, OS on NVME stepped on DEVICE: the NVMe-streamed DEVICE steps of the tests below."""
+    hw = resolve_hardware("a100-80g-12ssd")
+    p = problem(device_bytes=20_000_000, hardware=hw)
+    return hw, p, uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+
+
 def test_nvme_streamed_device_steps_swap_their_os_with_two_staged_on_host(monkeypatch) -> None:
     # Note [streamed write-back after the next fetch], OS on NVME: step k's OS goes down (D2H, then on to
     # the SSDs) between step k+1's OS fetches, step k+2's reads follow it so HOST stages two steps' OS at
     # most (the placement model's NVME_STREAM_STAGED_CHUNKS), and the replay beats the serial order
     import planner.emit as emit
 
-    hw = resolve_hardware("a100-80g-12ssd")
-    p = problem(device_bytes=20_000_000, hardware=hw)
-    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    hw, p, decisions = _nvme_streamed_steps()
     swapped = materialize(p, decisions)
     check(swapped, decisions, hardware=hw)
     os_lists = {ChunkList.MASTER, ChunkList.M, ChunkList.V}
@@ -584,9 +589,7 @@ def test_nvme_streamed_reads_go_before_the_swap_into_the_stale_steps_room() -> N
     # Note [streamed reads before the swap]: at step k's tick, step k+1's OS is read from NVME before the swap
     # (step k-1's OS down, step k's up), once step k-1's stale OS staged on HOST has left it; HOST stages two
     # steps' OS as before (step k-1's write-back passes through HOST list by list)
-    hw = resolve_hardware("a100-80g-12ssd")
-    p = problem(device_bytes=20_000_000, hardware=hw)
-    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    hw, p, decisions = _nvme_streamed_steps()
     schedule = materialize(p, decisions)
     check(schedule, decisions, hardware=hw)
     os_lists = {ChunkList.MASTER, ChunkList.M, ChunkList.V}
@@ -620,9 +623,7 @@ def test_streamed_reads_go_after_the_swap_where_host_has_no_room_for_them(monkey
     # schedule then overflows a tier, materialize emits them after the swap (read_ahead=False)
     import planner.materialize as m
 
-    hw = resolve_hardware("a100-80g-12ssd")
-    p = problem(device_bytes=20_000_000, hardware=hw)
-    decisions = uniform_decisions(p, layout_of(p), os_tier=Tier.NVME, optimizer_tier=Tier.DEVICE, param_budget=450_000)
+    hw, p, decisions = _nvme_streamed_steps()
     emit = m.emit_actions
     after = []
 

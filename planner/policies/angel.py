@@ -41,7 +41,7 @@ from planner.policies._common import (
 )
 from planner.policies.patrickstar import patrickstar_layout
 from planner.problem import Problem
-from schemas.schedule import ActivationMode, Tier
+from schemas.schedule import ActivationMode, ChunkLayout, Tier
 
 NAME = "angel"
 
@@ -50,7 +50,8 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
     """OS on the CPU (AP.2) with the GPU's spare room caching some of it (AP.3); then, where the CPU
     does not hold it, the same with the OS on the SSDs (AP.2's SSD tier). See the module docstring."""
     homes = (Tier.HOST, Tier.NVME) if has_nvme(problem) else (Tier.HOST,)
-    return tuple(_decisions(problem, home, share) for home in homes for share in CACHE_SHARES)
+    layout = patrickstar_layout(problem)  # AP.1: tide's one-rank chunks, grouped; the embedding alone
+    return tuple(_decisions(problem, layout, home, share) for home in homes for share in CACHE_SHARES)
 
 
 # AP.3 sizes the cache "without encountering GPU out-of-memory errors" from the lifetimes; the room left
@@ -60,8 +61,7 @@ def decide(problem: Problem) -> tuple[Decisions, ...]:
 CACHE_SHARES = (1.0, 0.5, 0.25, 0.0)
 
 
-def _decisions(problem: Problem, os_home: Tier, share: float) -> Decisions:
-    layout = patrickstar_layout(problem)  # AP.1: tide's one-rank chunks, grouped; the embedding alone
+def _decisions(problem: Problem, layout: ChunkLayout, os_home: Tier, share: float) -> Decisions:
     ws = problem.world_size
     modes = (ActivationMode.RECOMPUTE,) * len(problem.blocks)
     # AP.3: what the lifetimes leave free at the tightest moment, after the non-model curve and the
