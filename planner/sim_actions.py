@@ -402,7 +402,8 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
         cov.place_step(start, end, slow)
     server.free_at = end
     sim.busy[channel] = sim.busy.get(channel, 0.0) + busy
-    sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}"))
+    sim.timeline.append(Interval(channel=channel, start_seconds=start, end_seconds=end, label=f"adam {c}",
+                                 step_chunk=c))
     sim.last_end = max(sim.last_end, end)
     for li in inputs:
         if sim.lists[li] is not ChunkList.GRAD:

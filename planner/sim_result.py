@@ -35,6 +35,7 @@ class Interval:
     start_seconds: float
     end_seconds: float
     label: str
+    step_chunk: int | None = None  # an OPTIMIZER_STEP's: the chunk it steps (None for every other interval)
 
 
 @frozen

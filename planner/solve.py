@@ -24,7 +24,7 @@ from planner.exact import solve_exact_report
 from planner.policies.angel import decide as angel_decide
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
-from planner.materialize import SolverStats, materialize, materialize_replayed, replay_memo
+from planner.materialize import Decisions, SolverStats, materialize, materialize_replayed, replay_memo
 from planner.placement import (
     PlacementInfeasible,
     PlacementInput,
@@ -36,6 +36,7 @@ from planner.placement import (
     root_bound_seconds,
 )
 from planner.problem import build_problem
+from planner.sim_result import SimResult
 from planner.simulate import ScheduleViolation
 from planner.solution import (
     POLICY,
@@ -48,7 +49,7 @@ from planner.solution import (
 )
 from schemas._base import frozen
 from schemas.hardware import Hardware
-from schemas.schedule import Schedule, SolverStatus, Tier
+from schemas.schedule import Channel, Schedule, SolverStatus, Tier
 from schemas.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -495,16 +496,14 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
 # 124.219 s). Where the DEVICE chain ends later its last steps go to the CPU: GPT-3 13B x rtx4090-768g-12ssd
 # 8.3188 -> 8.2421 s (4 chunks), PatrickStar's 4B x rtx4090-768g-12ssd 2.452 -> 2.372 s (10 chunks; the goldens).
 # Only a step whose OS lives below DEVICE (HOST or NVME) changes chain; one rank.
-def balanced_chains(decisions, replay) -> tuple[object, str] | None:
+def balanced_chains(decisions: Decisions, replay: SimResult) -> tuple[Decisions, str] | None:
     """`decisions` with the chunks the later optimizer chain of `replay` steps last moved to the other
     chain (Note [the optimizer's two chains]), and what was moved; None where the chains end less than
     both their step spacings apart."""
     ends: dict[str, list[tuple[float, int]]] = {"CPU": [], "GPU": []}
     for iv in replay.timeline:
-        if not iv.label.startswith("adam "):
-            continue
-        chain = "CPU" if iv.channel.value == "CPU_OPTIMIZER" else "GPU"
-        ends[chain].append((iv.end_seconds, int(iv.label.split()[1])))
+        if iv.step_chunk is not None:
+            ends["CPU" if iv.channel is Channel.CPU_OPTIMIZER else "GPU"].append((iv.end_seconds, iv.step_chunk))
     if min(len(v) for v in ends.values()) < 2:
         return None
     spacing = {}

@@ -494,8 +494,10 @@ def _chains_replay(cpu: list[tuple[float, int]], gpu: list[tuple[float, int]]):
 
     from planner.sim_result import Interval
 
-    timeline = [Interval(channel=Channel.CPU_OPTIMIZER, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}") for e, c in cpu]
-    timeline += [Interval(channel=Channel.COMPUTE, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}") for e, c in gpu]
+    timeline = [Interval(channel=Channel.CPU_OPTIMIZER, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}",
+                         step_chunk=c) for e, c in cpu]
+    timeline += [Interval(channel=Channel.COMPUTE, start_seconds=e - 1.0, end_seconds=e, label=f"adam {c}",
+                          step_chunk=c) for e, c in gpu]
     timeline.append(Interval(channel=Channel.COMPUTE, start_seconds=0.0, end_seconds=1.0, label="backward h.0"))
     return types.SimpleNamespace(timeline=tuple(timeline))
 
