@@ -104,8 +104,10 @@ def _demo(args: argparse.Namespace, workdir: Path) -> int:
     measured = statistics.median(times[1:] or times)
     predicted = schedule.prediction.iteration_seconds
     print()
-    print(f"bytes per channel measured == predicted: {stats.bytes_match(schedule)}; peak DEVICE chunk bytes "
-          f"{stats.peak_bytes_per_tier[Tier.DEVICE]:,} <= budget {schedule.budgets.device_bytes:,}")
+    host_match = stats.peak_bytes_per_tier[Tier.HOST] == schedule.prediction.peak_bytes_per_tier.get(Tier.HOST, 0)
+    print(f"bytes per channel measured == predicted: {stats.bytes_match(schedule)}; peak HOST bytes measured == "
+          f"predicted: {host_match}; peak DEVICE chunk bytes {stats.peak_bytes_per_tier[Tier.DEVICE]:,} <= budget "
+          f"{schedule.budgets.device_bytes:,}")
     print(f"iteration time: predicted {predicted * 1e3:.1f} ms, measured median {measured * 1e3:.1f} ms "
           f"(ratio {measured / predicted:.2f})" if predicted > 0 else f"iteration time: measured median {measured * 1e3:.1f} ms")
     engine.detach()
