@@ -79,11 +79,13 @@ def plot_series(schedule: Schedule, hardware: Hardware, *, sim: Any = None) -> d
 
     Returns {
       "moment_start_seconds": [T floats] (x of moment m), "iteration_seconds": float,
-      "tiers": {tier: {"layers": {layer: [T ints]}, "total_bytes": [T ints], "budget_bytes": int}},
+      "tiers": {tier: {"layers": {layer: [T ints]}, "total_bytes": [T ints], "budget_bytes": int, "peak_bytes": int}},
       "lanes": {channel: [(start_seconds, duration_seconds), ...]},
       "phases": [(phase, start_seconds, end_seconds)],
     }
     Layers are "non_model", "activations" and the chunk lists; tiers that never hold a byte are left out.
+    "total_bytes" is held during each moment's work; "peak_bytes" is the simulator's peak, which also counts
+    what a moment holds between its actions (grads written back and stepped within a moment).
     """
     if sim is None:
         sim = simulate(schedule, hardware)
@@ -105,7 +107,8 @@ def plot_series(schedule: Schedule, hardware: Hardware, *, sim: Any = None) -> d
         total = [sum(layer[m] for layer in layers.values()) for m in range(n_moments)]
         if tier is Tier.DEVICE or any(total):
             layers = {k: v for k, v in layers.items() if any(v)}  # an empty layer would only crowd the legend
-            tiers[tier.value] = {"layers": layers, "total_bytes": total, "budget_bytes": _budget_bytes(schedule, tier)}
+            tiers[tier.value] = {"layers": layers, "total_bytes": total, "budget_bytes": _budget_bytes(schedule, tier),
+                                 "peak_bytes": int(sim.peak_bytes_per_tier.get(tier, 0))}
     lanes: dict[str, list[tuple[float, float]]] = {}
     for interval in sim.timeline:
         channel = Channel(interval.channel)
@@ -167,14 +170,16 @@ def make_figure(schedule: Schedule, series: dict[str, Any]) -> Any:
         sx, st = _steps(xs, end, [v / GB for v in data["total_bytes"]])
         ax.step(sx, st, where="post", color="black", linewidth=0.8, label="total", gid=f"total:{tier}")
         budget = data["budget_bytes"] / GB
-        peak = max(data["total_bytes"], default=0) / GB
+        during = max(data["total_bytes"], default=0) / GB
+        peak = max(data["peak_bytes"] / GB, during)
         # a budget far above the peak would flatten the tide into a line: zoom on the data, say so
         off_scale = peak > 0 and budget > 4 * peak
         label = f"budget {budget:.3g} GB" + (" (above this panel)" if off_scale else "")
         ax.axhline(budget, color="red", linestyle="--", linewidth=1.2, label=label, gid=f"budget:{tier}")
         ax.set_ylim(0, (peak * 1.15 if off_scale else max(budget, peak) * 1.08) or 1.0)
         ax.set_ylabel(f"{tier} memory (GB)")
-        ax.set_title(f"{tier}: bytes held over the iteration (peak {peak:.3g} GB, budget {budget:.3g} GB"
+        between = f" between actions, {during:.3g} GB during work" if peak > during else ""
+        ax.set_title(f"{tier}: bytes held over the iteration (peak {peak:.3g} GB{between}, budget {budget:.3g} GB"
                      f"{', above the top of this panel' if off_scale else ''})", fontsize=10, loc="left")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         ax.grid(axis="y", alpha=0.3)

@@ -55,7 +55,8 @@ def test_series_are_the_simulators_numbers(schedule, hardware):
         assert drawn["total_bytes"] == [sum(v[m] for v in expected.values()) for m in range(n)]
         assert drawn["budget_bytes"] == {Tier.DEVICE: schedule.budgets.device_bytes, Tier.HOST: schedule.budgets.host_bytes,
                                          Tier.NVME: schedule.budgets.nvme_bytes}[tier]
-        assert max(drawn["total_bytes"]) == sim.peak_bytes_per_tier.get(tier, 0)
+        # the peak also counts what a moment holds between its actions, which no moment's work shows
+        assert drawn["peak_bytes"] == sim.peak_bytes_per_tier.get(tier, 0) >= max(drawn["total_bytes"])
     intervals = {}
     for iv in sim.timeline:
         if iv.end_seconds > iv.start_seconds:
