@@ -171,7 +171,7 @@ def make_figure(schedule: Schedule, series: dict[str, Any]) -> Any:
         ax.step(sx, st, where="post", color="black", linewidth=0.8, label="total", gid=f"total:{tier}")
         budget = data["budget_bytes"] / GB
         during = max(data["total_bytes"], default=0) / GB
-        peak = max(data["peak_bytes"] / GB, during)
+        peak = data["peak_bytes"] / GB  # the simulator's: at least every moment's total
         # a budget far above the peak would flatten the tide into a line: zoom on the data, say so
         off_scale = peak > 0 and budget > 4 * peak
         label = f"budget {budget:.3g} GB" + (" (above this panel)" if off_scale else "")
