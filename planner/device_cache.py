@@ -914,15 +914,6 @@ def prefetch_early(plan: CachePlan, intervals: list[CacheInterval]) -> None:
     _place_prefetches(plan, intervals, slack, _HeldRoom(plan, intervals, held.replayed(first)))
 
 
-def is_tail_tick(moments: Sequence, tick_moment: Sequence[int], t: int) -> bool:
-    """Tick t is a backward moment without compute followed by a backward tick: a GPT block's tail, where its
-    grads become final (Note [a tail's prefetches before its write-backs] in planner/emit.py)."""
-    if not 0 <= t < len(tick_moment) - 1:
-        return False
-    tail, after = moments[tick_moment[t]], moments[tick_moment[t + 1]]
-    return tail.phase is Phase.BACKWARD and after.phase is Phase.BACKWARD and tail.compute_seconds <= 0
-
-
 def _place_prefetches(plan: CachePlan, intervals: list[CacheInterval], slack: np.ndarray,
                       held: _HeldRoom | None) -> None:
     """`prefetch_early`'s placement, in order of need, given the slack of every tick (changed in place)."""

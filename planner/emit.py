@@ -12,13 +12,7 @@ from dataclasses import dataclass
 
 from planner.costmodel import cpu_adam_threads, optimizer_step_price
 from planner.decisions import activation_moments, non_model_curve, os_device_bytes
-from planner.device_cache import (
-    GRAD_ENTRY,
-    PARAM_ENTRY,
-    CacheInterval,
-    CachePlan,
-    is_tail_tick,
-)
+from planner.device_cache import GRAD_ENTRY, PARAM_ENTRY, CacheInterval, CachePlan
 from planner.device_cache import estimated_tick_seconds as _estimated_tick_seconds
 from planner.problem import Problem
 from schemas.schedule import (
@@ -33,6 +27,7 @@ from schemas.schedule import (
     Tier,
     copy_channel,
 )
+from schemas.trace import Phase
 
 
 @dataclass(slots=True)
@@ -270,6 +265,15 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
 # ending one tick later (its write-back after every prefetch of the tail), replayed 126.300 s there and was
 # no faster than this on any MIP plan of the four pairs but one (175B x a100, chunk 605212776 paced: 113.789
 # against 114.281 s, neither reaching that pair's fastest 113.438 s): not kept.
+
+
+def is_tail_tick(moments: Sequence, tick_moment: Sequence[int], t: int) -> bool:
+    """Tick t is a backward moment without compute followed by a backward tick: a GPT block's tail, where its
+    grads become final (Note [a tail's prefetches before its write-backs])."""
+    if not 0 <= t < len(tick_moment) - 1:
+        return False
+    tail, after = moments[tick_moment[t]], moments[tick_moment[t + 1]]
+    return tail.phase is Phase.BACKWARD and after.phase is Phase.BACKWARD and tail.compute_seconds <= 0
 
 
 def reduce_per_chunk_is_cheaper(plan: CachePlan, g: int) -> bool:

@@ -89,14 +89,12 @@ BOTH_PRICES_MAX_BLOCKS = 64
 # blocks on, where the replays of a deep trace are what its CPU target (issue 18: 512 blocks in 60 s) cannot pay
 # twice, and where lp17 measured the own budget faster (256 blocks x 4096 on a100-80g-12ssd 36.13 -> 32.27 s)
 BOTH_BUDGETS_MAX_BLOCKS = 128
-# below this many blocks the fastest MIP plan is replayed once more with `Decisions.tail_prefetches_first` (Note
-# [a tail's prefetches before its write-backs] in planner/emit.py): one more materialize and replay (GPT-3
-# 175B, 96 blocks: ~0.7 CPU s); not deeper, where 512 blocks x 4096 is at its 60 CPU s target (issue 18) without it
-TAIL_PREFETCHES_MAX_BLOCKS = 128
-# below this many blocks the fastest MIP plan is replayed once more with its optimizer chains balanced where they
-# end whole steps apart (Note [the optimizer's two chains]): at most one more materialize and replay (GPT-3 175B x
-# a100-80g-12ssd: ~0.2 CPU s); not deeper, as TAIL_PREFETCHES_MAX_BLOCKS (512 blocks x 4096 at its 60 CPU s target)
-CHAIN_BALANCE_MAX_BLOCKS = 128
+# below this many blocks (one rank) the fastest MIP plan is replayed once more with `Decisions.tail_prefetches_first`
+# (Note [a tail's prefetches before its write-backs] in planner/emit.py; GPT-3 175B, 96 blocks: ~0.7 CPU s), and
+# then the fastest once more with its optimizer chains balanced where they end whole steps apart (Note [the
+# optimizer's two chains]; 175B x a100-80g-12ssd: ~0.2 CPU s); not deeper, where 512 blocks x 4096 is at its 60 CPU s
+# target (issue 18) without them
+REPLAY_AGAIN_MAX_BLOCKS = 128
 # the steps at the end of a chain whose mean spacing estimates one more (or one fewer) step's seconds
 CHAIN_STEPS_MEASURED = 10
 FIX_TOLERANCE = 1e-6  # an LP value this close to an integer is fixed there (LP-integral fixing, _solve_mip)
@@ -269,30 +267,17 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # the fastest MIP replay once more with a block's tail issuing the prefetches needed next before its grad
     # write-backs (Note [a tail's prefetches before its write-backs] in planner/emit.py), the simulator judging:
     # applied to every MIP plan it cost elsewhere (175B x a100-80g-12ssd 113.438 -> 114.281 s, bench/RESULTS.md r8)
-    placed = [e for e in evaluated if e.placement is not None and e.decisions.hold_write_backs]
-    if placed and problem.world_size == 1 and len(problem.blocks) < TAIL_PREFETCHES_MAX_BLOCKS:
-        best = min(placed, key=lambda e: (e.simulated_seconds, e.what))
+    if problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS:
         # paced on the estimate only (no second emission on its replay's clock, Note [pacing by the replay] in
         # planner/materialize.py): GPT-3 175B x rtx4090-768g-12ssd's solve is at its 10 CPU s target without
         # this replay (9.15 CPU s, bench_solve 2026-11-24); re-paced it replays 123.138 instead of 124.219 s
         # but took the solve to 9.93-10.25 CPU s
-        again = _evaluate(problem, dataclasses.replace(best.decisions, tail_prefetches_first=True, pace_on_replay=False),
-                          what=f"{best.what}, a tail's prefetches first", chunk_elements=best.chunk_elements,
-                          wasted=best.wasted_elements, placement=best.placement, data=best.data)
-        if again is not None:
-            evaluated.append(again)
-    # the fastest MIP replay once more with its two optimizer chains ending together (Note [the optimizer's two
-    # chains]): applied only where the replay's chains end whole steps apart, the simulator judging
-    placed = [e for e in evaluated if e.placement is not None and e.replay is not None]
-    if placed and problem.world_size == 1 and len(problem.blocks) < CHAIN_BALANCE_MAX_BLOCKS:
-        best = min(placed, key=lambda e: (e.simulated_seconds, e.what))
-        moved = balanced_chains(best.decisions, best.replay)
-        if moved is not None:
-            balanced, how = moved
-            again = _evaluate(problem, balanced, what=f"{best.what}, {how}", chunk_elements=best.chunk_elements,
-                              wasted=best.wasted_elements, placement=best.placement, data=best.data)
-            if again is not None:
-                evaluated.append(again)
+        _replay_fastest_again(problem, evaluated, lambda e: (dataclasses.replace(
+            e.decisions, tail_prefetches_first=True, pace_on_replay=False), "a tail's prefetches first")
+            if e.decisions.hold_write_backs else None)
+        # then the fastest with its two optimizer chains ending together (Note [the optimizer's two chains]):
+        # only where the replay's chains end whole steps apart
+        _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay))
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
@@ -475,6 +460,24 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
     return Evaluated(what=what, decisions=decisions, schedule=schedule, simulated_seconds=replay.iteration_seconds,
                      chunk_elements=chunk_elements, wasted_elements=wasted, placement=placement, data=data,
                      replay=replay)
+
+
+def _replay_fastest_again(problem, evaluated: list[Evaluated],
+                          variant: Callable[[Evaluated], tuple[Decisions, str] | None]) -> None:
+    """The fastest MIP replay once more with `variant`'s decisions (None: nothing to try), appended to
+    `evaluated` where it survives; the simulator judges it with the others."""
+    placed = [e for e in evaluated if e.placement is not None]
+    if not placed:
+        return
+    best = min(placed, key=lambda e: (e.simulated_seconds, e.what))
+    found = variant(best)
+    if found is None:
+        return
+    decisions, how = found
+    again = _evaluate(problem, decisions, what=f"{best.what}, {how}", chunk_elements=best.chunk_elements,
+                      wasted=best.wasted_elements, placement=best.placement, data=best.data)
+    if again is not None:
+        evaluated.append(again)
 
 
 # Note [the optimizer's two chains]:

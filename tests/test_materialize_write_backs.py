@@ -140,8 +140,7 @@ def test_a_tails_prefetches_needed_next_are_issued_before_its_write_backs() -> N
     # compute the prefetches the next moment's work needs go before the moment's grad write-backs (the
     # simulator gives a two-way link's shared time to the copy placed first); the other prefetches after
     # them; without the option the ended stays go first, then the starts
-    from planner.device_cache import is_tail_tick
-    from planner.emit import emit_actions
+    from planner.emit import emit_actions, is_tail_tick
     from schemas.schedule import ChunkList, Op
 
     p, d = _decisions(900_000_000)
