@@ -108,12 +108,17 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
     pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
     rates = {}
     for ch in channels:  # each direction at its rate alone at this copy's size (links.copy_rates, nvme.chunk_rates)
-        if ch in (Channel.H2D, Channel.D2H):
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, nbytes=nbytes)
-        elif ch in (Channel.NVME_READ, Channel.NVME_WRITE) and sim.hardware.nvme.chunk_rates:
-            rates[ch] = channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes)
-        else:
-            rates[ch] = sim.rate[ch]
+        key = (ch, pageable, nbytes)
+        rate = sim.rate_at.get(key)
+        if rate is None:
+            if ch in (Channel.H2D, Channel.D2H):
+                rate = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, nbytes=nbytes)
+            elif ch in (Channel.NVME_READ, Channel.NVME_WRITE) and sim.hardware.nvme.chunk_rates:
+                rate = channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes)
+            else:
+                rate = sim.rate[ch]
+            sim.rate_at[key] = rate
+        rates[ch] = rate
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
     moved = {ch: nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) for ch in channels}
     duration = max(moved[ch] / rates[ch] for ch in channels)

@@ -201,6 +201,7 @@ class SimState:
     comm_groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
+    rate_at: dict[tuple[Channel, bool, int], float] = field(default_factory=dict)  # a copy's rate alone, per (channel, pageable, bytes)
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (the header's host_staging)
     serial_swap: bool = False  # NVMe reads of the OPTIMIZER moment wait for earlier NVMe writes (the header's optimizer_swap)
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
@@ -407,11 +408,16 @@ def busiest(sim: SimState, t: int) -> int:
 
 def used_bytes(sim: SimState, t: int, act_bytes: list[int]) -> int:
     """Chunks and activations on the busiest rank (DEVICE) or node (HOST, NVME)."""
+    totals = sim.place_total[t]
     if t == DEVICE_INDEX:
         if not sim.landing:
-            return max(sim.place_total[t]) + act_bytes[t]
-        return max(total + landing_bytes(sim, r) for r, total in enumerate(sim.place_total[t])) + act_bytes[t]
-    return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(sim.place_total[t]))
+            return max(totals) + act_bytes[t]
+        if len(totals) == 1:  # one rank holds every landing copy's bytes
+            return totals[0] + sum(b for _, b, _ in sim.landing) + act_bytes[t]
+        return max(total + landing_bytes(sim, r) for r, total in enumerate(totals)) + act_bytes[t]
+    if len(totals) == 1:
+        return totals[0] + act_bytes[t] * sim.ranks_in_node[0]
+    return max(total + act_bytes[t] * sim.ranks_in_node[k] for k, total in enumerate(totals))
 
 
 def landing_bytes(sim: SimState, rank: int) -> int:
@@ -422,8 +428,10 @@ def landing_bytes(sim: SimState, rank: int) -> int:
 def land(sim: SimState, t: float, *, all_: bool = False) -> float:
     """The copies that have landed by `t` (with `all_`: every one, waited for) give their DEVICE bytes
     back; returns when the last one given back lands (`t` if none is waited for)."""
+    if not sim.landing:
+        return t
     if all_:
-        end = max((e for e, _, _ in sim.landing), default=t)
+        end = max(e for e, _, _ in sim.landing)
         sim.landing.clear()
         return max(t, end)
     sim.landing[:] = [x for x in sim.landing if x[0] > t]

@@ -146,10 +146,12 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
             if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
-            if sim.landing and used_bytes(sim, DEVICE_INDEX, act_bytes) > budgets[DEVICE_INDEX]:
+            on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
+            if sim.landing and on_device > budgets[DEVICE_INDEX]:
                 host = land(sim, host, all_=True)  # the allocation waits for the copies in flight
+                on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
             for t in TIER_INDEX.values():
-                used = used_bytes(sim, t, act_bytes)
+                used = on_device if t == DEVICE_INDEX else used_bytes(sim, t, act_bytes)
                 # the peak counts what a moment holds between its actions too, as the executor's pools do (the
                 # grads a moment writes back to HOST and steps there before evicting them: `executor demo`'s HOST
                 # peak was measured 851,968 B over the per-moment prediction, four GRAD chunks of moment 20)
