@@ -106,7 +106,7 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             slot_saved[(t, c)] = now
 
     def totals() -> list[int]:
-        return [tier_bytes[0] + max(rank_bytes), tier_bytes[1], tier_bytes[2]]
+        return [tier_bytes[0] + (max(rank_bytes) if per_owner else rank_bytes[0]), tier_bytes[1], tier_bytes[2]]
 
     for r in schedule.initial_residency:
         for tier in r.tiers:
@@ -136,11 +136,15 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
             for t in m.tensors:
                 if t in trainable:
                     last_write[chunk_of[t]] = m.id
+    entering: dict[int, list[int]] = {}  # moment -> blocks whose forward ends there (held window starts)
+    leaving: dict[int, list[int]] = {}  # moment -> blocks whose backward starts there
+    for b in range(len(modes)):
+        entering.setdefault(fwd_last[b], []).append(b)
+        leaving.setdefault(bwd_first[b], []).append(b)
     for m in schedule.moments:
-        for b in range(len(modes)):
-            if fwd_last[b] == m.id:
-                held_recorded += schedule.activation_plans[b].bytes
-                act_bytes[0] += _act_device_bytes(schedule.activation_plans[b])
+        for b in entering.get(m.id, ()):
+            held_recorded += schedule.activation_plans[b].bytes
+            act_bytes[0] += _act_device_bytes(schedule.activation_plans[b])
         peak_model = totals()
         for i in by_moment[m.id]:
             a = schedule.actions[i]
@@ -195,13 +199,14 @@ def replay_residency(schedule: Schedule) -> ResidencyReplay:
                         count(a.list, c, 0, 1, everywhere=True)
                     elif per_owner:
                         spread(a.list, c)
-            peak_model = [max(p, now) for p, now in zip(peak_model, totals())]
-        for b in range(len(modes)):
-            if bwd_first[b] == m.id:
-                if b in act_tier:
-                    raise fail(m.id, None, f"block {b}'s backward starts with its activations on {act_tier[b].value}")
-                held_recorded -= schedule.activation_plans[b].bytes
-                act_bytes[0] -= _act_device_bytes(schedule.activation_plans[b])
+            now = totals()
+            if now[0] > peak_model[0] or now[1] > peak_model[1] or now[2] > peak_model[2]:
+                peak_model = [max(p, x) for p, x in zip(peak_model, now)]
+        for b in leaving.get(m.id, ()):
+            if b in act_tier:
+                raise fail(m.id, None, f"block {b}'s backward starts with its activations on {act_tier[b].value}")
+            held_recorded -= schedule.activation_plans[b].bytes
+            act_bytes[0] -= _act_device_bytes(schedule.activation_plans[b])
         if m.phase is not Phase.OPTIMIZER:
             for t in m.tensors:
                 c = chunk_of[t]
