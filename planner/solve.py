@@ -270,9 +270,10 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # applied to every MIP plan it cost elsewhere (175B x a100-80g-12ssd 113.438 -> 114.281 s, bench/RESULTS.md r8)
     if problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS:
         # re-paced on its replay's clock where the CPU starved, as the plan it varies (Note [pacing by the
-        # replay] in planner/materialize.py): GPT-3 175B x rtx4090-768g-12ssd 124.219 -> 123.138 s, and its
-        # chains then end five steps apart (below). Paced on the estimate only until session 10, when this
-        # emission took that solve past its 10 CPU s; Note [no polish within the gap] gave the CPU back
+        # replay] in planner/materialize.py): GPT-3 175B x rtx4090-768g-12ssd 124.332 -> 123.089 s (paced on the
+        # estimate only), and its chains then end five steps apart (below). Paced on the estimate only until
+        # session 10, when this emission took that solve past its 10 CPU s; Note [no polish within the gap]
+        # gave the CPU back (bench/RESULTS.md "s10")
         _replay_fastest_again(problem, evaluated, lambda e: (dataclasses.replace(
             e.decisions, tail_prefetches_first=True), "a tail's prefetches first")
             if e.decisions.hold_write_backs else None)
