@@ -166,9 +166,16 @@ def host_memory() -> dict[str, Any]:
     return out
 
 
+# the process's deadline (perf_counter), set by main from --seconds: the loop leaves room for what
+# follows it (one profiled step, the engine's detach, the result) so the kit never kills a run that
+# measured something
+DEADLINE = math.inf
+
+
 def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str, Any]:
-    """Call step(i) -> loss (a float) up to `steps` times, stopping once `seconds` have passed
-    (after at least 2 steps). Returns losses, per-step seconds and the peak allocated bytes."""
+    """Call step(i) -> loss (a float) up to `steps` times, stopping (after at least 2 steps) once
+    `seconds` have passed or when two more steps and the profiled one would pass the process's
+    deadline. Returns losses, per-step seconds and the peak allocated bytes."""
     import torch
 
     _sync()
@@ -186,8 +193,9 @@ def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str,
         if not math.isfinite(losses[-1]):
             stopped = f"loss is {losses[-1]} at step {i}"
             break
-        if i >= 1 and time.perf_counter() - start > seconds and i + 1 < steps:
-            stopped = f"time limit: {i + 1} of {steps} steps in {seconds:.0f} s"
+        now = time.perf_counter()
+        if i >= 1 and i + 1 < steps and (now - start > seconds or now + 3 * max(times[1:]) + 5 > DEADLINE):
+            stopped = f"time limit: {i + 1} of {steps} steps in {now - start:.0f} s"
             break
     timed = times[1:] or times
     return {"losses": losses, "step_seconds": times, "iteration_seconds": statistics.median(timed),
@@ -422,13 +430,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="planner time limit (default 20: the 1.3B trace reaches a 1%% gap in ~40 s on 2 loaded cores)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seconds", type=float, default=60.0, help="stop after the step that passes this many seconds")
+    p.add_argument("--deadline-seconds", type=float, default=math.inf,
+                   help="this process's whole wall time: the loop stops early enough to finish inside it")
     p.add_argument("--timing-iterations", type=int, default=2)
     p.add_argument("--nvme-dir", default=tempfile.gettempdir())
     p.add_argument("--workdir", default=None)
     p.add_argument("--device", default="cuda", help="cuda (default); cpu only for CI's smoke run of this file")
     args = p.parse_args(argv)
-    global DEVICE
+    global DEVICE, DEADLINE
     DEVICE = args.device
+    DEADLINE = time.perf_counter() + args.deadline_seconds
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tide-gpu-")
     if args.system == "tide" and (args.trace is None or args.hardware is None):
         p.error("tide needs --trace and --hardware")
