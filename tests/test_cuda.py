@@ -72,7 +72,8 @@ FP32_CASES = ["os-host", "os-split", "cpu-overlap", "nvme", "nvme+overlap"]
 def test_cuda_fp32_offload_trains_like_fused_adamw(variant, tmp_path):
     """HOST (pinned) and NVME offload on a GPU against plain AdamW(fused=True) on the GPU (mirrors
     test_recorded_and_planned_models_train_like_plain_pytorch)."""
-    schedule = plan("gpt", os_split=variant == "os-split", overlap="overlap" in variant, nvme="nvme" in variant)
+    schedule = plan("gpt", os_split=variant == "os-split", overlap="overlap" in variant, nvme="nvme" in variant,
+                    device="cuda")
     model, ref = gpt_model(), gpt_model().cuda()
     batches = cuda_batches(STEPS)
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path, device="cuda")
@@ -91,7 +92,7 @@ def test_cuda_fp32_offload_trains_like_fused_adamw(variant, tmp_path):
 def test_cuda_run_is_deterministic():
     """The same schedule trained twice gives the same bits: a missing stream wait (a copy racing the
     kernels that read or write its buffer) would show up as a difference that moves between runs."""
-    schedule = plan("gpt", overlap=True)
+    schedule = plan("gpt", overlap=True, device="cuda")
     runs = []
     for _ in range(2):
         model = gpt_model()
@@ -108,7 +109,7 @@ def test_cuda_overlapped_cpu_optimizer_is_bit_identical_to_the_inline_one():
     the result is the same bits as stepping after backward (mirrors the CPU overlap tests)."""
     results = []
     for overlap in (False, True):
-        schedule = plan("gpt", overlap=overlap)
+        schedule = plan("gpt", overlap=overlap, device="cuda")
         model = gpt_model()
         engine = executor.run(model, schedule, lr=LR, weight_decay=WD, device="cuda")
         in_backward = [a for a in schedule.actions
@@ -134,7 +135,8 @@ def test_cuda_bf16_matches_a_reference_mixed_precision_loop():
     copy is far above the bound."""
     model, batches = small_gpt(), gpt_batches(10)
     master_model = copy.deepcopy(model)
-    schedule = build_schedule(model.to(torch.bfloat16), lambda m: gpt_loss(m, batches[0]).backward(),
+    # recorded on the GPU, as it runs (CUDA kernels save other tensors for backward than the CPU's)
+    schedule = build_schedule(model.to(torch.bfloat16).cuda(), lambda m: gpt_loss(m, batches[0].cuda()).backward(),
                               compute=DType.BFLOAT16)
     model = copy.deepcopy(master_model)
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, precision="bf16", device="cuda")
@@ -173,7 +175,7 @@ def test_cuda_activation_swap_and_recompute_train_like_plain(variant, tmp_path):
     """The engine's activation plan on a GPU: saved tensors go to pinned HOST (or NVME) on the side
     stream and come back before backward; recomputed blocks rerun their forward."""
     schedule = plan("gpt", recompute="recompute" in variant, swap="swap" in variant,
-                    swap_tier=Tier.NVME if variant == "swap-nvme" else Tier.HOST)
+                    swap_tier=Tier.NVME if variant == "swap-nvme" else Tier.HOST, device="cuda")
     model, ref = gpt_model(), gpt_model().cuda()
     batches = cuda_batches(STEPS)
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path, device="cuda")
@@ -193,7 +195,7 @@ def test_cuda_activation_swap_and_recompute_train_like_plain(variant, tmp_path):
 
 def test_cuda_checkpoint_round_trip_continues_identically(tmp_path):
     """Mirrors test_state_dict_round_trip_continues_identically with NVME chunks on a GPU."""
-    schedule = plan("gpt", nvme=True, overlap=True)
+    schedule = plan("gpt", nvme=True, overlap=True, device="cuda")
     batches = cuda_batches(8)
     model = gpt_model()
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tmp_path / "a", device="cuda")
@@ -234,7 +236,7 @@ def test_cuda_oom_when_the_budget_lies_names_the_moment_and_loses_nothing():
         return GPT(GPTConfig(n_layer=2, n_head=4, n_embd=256, vocab_size=64, block_size=16))
 
     batches = cuda_batches(1)
-    schedule = build_schedule(build(), lambda m: gpt_loss(m, batches[0].cpu()).backward(), chunk_elements=1 << 20)
+    schedule = build_schedule(build().cuda(), lambda m: gpt_loss(m, batches[0]).backward(), chunk_elements=1 << 20)
     schedule = dataclasses.replace(schedule, budgets=dataclasses.replace(schedule.budgets, device_bytes=1 << 40))
     model = build()
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, device="cuda")

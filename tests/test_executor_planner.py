@@ -74,18 +74,20 @@ MODELS = {
 
 
 @functools.cache
-def recorded(name: str):
+def recorded(name: str, device: str = "cpu"):
+    """device: where the model records. A CUDA run needs a CUDA recording: its kernels save other
+    tensors for backward than the CPU's (SDPA's logsumexp and RNG seeds), so its activations differ."""
     build, as_batch, _, vocab = MODELS[name]
-    trace = record(build(), as_batch(gpt_batches(1, vocab=vocab)[0]), model_name=name)
+    trace = record(build().to(device), as_batch(gpt_batches(1, vocab=vocab)[0].to(device)), model_name=name)
     hardware = resolve_hardware("cpu-emulated")
     problem = build_problem(trace, hardware, trace_digest=digest_bytes(trace.to_msgpack()))
     return trace, problem
 
 
 def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chunks: int = 8, recompute: bool = False,
-         swap: bool = False, nvme: bool = False, swap_tier: Tier = Tier.HOST):
+         swap: bool = False, nvme: bool = False, swap_tier: Tier = Tier.HOST, device: str = "cpu"):
     """A schedule forcing eviction: PARAM+GRAD on DEVICE capped at `budget_chunks` chunks."""
-    _, problem = recorded(name)
+    _, problem = recorded(name, device)
     layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
     cap = max(c.elements for c in layout.chunks) * 4
 

@@ -368,6 +368,25 @@ def step_pytest(kit: Kit) -> dict[str, Any]:
     return result
 
 
+def step_diag(kit: Kit) -> dict[str, Any]:
+    """bench/gpu/diag.py: tide against plain fused AdamW on one small GPT, param by param (the grad
+    tide's hook saw, the param after one step), with HOST optimizer states, and once more with
+    CUDA_LAUNCH_BLOCKING=1: a difference that goes away then is a missing stream wait."""
+    out = {}
+    for name, variant, blocking in (("os-host", "os-host", False), ("device", "device", False),
+                                    ("os-host-blocking", "os-host", True)):
+        env_before = os.environ.get("CUDA_LAUNCH_BLOCKING")
+        if blocking:
+            os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+        try:
+            kit.python(["bench/gpu/diag.py", variant], timeout=kit.current_limit / 3, log=f"diag-{name}")
+        finally:
+            if env_before is None:
+                os.environ.pop("CUDA_LAUNCH_BLOCKING", None)
+        out[name] = kit.tail(f"diag-{name}", 60)
+    return out
+
+
 @dataclass(frozen=True)
 class Run:
     name: str
@@ -381,7 +400,7 @@ class Run:
 # Per-run time limits (seconds), sized from rough H100 estimates (one step of 1.3B with CPU Adam on
 # 16 cores ~1-2 s, of 6.7B ~5-10 s; ZeRO-Infinity bound by the local disk) and the DeepSpeed op build.
 RUNS = (
-    Run("tide-1.3b-16gb", "a", "gpt-1.3b", "tide", 16.0, 75),
+    Run("tide-1.3b-16gb", "a", "gpt-1.3b", "tide", 16.0, 100),  # its solve took 36 s on the first H100 run
     Run("ds-offload-1.3b", "a", "gpt-1.3b", "ds-offload", None, 60),
     Run("tide-1.3b-fits", "a", "gpt-1.3b", "tide", None, 55),
     Run("plain-1.3b", "a", "gpt-1.3b", "plain", None, 30),
@@ -436,11 +455,12 @@ def plan(part: str) -> list[Step]:
         Step("wheels", 10, step_wheels, gpu=False),
         Step("imports", 20, step_imports, gpu=False),
         Step("configs", 20, step_configs, gpu=False),
-        Step("profile", 45, step_profile),
+        Step("profile", 150, step_profile),
     ]
     parts = ("a", "b") if part == "all" else (part,)
     steps.append(Step("ds-build", 5, step_ds_build))
     if "a" in parts:
+        steps.append(Step("diag", 60, step_diag))
         steps.append(Step("pytest-cuda", 100, step_pytest))
     for p in parts:
         workload = {"a": "gpt-1.3b", "b": "gpt-6.7b"}[p]
@@ -591,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=("a", "b", "all"), default="a")
     p.add_argument("--hardware", default=None, help="use this hardware TOML instead of profiling the machine")
     p.add_argument("--budget-seconds", type=float, default=BUDGET_SECONDS)
+    p.add_argument("--skip", default="", help="comma-separated steps not to run this call (e.g. ones a former call measured)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default: $OUT, else ./out/gpu)")
     p.add_argument("--nvme-dir", type=Path, default=None, help="local-disk folder for NVMe tiers (default: a temp dir)")
     args = p.parse_args(argv)
@@ -601,7 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     nvme.mkdir(parents=True, exist_ok=True)
     kit = Kit(out=out, dry=args.dry, part=args.part, hardware=args.hardware, budget_seconds=args.budget_seconds,
               work=work, nvme_dir=nvme)
-    execute(kit, plan(args.part))
+    skip = {name for name in args.skip.split(",") if name}
+    steps = plan(args.part)
+    unknown = skip - {step.name for step in steps}
+    if unknown:
+        p.error(f"--skip {','.join(sorted(unknown))}: no such step in part {args.part}")
+    execute(kit, [step for step in steps if step.name not in skip])
     failed = [n for n, s in kit.results.items() if s.get("status") == "failed"]
     print(f"wrote {out / 'gpu.json'} and {out / 'summary.md'}; failed steps: {', '.join(failed) or 'none'}")
     if not args.dry:

@@ -22,6 +22,10 @@ if [ "$dry" = 0 ]; then
     export CPATH=/tmp/aio/usr/include${CPATH:+:$CPATH}
     export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH} LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export CFLAGS="-I/tmp/aio/usr/include ${CFLAGS:-}" LDFLAGS="-L$lib ${LDFLAGS:-}"
+    # the image's TORCH_CUDA_ARCH_LIST names arch-specific targets ("9.0a"), which DeepSpeed's JIT builder
+    # cannot parse (op_builder/builder.py compute_capability_args: int("0a")); its ops need no sm_90a code
+    export TORCH_CUDA_ARCH_LIST=$(echo "${TORCH_CUDA_ARCH_LIST:-}" | sed -E 's/([0-9])a\b/\1/g')
+    [ -z "$TORCH_CUDA_ARCH_LIST" ] && unset TORCH_CUDA_ARCH_LIST
     # DeepSpeed ships only an sdist: build it here with its ops left to the JIT (ninja is in the image)
     DS_BUILD_OPS=0 $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site \
         .whl/deepspeed-*.tar.gz || echo "deepspeed did not install: the DeepSpeed steps will fail and say so"

@@ -200,7 +200,8 @@ def train_loop(step: Any, *, steps: int, seconds: float, name: str) -> dict[str,
     timed = times[1:] or times
     return {"losses": losses, "step_seconds": times, "iteration_seconds": statistics.median(timed),
             "steps_done": len(losses), "stopped_early": stopped,
-            "max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated()) if _cuda() else 0}
+            "max_memory_allocated_bytes": int(torch.cuda.max_memory_allocated()) if _cuda() else 0,
+            "max_memory_reserved_bytes": int(torch.cuda.max_memory_reserved()) if _cuda() else 0}
 
 
 def _finish(result: dict[str, Any], workload: str, budget_bytes: int | None) -> dict[str, Any]:
@@ -441,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     DEVICE = args.device
     DEADLINE = time.perf_counter() + args.deadline_seconds
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="tide-gpu-")
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)  # the profiled step writes its trace there
     if args.system == "tide" and (args.trace is None or args.hardware is None):
         p.error("tide needs --trace and --hardware")
     if args.system == "record" and args.out is None:
