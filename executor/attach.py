@@ -239,4 +239,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise ExecutorError(f"device={device!r}: no CUDA device here; pass device='cpu' (emulated DEVICE) or 'auto'")
     if dev.type not in ("cpu", "cuda"):
         raise ExecutorError(f"device={device!r}: expected 'auto', 'cpu' or 'cuda[:i]'")
+    if dev.type == "cuda" and dev.index is None:
+        # always with its index: a tensor's device is `cuda:0`, never `cuda`, and torch.device("cuda") !=
+        # torch.device("cuda", 0); the binding recognizes saved params by their device (Note "saved
+        # params"), and a bare "cuda" made it keep evicted chunks' buffers (wrong grads, first H100 run)
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev

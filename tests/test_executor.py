@@ -498,3 +498,16 @@ def test_chunks_of_params_never_leave_their_place_in_the_store():
     for r in schedule.initial_residency:
         assert sorted(engine.store.valid_tiers(r.list, r.chunk)) == sorted(r.tiers), (r.list, r.chunk)
     assert all(not engine.store.valid_tiers(ChunkList.GRAD, c.id) for c in schedule.layout.chunks)
+
+
+def test_a_bare_cuda_device_gets_its_index(monkeypatch):
+    """`device="cuda"` resolves to `cuda:<current>`: a tensor's device always has its index, and the
+    binding recognizes saved params by device equality (torch.device("cuda") != "cuda:0"); the bare
+    form made the first H100 run keep evicted chunks' buffers for backward (wrong grads)."""
+    from executor.attach import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("cuda") == torch.device("cuda", 3)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")

@@ -298,7 +298,7 @@ FALLBACK_HARDWARE = "h100-80g"  # traces/hardware/h100-80g.toml: the preset the 
 DS_OPS = {"ds-offload": "cpu_adam", "ds-infinity": "async_io"}  # the DeepSpeed op each baseline needs
 
 
-def step_ds_build(kit: Kit) -> dict[str, Any]:
+def step_ds_build(kit: Kit, ops: tuple[str, ...] = ("cpu_adam", "async_io")) -> dict[str, Any]:
     """Start DeepSpeed's JIT build of its CPU Adam and async I/O ops in the background (ninja, g++;
     libaio from /tmp/aio, see run.sh): it overlaps the CUDA test suite, and each DeepSpeed run waits
     for the op it needs. One op failing (async_io without libaio) does not stop the other's runs."""
@@ -306,7 +306,7 @@ def step_ds_build(kit: Kit) -> dict[str, Any]:
     code = ("import json, sys, traceback\n"
             "from deepspeed.ops.op_builder import CPUAdamBuilder, AsyncIOBuilder\n"
             "out = {}\n"
-            "for name, builder in (('cpu_adam', CPUAdamBuilder), ('async_io', AsyncIOBuilder)):\n"
+            f"for name, builder in [b for b in (('cpu_adam', CPUAdamBuilder), ('async_io', AsyncIOBuilder)) if b[0] in {ops!r}]:\n"
             "    try:\n"
             "        b = builder()\n"
             "        if name == 'async_io' and not b.is_compatible(verbose=True):\n"
@@ -328,8 +328,8 @@ def step_ds_build(kit: Kit) -> dict[str, Any]:
 
 def join_ds_build(kit: Kit, op: str, timeout: float) -> None:
     """Wait (at most `timeout` s) for the DeepSpeed op build; raise if `op` did not build."""
-    if "ds-build" not in kit.background:
-        raise RuntimeError("the DeepSpeed op build never started")
+    if "ds-build" not in kit.background:  # skipped this call (--skip ds-build): build now, in series,
+        step_ds_build(kit, (op,))         # so no compile runs beside a timed run
     proc, log, started = kit.background["ds-build"]
     try:
         proc.wait(timeout=max(1.0, timeout))
@@ -360,11 +360,17 @@ def step_pytest(kit: Kit) -> dict[str, Any]:
     done = kit.python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *per_test,
                        f"--junitxml={junit}", "tests/test_cuda.py", *EXTRA_CUDA_TESTS],
                       timeout=kit.current_limit, log="pytest")
-    summary = kit.tail("pytest", 1)
+    tail = kit.tail("pytest", 40)
+    summary = next((line for line in reversed(tail.splitlines()) if re.search(r"\d+ (passed|failed)", line)), "")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", summary)}
-    result = {"exit": done.returncode, "summary": summary, "counts": counts, "log_tail": kit.tail("pytest", 40)}
-    if done.returncode != 0 or counts.get("skipped"):
-        raise RuntimeError(f"CUDA suite not green: {summary}")
+    bad = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    # seen on the H100 (torch 2.11): after the summary, the process aborts with "terminate called
+    # without an active exception" (a C++ thread still joinable at exit); recorded, not hidden
+    aborted = "terminate called" in tail.split(summary, 1)[-1] if summary else False
+    result = {"exit": done.returncode, "summary": summary, "counts": counts, "aborted_at_exit": aborted,
+              "log_tail": tail}
+    if bad or counts.get("skipped") or not counts.get("passed") or (done.returncode != 0 and not aborted):
+        raise RuntimeError(f"CUDA suite not green: {summary or tail[-300:]}")
     return result
 
 
@@ -406,7 +412,7 @@ RUNS = (
     Run("plain-1.3b", "a", "gpt-1.3b", "plain", None, 30),
     Run("ds-infinity-1.3b", "a", "gpt-1.3b", "ds-infinity", None, 60),
     Run("tide-6.7b-40gb", "b", "gpt-6.7b", "tide", 40.0, 150),
-    Run("ds-offload-6.7b", "b", "gpt-6.7b", "ds-offload", None, 120),
+    Run("ds-offload-6.7b", "b", "gpt-6.7b", "ds-offload", None, 180),
     Run("ds-infinity-6.7b", "b", "gpt-6.7b", "ds-infinity", None, 120),
 )
 
@@ -422,19 +428,21 @@ def make_record_step(workload: str) -> Callable[[Kit], dict[str, Any]]:
 
 def make_run_step(run: Run) -> Callable[[Kit], dict[str, Any]]:
     def go(kit: Kit) -> dict[str, Any]:
+        start = time.perf_counter()
         if run.system in DS_OPS:
             join_ds_build(kit, DS_OPS[run.system], timeout=kit.current_limit * 0.5)
+        limit = kit.current_limit - (time.perf_counter() - start)  # what the op build left
         result = kit.work / f"{run.name}.json"
         args = ["bench/gpu/runners.py", run.system, "--workload", run.workload, "--result", str(result),
-                "--steps", "20", "--seconds", str(round(kit.current_limit * 0.6)),
-                "--deadline-seconds", str(round(kit.current_limit - 8)),
+                "--steps", "20", "--seconds", str(round(limit * 0.6)),
+                "--deadline-seconds", str(round(limit - 8)),
                 "--nvme-dir", str(kit.nvme_dir), "--workdir", str(kit.work / run.name)]
         if run.system == "tide":
             trace = kit.results[f"record-{run.workload}"]["trace"]
             args += ["--trace", trace, "--hardware", kit.hardware]
             if run.budget_gb is not None:
                 args += ["--budget-gb", str(run.budget_gb)]
-        kit.python(args, timeout=kit.current_limit, log=run.name)
+        kit.python(args, timeout=max(limit, 1.0), log=run.name)
         return _runner_result(kit, result, run.name)
     return go
 

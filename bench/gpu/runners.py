@@ -307,6 +307,12 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
         peak_chunk_bytes_per_tier={t.value: n for t, n in stats.peak_bytes_per_tier.items()},
         engine_device_peak_ok=stats.peak_bytes_per_tier[Tier.DEVICE] <= schedule.budgets.device_bytes,
         uses_nvme=any(Tier.NVME in r.tiers for r in schedule.initial_residency),
+        # where the time went, against the schedule's prediction (the engine's own table)
+        seconds_per_phase={ph.value: s for ph, s in stats.seconds_per_phase.items()},
+        optimizer_seconds_per_tier={t.value: s for t, s in stats.optimizer_seconds_per_tier.items()},
+        peak_activation_bytes=stats.peak_activation_bytes,
+        predicted_busy_seconds_per_channel={ch.value: s for ch, s in pred.busy_seconds_per_channel.items() if s},
+        stats_table=stats.table(schedule),
         host_memory=host_memory(),
     )
     engine.detach()
