@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import os
 
 import pytest
 import torch
@@ -45,7 +47,30 @@ def cuda_batches(n: int, vocab: int = 64) -> list[torch.Tensor]:
     return [b.cuda() for b in gpt_batches(n, vocab=vocab)]
 
 
+def _report_diffs(engine, ref: torch.nn.Module, got: list[float], want: list[float]) -> None:
+    """With TIDE_CUDA_DIFFS=FILE (the GPU kit sets it), one JSON line per comparison: the loss and the
+    param differences measured, so a tolerance is set from what a GPU shows, not guessed."""
+    path = os.environ.get("TIDE_CUDA_DIFFS")
+    if not path:
+        return
+    state = engine.state_dict()["model"]
+    params = {}
+    for name, p in ref.named_parameters():
+        mine, theirs = state[name].detach().double().cpu(), p.detach().double().cpu()
+        d = mine - theirs
+        params[name] = {"max_abs": d.abs().max().item(), "max_abs_over_max": d.abs().max().item() / (theirs.abs().max().item() + 1e-12),
+                        "norm_rel": (d.norm() / (theirs.norm() + 1e-12)).item()}
+    worst = sorted(params.items(), key=lambda kv: -kv[1]["norm_rel"])[:5]
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+            "loss_rel_max": max(abs(a - b) / abs(b) for a, b in zip(got, want)),
+            "max_abs_over_max": max(v["max_abs_over_max"] for v in params.values()),
+            "norm_rel_max": max(v["norm_rel"] for v in params.values()), "worst_by_norm": dict(worst)}
+    with open(path, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
 def assert_close(engine, ref: torch.nn.Module, got: list[float], want: list[float], *, rel: float = REL) -> None:
+    _report_diffs(engine, ref, got, want)
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         assert abs(a - b) <= rel * abs(b), f"step {i}: loss {a} vs {b}; all: {got} vs {want}"
