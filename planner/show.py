@@ -8,6 +8,8 @@ one row per tensor); `--json` prints the same summary as one JSON object for scr
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import json
 import statistics
@@ -187,6 +189,18 @@ def _estimates(path: str) -> list[str]:
     return list(estimated_fields(Path(path).read_text(encoding="utf-8")))
 
 
+def _span(values: list[float]) -> str:
+    return f"{min(values):.3g}" if min(values) == max(values) else f"{min(values):.3g}-{max(values):.3g}"
+
+
+def _table(field: str, values: list[float], unit: str, what: str, notes: list[str]) -> tuple:
+    """One row for a measured table (a profile has dozens of shapes): its size and the span of its
+    values; `--json` carries every entry under "tables"."""
+    if not values:
+        return (field, 0, f"{what} (none: flat rates)", "", None, "")
+    return (field, len(values), f"{what}, {_span(values)} {unit}" + "".join(f"; {n}" for n in notes), "", None, "")
+
+
 def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> dict[str, Any]:
     d, h, n, link, c = hw.device, hw.host, hw.nvme, hw.links, hw.cluster
     rows = [
@@ -198,19 +212,19 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("device.compute_tflops", d.compute_tflops, "TFLOP/s", "device compute", hw.device_flops_per_s, "FLOP/s"),
         ("device.optimizer_params_per_s", d.optimizer_params_per_s, "params/s", "", None, ""),
         ("device.memory_margin_gb", d.memory_margin_gb, "GB", "allocator margin", hw.device_margin_bytes, "bytes"),
-        *((f"device.matmul_rates[{i}]", r.tflops, f"TFLOP/s {r.dtype.value} m={r.m} n={r.n} k={r.k}", "", None, "")
-          for i, r in enumerate(d.matmul_rates)),
-        *((f"device.attention_rates[{i}]", r.forward_tflops,
-           f"TFLOP/s fwd ({r.backward_tflops:g} bwd) {r.dtype.value} b={r.batch} h={r.heads} t={r.tokens} d={r.head_dim}", "", None, "")
-          for i, r in enumerate(d.attention_rates)),
+        _table("device.matmul_rates", [r.tflops for r in d.matmul_rates], "TFLOP/s", "shapes",
+               sorted({r.dtype.value for r in d.matmul_rates})),
+        _table("device.attention_rates", [r.forward_tflops for r in d.attention_rates], "TFLOP/s forward", "shapes",
+               [f"backward {_span([r.backward_tflops for r in d.attention_rates])}"] if d.attention_rates else []),
         ("host.memory_gb", h.memory_gb, "GB", "", None, ""),
         ("host.usable_fraction", h.usable_fraction, "", "HOST usable", hw.host_bytes, "bytes"),
         ("host.optimizer_params_per_s", h.optimizer_params_per_s, "params/s", "", None, ""),
         ("host.cores", h.cores, "cores", "CPU Adam at all cores", hw.cpu_adam_params_per_s(), "params/s"),
         ("host.dram_gb_per_s", h.dram_gb_per_s, "GB/s", "host DRAM", hw.host_dram_bytes_per_s, "bytes/s"),
         ("host.adam_chunk_params", h.adam_chunk_params, "params", "", None, ""),
-        *((f"host.adam_rates[{i}]", r.params_per_s, f"params/s at {r.threads} threads ({r.params_per_s_with_copies:.3g} with copies)",
-           "", None, "") for i, r in enumerate(h.adam_rates)),
+        _table("host.adam_rates", [r.params_per_s for r in h.adam_rates], "params/s", "thread counts",
+               [f"{_span([r.threads for r in h.adam_rates])} threads",
+                f"with copies {_span([r.params_per_s_with_copies for r in h.adam_rates])}"] if h.adam_rates else []),
         ("host.adam_dram_bytes_per_param", h.adam_dram_bytes_per_param, "B/param", "", None, ""),
         ("nvme.count", n.count, "SSDs", "", None, ""),
         ("nvme.capacity_gb_each", n.capacity_gb_each, "GB", "", None, ""),
@@ -220,10 +234,9 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("nvme.mixed_read_gb_per_s_each", n.mixed_read_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.mixed_write_gb_per_s_each", n.mixed_write_gb_per_s_each, "GB/s", "", None, ""),
         ("nvme.host_cap_gb_per_s", n.host_cap_gb_per_s, "GB/s", "", None, ""),
-        *((f"nvme.chunk_rates[{i}]", r.read_gb_per_s_each,
-           f"GB/s read at {r.chunk_bytes / 2**20:g} MiB per read/write (write {r.write_gb_per_s_each:g}, mixed "
-           f"{r.mixed_read_gb_per_s_each:g} + {r.mixed_write_gb_per_s_each:g})", "", None, "")
-          for i, r in enumerate(n.chunk_rates)),
+        _table("nvme.chunk_rates", [r.read_gb_per_s_each for r in n.chunk_rates], "GB/s read each", "chunk sizes",
+               [f"{_span([r.chunk_bytes / 2**20 for r in n.chunk_rates])} MiB",
+                f"write {_span([r.write_gb_per_s_each for r in n.chunk_rates])}"] if n.chunk_rates else []),
         ("links.h2d_gb_per_s", link.h2d_gb_per_s, "GB/s", "H2D", hw.h2d_bytes_per_s, "bytes/s"),
         ("links.d2h_gb_per_s", link.d2h_gb_per_s, "GB/s", "D2H", hw.d2h_bytes_per_s, "bytes/s"),
         ("links.inter_gpu_gb_per_s", link.inter_gpu_gb_per_s, "GB/s", "INTER_GPU", hw.inter_gpu_bytes_per_s, "bytes/s"),
@@ -232,10 +245,9 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("links.duplex_h2d_gb_per_s", link.duplex_h2d_gb_per_s, "GB/s", "", None, ""),
         ("links.duplex_d2h_gb_per_s", link.duplex_d2h_gb_per_s, "GB/s", "", None, ""),
         ("links.inter_node_gb_per_s", link.inter_node_gb_per_s, "GB/s", "", None, ""),
-        *((f"links.copy_rates[{i}]", r.h2d_gb_per_s,
-           f"GB/s H2D at {r.chunk_bytes / 2**20:g} MiB per copy (D2H {r.d2h_gb_per_s:g}, pageable {r.h2d_pageable_gb_per_s:g} / "
-           f"{r.d2h_pageable_gb_per_s:g}, both ways {r.duplex_h2d_gb_per_s:g} + {r.duplex_d2h_gb_per_s:g})", "", None, "")
-          for i, r in enumerate(link.copy_rates)),
+        _table("links.copy_rates", [r.h2d_gb_per_s for r in link.copy_rates], "GB/s H2D", "copy sizes",
+               [f"{_span([r.chunk_bytes / 2**20 for r in link.copy_rates])} MiB",
+                f"D2H {_span([r.d2h_gb_per_s for r in link.copy_rates])}"] if link.copy_rates else []),
         ("cluster.world_size", c.world_size, "ranks", "", None, ""),
         ("cluster.gpus_per_node", c.gpus_per_node, "GPUs", "", None, ""),
     ]
@@ -251,6 +263,13 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
             for f, v, u, dq, dv, du in rows
         ],
         "estimates": list(estimates or []),
+        "tables": {
+            "device.matmul_rates": [dataclasses.asdict(r) for r in d.matmul_rates],
+            "device.attention_rates": [dataclasses.asdict(r) for r in d.attention_rates],
+            "host.adam_rates": [dataclasses.asdict(r) for r in h.adam_rates],
+            "nvme.chunk_rates": [dataclasses.asdict(r) for r in n.chunk_rates],
+            "links.copy_rates": [dataclasses.asdict(r) for r in link.copy_rates],
+        },
         "derived": {
             "device_bytes": hw.device_bytes, "host_bytes": hw.host_bytes, "nvme_bytes": hw.nvme_bytes,
             "device_flops_per_s": hw.device_flops_per_s, "h2d_bytes_per_s": hw.h2d_bytes_per_s,
@@ -378,7 +397,8 @@ def _print_trace(console: Console, s: dict[str, Any]) -> None:
 def _print_hardware(console: Console, s: dict[str, Any]) -> None:
     table = Table(title=f"hardware {s['name']} ({s['file']}, format {s['format_version']}): {s['description']}", title_justify="left")
     for col in ("field", "value", "unit", "derived", "derived value"):
-        table.add_column(col, justify="right" if "value" in col else "left", no_wrap=col != "value")
+        # the unit column carries the long text (a measured table's span): it wraps, numbers never do
+        table.add_column(col, justify="right" if "value" in col else "left", no_wrap=col != "unit")
     for row in s["rows"]:
         value = row["value"]
         derived = ""

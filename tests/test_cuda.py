@@ -5,15 +5,23 @@ Each test mirrors a CPU test (tests/test_executor.py, tests/test_executor_planne
 models, schedules and reference loops, the model and the batches on CUDA: DEVICE is the GPU (two copy
 streams, CUDA events, pinned HOST buffers), HOST steps run on the CPU beside it.
 
-Tolerances. fp32 against plain `torch.optim.AdamW(fused=True)` on CUDA is held to 1e-5 relative, not
-the CPU suite's bit-identity (or 1e-6): the engine steps HOST/NVME chunks with the fused *CPU* AdamW
-kernel and the reference with the fused *CUDA* one, which round differently (the CUDA kernel's fused
-multiply-adds and its sqrt/division sequence; one ulp, ~6e-8, per element and step), and a param that
-is a view into a chunk at an arbitrary element offset is not 16-byte aligned as a fresh tensor is, so
-cuBLAS may pick another GEMM kernel for it (other reduction order). Twenty steps at lr 1e-2 carry
-those ulps into the 1e-7..1e-6 range; 1e-5 leaves a margin while a wrong copy, a stale chunk or a
-race shows up at 1e-3 and above. Where both sides use the same kernels on the same data, the tests
-ask for equality (overlapped vs inline CPU steps, a resumed checkpoint, the same run twice).
+Tolerances, measured on an H100 (bench/RESULTS.md, section "GPU"). fp32 against plain
+`torch.optim.AdamW(fused=True)` on CUDA: every step's loss within 1e-5 relative (measured: 4.0e-7 at
+worst over 20 steps, every variant), and every param within 1e-5 in norm, ||tide - ref|| / ||ref||
+(measured: 7.6e-6 at worst, an attention weight), not the CPU suite's bit-identity: the engine steps
+HOST/NVME chunks with the fused *CPU* AdamW kernel and the reference with the fused *CUDA* one, which
+round differently, and cuBLAS may pick other GEMM kernels for params that are views into a chunk.
+Not 1e-6: those roundings, carried through 20 Adam steps at lr 1e-2, reach 7.6e-6 on the H100.
+One exception, with its mechanism: the KEY third of each attention's `c_attn.bias` has no gradient in
+exact arithmetic (q . b_k is the same for every key of a query, and softmax drops a per-query
+constant), so its computed gradient is rounding noise (~1e-9), which Adam's g / sqrt(v) turns into
+steps of size lr whatever the noise's scale; two correct AdamW implementations (PyTorch's fused and
+foreach, both on the CPU) already disagree there by 120% in norm while the query and value thirds agree
+to 2e-6 (tests/test_executor.py::test_adam_turns_the_key_bias_rounding_noise_into_lr_sized_steps).
+Those elements are not compared. A wrong copy, a stale chunk or a race shows up at 1e-3 and above (the
+first H100 run's stale saved params: 6e-3 in loss at step 1). Where both sides use the same kernels on
+the same data, the tests ask for equality (overlapped vs inline CPU steps, a resumed checkpoint, the
+same run twice).
 """
 
 from __future__ import annotations
@@ -47,38 +55,40 @@ def cuda_batches(n: int, vocab: int = 64) -> list[torch.Tensor]:
     return [b.cuda() for b in gpt_batches(n, vocab=vocab)]
 
 
-def _report_diffs(engine, ref: torch.nn.Module, got: list[float], want: list[float]) -> None:
-    """With TIDE_CUDA_DIFFS=FILE (the GPU kit sets it), one JSON line per comparison: the loss and the
-    param differences measured, so a tolerance is set from what a GPU shows, not guessed."""
-    path = os.environ.get("TIDE_CUDA_DIFFS")
-    if not path:
-        return
+def compared_parts(name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The parts of a param compared with the reference: all of it, except the key third of an
+    attention's fused qkv bias (module docstring: its gradient is rounding noise)."""
+    if name.endswith("attn.c_attn.bias"):
+        q, _, v = tensor.chunk(3)
+        return [(f"{name}[query]", q), (f"{name}[value]", v)]
+    return [(name, tensor)]
+
+
+def param_differences(engine, ref: torch.nn.Module) -> dict[str, float]:
+    """||tide - ref|| / ||ref|| per compared part."""
     state = engine.state_dict()["model"]
-    params = {}
+    out = {}
     for name, p in ref.named_parameters():
         mine, theirs = state[name].detach().double().cpu(), p.detach().double().cpu()
-        d = mine - theirs
-        params[name] = {"max_abs": d.abs().max().item(), "max_abs_over_max": d.abs().max().item() / (theirs.abs().max().item() + 1e-12),
-                        "norm_rel": (d.norm() / (theirs.norm() + 1e-12)).item()}
-    worst = sorted(params.items(), key=lambda kv: -kv[1]["norm_rel"])[:5]
-    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
-            "loss_rel_max": max(abs(a - b) / abs(b) for a, b in zip(got, want)),
-            "max_abs_over_max": max(v["max_abs_over_max"] for v in params.values()),
-            "norm_rel_max": max(v["norm_rel"] for v in params.values()), "worst_by_norm": dict(worst)}
-    with open(path, "a") as fh:
-        fh.write(json.dumps(line) + "\n")
+        for (label, a), (_, b) in zip(compared_parts(name, mine), compared_parts(name, theirs)):
+            out[label] = ((a - b).norm() / (b.norm() + 1e-30)).item()
+    return out
 
 
 def assert_close(engine, ref: torch.nn.Module, got: list[float], want: list[float], *, rel: float = REL) -> None:
-    _report_diffs(engine, ref, got, want)
     assert len(got) == len(want)
+    diffs = param_differences(engine, ref)
+    report = os.environ.get("TIDE_CUDA_DIFFS")  # the GPU kit sets it: the measured figures come back
+    if report:
+        worst = dict(sorted(diffs.items(), key=lambda kv: -kv[1])[:5])
+        line = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+                "loss_rel_max": max(abs(a - b) / abs(b) for a, b in zip(got, want)), "worst_params_norm_rel": worst}
+        with open(report, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
     for i, (a, b) in enumerate(zip(got, want)):
         assert abs(a - b) <= rel * abs(b), f"step {i}: loss {a} vs {b}; all: {got} vs {want}"
-    state = engine.state_dict()["model"]
-    for name, p in ref.named_parameters():
-        mine, theirs = state[name].detach().float().cpu(), p.detach().float().cpu()
-        diff = (mine - theirs).abs().max().item()
-        assert diff <= rel * (theirs.abs().max().item() + 1e-12), f"{name}: max abs diff {diff}"
+    for label, diff in diffs.items():
+        assert diff <= rel, f"{label}: ||tide - ref|| / ||ref|| = {diff:.3g} > {rel:g}"
 
 
 def assert_on_gpu(engine) -> None:
