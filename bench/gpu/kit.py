@@ -1,22 +1,23 @@
 """The GPU kit of issue 19: one command on a lent GPU machine proves the CUDA paths, measures the
 machine and races DeepSpeed; `--dry` runs every step that needs no GPU (CI, tests/test_gpu_kit.py).
 
-    bash bench/gpu/run.sh [--dry] [--part a|b|all] [--hardware TOML] [--budget-seconds 540]
+    bash bench/gpu/run.sh [--dry] [--part a|b|c|all] [--hardware TOML] [--skip STEP,...] [--budget-seconds 500]
 
 Writes $OUT/gpu.json (every step: status ok | failed | skipped, its seconds, its figures or its
-error) and $OUT/summary.md (the tables for bench/RESULTS.md), plus the measured hardware TOML.
-`bench/gpu/README.md` has the exact device calls.
+error), $OUT/summary.md (the tables for bench/RESULTS.md), $OUT/logs.tar.gz (every step's log) and
+the measured hardware TOML. `bench/gpu/README.md` has the exact device calls.
 
-Parts (each fits one device call of at most 10 minutes; `all` runs both and skips what the budget
-leaves no time for):
-  a: profile the machine, the CUDA test suite, GPT 1.3B: tide with a 16 GB DEVICE budget (offloads),
-     tide with the whole GPU (fits), plain PyTorch, DeepSpeed ZeRO-Offload and ZeRO-Infinity;
-  b: GPT 6.7B: tide with a 40 GB DEVICE budget, ZeRO-Offload, ZeRO-Infinity (plain PyTorch's 16 bytes
-     per param, 107 GB, fit no H100).
+Parts (each fits one device call of at most 10 minutes; `all` runs them in order and skips what the
+budget leaves no time for):
+  a: profile the machine, diag (tide against fused AdamW param by param), the CUDA test suite, GPT
+     1.3B: tide with a 16 GB DEVICE budget (offloads), tide with the whole GPU (fits), plain PyTorch,
+     DeepSpeed ZeRO-Offload;
+  b: GPT 6.7B: tide with a 40 GB DEVICE budget and ZeRO-Offload (plain PyTorch's 16 bytes per param,
+     107 GB, fit no H100);
+  c: ZeRO-Infinity (NVMe on the machine's local disk) at 1.3B and 6.7B.
 Every step has a time limit; each GPU measurement runs in its own process (bench/gpu/runners.py) so
-a failure (an OOM, a DeepSpeed op that does not build) is recorded and the kit goes on. The time
-limits are sized for one H100 (KINDS.md: 16 cores, 128 GiB, a bf16 matmul at ~800 TFLOP/s) and are
-guesses until the first run: gpu.json records each step's seconds, so the next session can re-size.
+a failure (an OOM, a DeepSpeed op that does not build) is recorded and the kit goes on. The limits
+come from the H100 runs of 2026-11-24 (see RUNS); gpu.json records each step's seconds.
 """
 
 from __future__ import annotations
@@ -326,10 +327,12 @@ def step_ds_build(kit: Kit, ops: tuple[str, ...] = ("cpu_adam", "async_io")) -> 
     return {"started": True, "pid": proc.pid}
 
 
-def join_ds_build(kit: Kit, op: str, timeout: float) -> None:
-    """Wait (at most `timeout` s) for the DeepSpeed op build; raise if `op` did not build."""
+def join_ds_build(kit: Kit, op: str | None, timeout: float) -> None:
+    """Wait (at most `timeout` s) for the DeepSpeed op build; raise if `op` (None: any op) did not build."""
     if "ds-build" not in kit.background:  # skipped this call (--skip ds-build): build now, in series,
-        step_ds_build(kit, (op,))         # so no compile runs beside a timed run
+        if op is None:                    # so no compile runs beside a timed run
+            return
+        step_ds_build(kit, (op,))
     proc, log, started = kit.background["ds-build"]
     try:
         proc.wait(timeout=max(1.0, timeout))
@@ -348,9 +351,11 @@ def join_ds_build(kit: Kit, op: str, timeout: float) -> None:
     kit.results.setdefault("ds-build-done", {"status": "ok" if all(v == "ok" for v in ops.values()) and ops else "failed",
                                              "seconds": round(time.perf_counter() - started, 1), "exit": proc.returncode,
                                              "ops": ops, "log_tail": kit.tail("ds-build", 12)})
-    if ops.get(op) != "ok":
-        raise RuntimeError(f"DeepSpeed's {op} op did not build ({ops.get(op, 'no status: build killed or crashed')}); "
-                           f"log: {kit.tail('ds-build', 2)}")
+    bad = {name: status for name, status in ops.items() if status != "ok"} if op is None else \
+        ({} if ops.get(op) == "ok" else {op: ops.get(op, "no status: build killed or crashed")})
+    if bad:
+        raise RuntimeError("DeepSpeed's ops did not build: " + "; ".join(f"{k}: {v}" for k, v in bad.items())
+                           + f"; log: {kit.tail('ds-build', 2)}")
 
 
 def step_pytest(kit: Kit) -> dict[str, Any]:
@@ -406,15 +411,19 @@ class Run:
 
 # Per-run time limits (seconds), sized from rough H100 estimates (one step of 1.3B with CPU Adam on
 # 16 cores ~1-2 s, of 6.7B ~5-10 s; ZeRO-Infinity bound by the local disk) and the DeepSpeed op build.
+# Time limits from the H100 runs of 2026-11-24 (bench/RESULTS.md, "GPU"): 1.3B tide 57-74 s (its solve
+# 19-36 s), ZeRO-Offload 51 s after a 21 s setup, plain 18 s; the 6.7B runs did not reach their first
+# step in 144 s (tide: solve + pinning ~80 GB of HOST state) or 135 s (DeepSpeed), so part b gives
+# each 240 s; ZeRO-Infinity's first step took 31 s at 1.3B, so it has a part of its own.
 RUNS = (
-    Run("tide-1.3b-16gb", "a", "gpt-1.3b", "tide", 16.0, 100),  # its solve took 36 s on the first H100 run
-    Run("ds-offload-1.3b", "a", "gpt-1.3b", "ds-offload", None, 60),
+    Run("tide-1.3b-16gb", "a", "gpt-1.3b", "tide", 16.0, 100),
+    Run("ds-offload-1.3b", "a", "gpt-1.3b", "ds-offload", None, 70),
     Run("tide-1.3b-fits", "a", "gpt-1.3b", "tide", None, 55),
     Run("plain-1.3b", "a", "gpt-1.3b", "plain", None, 30),
-    Run("ds-infinity-1.3b", "a", "gpt-1.3b", "ds-infinity", None, 200),  # async_io builds in ~100 s when not built beside the suite
-    Run("tide-6.7b-40gb", "b", "gpt-6.7b", "tide", 40.0, 150),
-    Run("ds-offload-6.7b", "b", "gpt-6.7b", "ds-offload", None, 180),
-    Run("ds-infinity-6.7b", "b", "gpt-6.7b", "ds-infinity", None, 120),
+    Run("tide-6.7b-40gb", "b", "gpt-6.7b", "tide", 40.0, 240),
+    Run("ds-offload-6.7b", "b", "gpt-6.7b", "ds-offload", None, 240),
+    Run("ds-infinity-1.3b", "c", "gpt-1.3b", "ds-infinity", None, 180),
+    Run("ds-infinity-6.7b", "c", "gpt-6.7b", "ds-infinity", None, 300),
 )
 
 
@@ -466,18 +475,22 @@ def plan(part: str) -> list[Step]:
         Step("configs", 20, step_configs, gpu=False),
         Step("profile", 150, step_profile),
     ]
-    parts = ("a", "b") if part == "all" else (part,)
-    steps.append(Step("ds-build", 5, step_ds_build))
+    parts = ("a", "b", "c") if part == "all" else (part,)
+    ops = sorted({DS_OPS[r.system] for r in RUNS if r.part in parts and r.system in DS_OPS})
+    # DeepSpeed's ops compile (~60 s each on the H100's 16 cores) beside the untimed steps only: a
+    # compile beside a timed run cost tide-1.3b-16gb 35% on the second H100 run
+    steps.append(Step("ds-build", 5, lambda kit: step_ds_build(kit, tuple(ops))))
     if "a" in parts:
         steps.append(Step("diag", 60, step_diag))
         steps.append(Step("pytest-cuda", 100, step_pytest))
+    steps.append(Step("ds-join", 180, lambda kit: join_ds_build(kit, None, timeout=kit.current_limit) or {}))
     for p in parts:
-        workload = {"a": "gpt-1.3b", "b": "gpt-6.7b"}[p]
-        steps.append(Step(f"record-{workload}", 50 if p == "a" else 90, make_record_step(workload)))
-        for run in RUNS:
-            if run.part == p:
-                needs = (f"record-{workload}",) if run.system == "tide" else ()
-                steps.append(Step(run.name, run.seconds, make_run_step(run), needs=needs))
+        runs = [run for run in RUNS if run.part == p]
+        for workload in sorted({run.workload for run in runs if run.system == "tide"}):
+            steps.append(Step(f"record-{workload}", 50 if workload == "gpt-1.3b" else 90, make_record_step(workload)))
+        for run in runs:
+            needs = (f"record-{run.workload}",) if run.system == "tide" else ()
+            steps.append(Step(run.name, run.seconds, make_run_step(run), needs=needs))
     return steps
 
 
@@ -617,7 +630,7 @@ def summary(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dry", action="store_true", help="run only the steps that need no GPU (CI)")
-    p.add_argument("--part", choices=("a", "b", "all"), default="a")
+    p.add_argument("--part", choices=("a", "b", "c", "all"), default="a")
     p.add_argument("--hardware", default=None, help="use this hardware TOML instead of profiling the machine")
     p.add_argument("--budget-seconds", type=float, default=BUDGET_SECONDS)
     p.add_argument("--skip", default="", help="comma-separated steps not to run this call (e.g. ones a former call measured)")

@@ -276,10 +276,12 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
     schedule_path = solve(args.trace, args.hardware, args.budget_gb, work, time_limit=args.solve_seconds)
     schedule = Schedule.read(schedule_path)
     solve_seconds = time.perf_counter() - t0
+    print(f"[tide {args.workload}] solved in {solve_seconds:.1f} s", flush=True)  # a timed-out run's log says how far it got
     nvme_dir = Path(args.nvme_dir) / f"tide-{args.workload}-{args.budget_gb}"
     nvme_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(spec, device=DEVICE, dtype=torch.bfloat16)
     engine = executor.run(model, schedule, lr=LR, nvme_dir=nvme_dir, device=DEVICE)
+    print(f"[tide {args.workload}] model built and attached at {time.perf_counter() - t0:.1f} s", flush=True)
     if _cuda():
         torch.cuda.empty_cache()
 
@@ -310,6 +312,10 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
         # where the time went, against the schedule's prediction (the engine's own table)
         seconds_per_phase={ph.value: s for ph, s in stats.seconds_per_phase.items()},
         optimizer_seconds_per_tier={t.value: s for t, s in stats.optimizer_seconds_per_tier.items()},
+        # the first H100 runs: HOST steps took 3-5x the profile's rate; their CPU time and thread count
+        # tell contention (busy << wall) from a slow kernel (busy ~ wall x threads)
+        optimizer_busy_seconds_per_tier={t.value: s for t, s in stats.optimizer_busy_seconds_per_tier.items()},
+        optimizer_threads=engine.optimizer_threads, torch_threads=torch.get_num_threads(),
         peak_activation_bytes=stats.peak_activation_bytes,
         predicted_busy_seconds_per_channel={ch.value: s for ch, s in pred.busy_seconds_per_channel.items() if s},
         stats_table=stats.table(schedule),
@@ -357,8 +363,13 @@ def deepspeed_config(kind: str, *, batch: int, nvme_dir: str, largest_param: int
     offload_optimizer: dict[str, Any] = {"device": "cpu", "pin_memory": True}
     extra: dict[str, Any] = {}
     if kind == "ds-infinity":
-        offload_param = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 5,
-                         "buffer_size": max(int(1e8), largest_param)}
+        # the swap-in pool must hold every param ZeRO-3 keeps live at once (stage3_max_live_parameters,
+        # default 1e9, deepspeed/runtime/zero/config.py) plus one prefetch bucket (5e7): with the
+        # default 5 x 1e8 the first H100 run stopped at step 1 with "Not enough swap in buffers 0 for
+        # 1 params" (5 buffers held live params; the same error as deepspeedai/DeepSpeed#3062)
+        buffer_size = max(int(1e8), largest_param)
+        offload_param = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
+                         "buffer_count": math.ceil((1e9 + 5e7) / buffer_size) + 1, "buffer_size": buffer_size}
         offload_optimizer = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4}
         extra["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
                         "overlap_events": True}
@@ -406,6 +417,7 @@ def run_deepspeed(args: argparse.Namespace) -> dict[str, Any]:
         g.pop("param_names", None)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
     setup = time.perf_counter() - t0
+    print(f"[{args.system} {args.workload}] deepspeed.initialize done in {setup:.1f} s", flush=True)
 
     def step(i: int) -> float:
         batch = make_batch(spec, device=engine.device, seed=i)
