@@ -106,3 +106,14 @@ def test_runners_smoke_on_the_cpu(tmp_path, one_torch_thread):
     assert runners.main(["plain", *common, "--steps", "2", "--result", str(tmp_path / "plain.json")]) == 0
     plain = json.loads((tmp_path / "plain.json").read_text())
     assert len(plain["losses"]) == 2 and abs(plain["losses"][0] - tide["losses"][0]) < 0.1  # same model, same batch
+
+
+def test_diag_finds_no_difference_where_tide_is_bit_identical():
+    """bench/gpu/diag.py on the CPU, where tide trains bit-identically to plain AdamW: every grad its
+    hooks saw and every param after one step equal the reference's (the GPU kit reads the same table
+    to locate a difference on CUDA)."""
+    from bench.gpu import diag
+
+    diffs = diag.compare("os-host")
+    assert len(diffs) > 10
+    assert all(g == 0.0 and p == 0.0 for g, p in diffs.values()), {n: d for n, d in diffs.items() if d != (0.0, 0.0)}

@@ -1,15 +1,19 @@
-"""Diagnose a CUDA fp32 mismatch: tide vs plain AdamW(fused) on one small GPT, step by step.
+"""tide against plain AdamW(fused) on one small GPT, param by param (the GPU kit's `diag` step).
 
-    python bench/gpu/diag.py [variant]      (os-host | os-split | nvme | device)
+    python bench/gpu/diag.py [os-host | os-split | nvme | device]
 
-Prints the losses of both, then per param: the grad tide's hook saw vs the reference's grad (step 0),
-and the param after step 0. Run it twice, once with CUDA_LAUNCH_BLOCKING=1, to tell a race from a
-wrong computation.
+Trains two steps with tide (the schedule of tests/test_executor_planner.plan, recorded on this
+machine's device) and with plain PyTorch, and prints the losses, then per param: the grad tide's
+hook saw at step 0 against the reference's grad, and the param after step 0. Where the first
+differing grad appears in backward order says which saved tensor or chunk was wrong; run it once
+more with CUDA_LAUNCH_BLOCKING=1 to tell a race (the difference goes away) from a wrong computation.
+It found the first H100 run's stale saved params (bench/RESULTS.md, "GPU (issue 19)").
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,64 +22,73 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import torch  # noqa: E402
 
 import executor  # noqa: E402
-from executor import binding  # noqa: E402
+from executor.binding import ParamBinding  # noqa: E402
 from test_executor import LR, WD, gpt_batches, gpt_loss, plain_groups  # noqa: E402
 from test_executor_planner import gpt_model, plan  # noqa: E402
 
-variant = sys.argv[1] if len(sys.argv) > 1 else "os-host"
-torch.set_num_threads(1)
-schedule = plan("gpt", os_split=variant == "os-split", nvme=variant == "nvme",
-                budget_chunks=64 if variant == "device" else 8)
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-batches = [b.to(DEV) for b in gpt_batches(2)]
-
-seen: dict[str, torch.Tensor] = {}
-orig = binding.ParamBinding._grad_ready
+VARIANTS = ("os-host", "os-split", "nvme", "device")
 
 
-def spy(self, param, slot):  # noqa: ANN001, ANN202
-    if param.grad is not None and slot.names[0] not in seen:
-        seen[slot.names[0]] = param.grad.detach().clone()
-    return orig(self, param, slot)
+def compare(variant: str) -> dict[str, tuple[float | None, float]]:
+    """Per param: (max |grad diff| at step 0 or None if tide's hook saw none, max |param diff| after it)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    schedule = plan("gpt", os_split=variant == "os-split", nvme=variant == "nvme",
+                    budget_chunks=64 if variant == "device" else 8, device=device)
+    batches = [b.to(device) for b in gpt_batches(2)]
+    seen: dict[str, torch.Tensor] = {}
+    grad_ready = ParamBinding._grad_ready
+
+    def spy(self: ParamBinding, param: torch.Tensor, slot) -> None:  # noqa: ANN001 - TensorSlot
+        if param.grad is not None and slot.names[0] not in seen:
+            seen[slot.names[0]] = param.grad.detach().clone()
+        grad_ready(self, param, slot)
+
+    ParamBinding._grad_ready = spy
+    try:
+        model = gpt_model()
+        engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tempfile.mkdtemp(), device=device)
+        tide_losses, tide_after = [], {}
+        for i, b in enumerate(batches):
+            loss = gpt_loss(model, b)
+            loss.backward()
+            tide_losses.append(loss.item())
+            engine.step()
+            engine.zero_grad()
+            if i == 0:
+                tide_after = {k: v.detach().float().cpu().clone() for k, v in engine.state_dict()["model"].items()}
+        engine.detach()
+    finally:
+        ParamBinding._grad_ready = grad_ready
+
+    ref = gpt_model().to(device)
+    opt = torch.optim.AdamW(plain_groups(ref), lr=LR, fused=True)
+    ref_losses, ref_grads, ref_after = [], {}, {}
+    for i, b in enumerate(batches):
+        loss = gpt_loss(ref, b)
+        loss.backward()
+        ref_losses.append(loss.item())
+        if i == 0:
+            ref_grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+        if i == 0:
+            ref_after = {n: p.detach().float().cpu().clone() for n, p in ref.named_parameters()}
+
+    print(f"variant {variant} on {device}: tide losses {tide_losses}, plain {ref_losses}")
+    out = {}
+    for name, g in ref_grads.items():
+        mine = seen.get(name)
+        grad_diff = None if mine is None else (mine.float() - g.float()).abs().max().item()
+        param_diff = (tide_after[name] - ref_after[name]).abs().max().item()
+        out[name] = (grad_diff, param_diff)
+        print(f"{name:28s} |g| {g.abs().max().item():.3e}  grad diff "
+              f"{'none seen' if grad_diff is None else f'{grad_diff:.3e}'}  param diff after step 0 {param_diff:.3e}")
+    return out
 
 
-binding.ParamBinding._grad_ready = spy
-model = gpt_model()
-import tempfile  # noqa: E402
-
-engine = executor.run(model, schedule, lr=LR, weight_decay=WD, nvme_dir=tempfile.mkdtemp(), device=DEV)
-tide_losses = []
-after0 = None
-for i, b in enumerate(batches):
-    loss = gpt_loss(model, b)
-    loss.backward()
-    tide_losses.append(loss.item())
-    engine.step()
-    engine.zero_grad()
-    if i == 0:
-        after0 = {k: v.detach().float().cpu().clone() for k, v in engine.state_dict()["model"].items()}
-engine.detach()
-
-ref = gpt_model().to(DEV)
-opt = torch.optim.AdamW(plain_groups(ref), lr=LR, fused=True)
-ref_losses, ref_grads, ref_after0 = [], {}, {}
-for i, b in enumerate(batches):
-    loss = gpt_loss(ref, b)
-    loss.backward()
-    ref_losses.append(loss.item())
-    if i == 0:
-        ref_grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
-    opt.step()
-    opt.zero_grad()
-    if i == 0:
-        ref_after0 = {n: p.detach().float().cpu().clone() for n, p in ref.named_parameters()}
-
-print(f"variant {variant}: tide {tide_losses} ref {ref_losses}")
-print("optimizer tiers per chunk:", {p.chunk: (p.os_tier.value, p.optimizer_tier.value)
-                                      for p in getattr(schedule, "chunk_plans", ())} if hasattr(schedule, "chunk_plans") else "")
-for name, g in ref_grads.items():
-    mine = seen.get(name)
-    gd = None if mine is None else (mine.float() - g.float()).abs().max().item()
-    pd = (after0[name] - ref_after0[name]).abs().max().item()
-    print(f"{name:28s} |g| {g.abs().max().item():.3e}  grad diff {gd if gd is None else f'{gd:.3e}'}  "
-          f"param diff after step 0 {pd:.3e}")
+if __name__ == "__main__":
+    variant = sys.argv[1] if len(sys.argv) > 1 else "os-host"
+    if variant not in VARIANTS:
+        raise SystemExit(f"diag.py {variant!r}: expected one of {', '.join(VARIANTS)}")
+    torch.set_num_threads(1)
+    compare(variant)
