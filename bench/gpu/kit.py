@@ -478,7 +478,8 @@ def plan(part: str) -> list[Step]:
     parts = ("a", "b", "c") if part == "all" else (part,)
     ops = sorted({DS_OPS[r.system] for r in RUNS if r.part in parts and r.system in DS_OPS})
     # DeepSpeed's ops compile (~60 s each on the H100's 16 cores) beside the untimed steps only: a
-    # compile beside a timed run cost tide-1.3b-16gb 35% on the second H100 run
+    # compile beside a timed run: tide-1.3b-16gb took 0.548 s beside one on the second H100 run, 0.406 s
+    # without on the third (another recording and solve, so not all of the difference is the compile)
     steps.append(Step("ds-build", 5, lambda kit: step_ds_build(kit, tuple(ops))))
     if "a" in parts:
         steps.append(Step("diag", 60, step_diag))
