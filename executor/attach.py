@@ -239,9 +239,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
         raise ExecutorError(f"device={device!r}: no CUDA device here; pass device='cpu' (emulated DEVICE) or 'auto'")
     if dev.type not in ("cpu", "cuda"):
         raise ExecutorError(f"device={device!r}: expected 'auto', 'cpu' or 'cuda[:i]'")
+    # The device as a tensor on it reports it: `cuda:<i>` always with its index, `cpu` never with one
+    # (torch.device("cuda") != torch.device("cuda", 0), torch.device("cpu", 0) != torch.device("cpu")).
+    # The binding recognizes saved params by their device (Note "saved params"): "cuda" made it keep
+    # evicted chunks' buffers for backward on the first H100 run (wrong grads), and "cpu:0" does the same
+    # on a CPU
     if dev.type == "cuda" and dev.index is None:
-        # always with its index: a tensor's device is `cuda:0`, never `cuda`, and torch.device("cuda") !=
-        # torch.device("cuda", 0); the binding recognizes saved params by their device (Note "saved
-        # params"), and a bare "cuda" made it keep evicted chunks' buffers (wrong grads, first H100 run)
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu") if dev.type == "cpu" else dev

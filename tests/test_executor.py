@@ -24,7 +24,7 @@ from executor.errors import ExecutorError
 from executor.models import GPT, GPTConfig, build_gpt2
 from executor.runtime import EngineState
 from executor_support import build_schedule, device_peak
-from schemas.schedule import Channel, ChunkList, Tier
+from schemas.schedule import Channel, ChunkList, Op, Tier
 from schemas.trace import DType, Phase
 
 STEPS = 20
@@ -500,17 +500,31 @@ def test_chunks_of_params_never_leave_their_place_in_the_store():
     assert all(not engine.store.valid_tiers(ChunkList.GRAD, c.id) for c in schedule.layout.chunks)
 
 
-def test_a_bare_cuda_device_gets_its_index(monkeypatch):
-    """`device="cuda"` resolves to `cuda:<current>`: a tensor's device always has its index, and the
-    binding recognizes saved params by device equality (torch.device("cuda") != "cuda:0"); the bare
-    form made the first H100 run keep evicted chunks' buffers for backward (wrong grads)."""
+def test_a_device_is_named_as_its_tensors_report_it(monkeypatch):
+    """`device="cuda"` resolves to `cuda:<current>` and "cpu:0" to "cpu": the binding recognizes saved
+    params by device equality, and torch.device("cuda") != "cuda:0", torch.device("cpu:0") != "cpu"."""
     from executor.attach import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert resolve_device("cuda") == torch.device("cuda", 3)
     assert resolve_device("cuda:1") == torch.device("cuda", 1)
-    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu:0") == resolve_device("cpu") == torch.zeros(1).device
+
+
+def test_cpu_0_trains_like_cpu_when_chunks_are_evicted():
+    """The first H100 run's bug, on the CPU: with device="cpu:0" the binding did not recognize saved
+    params as chunk data, kept the buffers of evicted chunks for backward, and trained wrongly with no
+    error (step 1: 3.8818 against 3.9119)."""
+    from test_executor_planner import gpt_model, plan
+
+    schedule = plan("gpt")  # PARAM chunks evicted in forward, fetched again for backward
+    assert any(a.op is Op.EVICT and a.list is ChunkList.PARAM for a in schedule.actions)
+    batches = gpt_batches(3)
+    model, ref = gpt_model(), gpt_model()
+    engine = executor.run(model, schedule, lr=LR, weight_decay=WD, device="cpu:0")
+    assert engine_run(engine, model, gpt_loss, batches) == plain_run(ref, gpt_loss, batches)
+    engine.detach()
 
 
 def test_adam_turns_the_key_bias_rounding_noise_into_lr_sized_steps():
