@@ -50,8 +50,8 @@ if str(REPO) not in sys.path:
 GB = 1e9
 WHEELS_TXT = HERE / "wheels.txt"
 WHL_DIR = REPO / ".whl"  # filled by fetch_wheels.sh, carried to the device (git-ignored)
-# 8 minutes: run.sh spends ~1 more installing the carried wheels and building DeepSpeed's sdist, and a
-# device call is cut at 10 (.library/device/README.md, Limits)
+# run.sh spends ~25 s installing the carried wheels and building DeepSpeed's sdist (H100, 2026-11-24),
+# and a device call is cut at 10 minutes (.library/device/README.md, Limits)
 BUDGET_SECONDS = 500
 
 # Distributions the device image already has (.library/device/KINDS.md, "Python packages already
@@ -409,8 +409,6 @@ class Run:
     seconds: float  # the step's time limit
 
 
-# Per-run time limits (seconds), sized from rough H100 estimates (one step of 1.3B with CPU Adam on
-# 16 cores ~1-2 s, of 6.7B ~5-10 s; ZeRO-Infinity bound by the local disk) and the DeepSpeed op build.
 # Time limits from the H100 runs of 2026-11-24 (bench/RESULTS.md, "GPU"): 1.3B tide 57-74 s (its solve
 # 19-36 s), ZeRO-Offload 51 s after a 21 s setup, plain 18 s; the 6.7B runs did not reach their first
 # step in 144 s (tide: solve + pinning ~80 GB of HOST state) or 135 s (DeepSpeed), so part b gives
@@ -477,9 +475,9 @@ def plan(part: str) -> list[Step]:
     ]
     parts = ("a", "b", "c") if part == "all" else (part,)
     ops = sorted({DS_OPS[r.system] for r in RUNS if r.part in parts and r.system in DS_OPS})
-    # DeepSpeed's ops compile (~60 s each on the H100's 16 cores) beside the untimed steps only: a
-    # compile beside a timed run: tide-1.3b-16gb took 0.548 s beside one on the second H100 run, 0.406 s
-    # without on the third (another recording and solve, so not all of the difference is the compile)
+    # DeepSpeed's ops compile (~60 s each on the H100's 16 cores) beside untimed steps only, and ds-join
+    # waits for them before the first timed run: beside a compile, tide-1.3b-16gb took 0.548 s on the
+    # second H100 call, 0.406 s without one on the third (another recording and solve as well)
     steps.append(Step("ds-build", 5, lambda kit: step_ds_build(kit, tuple(ops))))
     if "a" in parts:
         steps.append(Step("diag", 60, step_diag))

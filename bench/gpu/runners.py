@@ -166,7 +166,7 @@ def host_memory() -> dict[str, Any]:
     return out
 
 
-# the process's deadline (perf_counter), set by main from --seconds: the loop leaves room for what
+# the process's deadline (perf_counter), set by main from --deadline-seconds: the loop leaves room for what
 # follows it (one profiled step, the engine's detach, the result) so the kit never kills a run that
 # measured something
 DEADLINE = math.inf
