@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("fused AdamW, one fp32 tensor (what the planner prices)", priced),
             ("ChunkAdamW.step_chunk, fp32", step_chunk_rate(optimizer, chunk.id, numel, half=None, reps=args.reps)),
             ("ChunkAdamW.step_chunk, bf16 PARAM/GRAD + fp32 MASTER", step_chunk_rate(optimizer, chunk.id, numel, half=torch.bfloat16, reps=args.reps))]
-    tensors = sum(len(entries) for _, entries in optimizer._by_chunk.get(chunk.id, []))
+    tensors = sum(1 for slot in layout.tensors if slot.chunk == chunk.id)
     print(f"one chunk of {numel / 1e6:.1f}M params ({tensors} tensors of one n_embd={args.n_embd} GPT block), "
           f"{args.threads} threads, median of {args.reps}")
     for what, rate in rows:

@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import os
 import platform
+import re
 import shutil
 import socket
 import tempfile
@@ -555,9 +556,8 @@ def run(args: argparse.Namespace) -> int:
                           quick=args.quick, adam_chunk_mparams=args.adam_chunk_mparams)
     text = hw.to_toml()
     if hw.device.memory_margin_gb:  # its 2% share has no source: `validate` and `show` list it
-        text = text.replace(f"\nmemory_margin_gb = {hw.device.memory_margin_gb!r}\n",
-                            f"\nmemory_margin_gb = {hw.device.memory_margin_gb!r}  # tide estimate: the CUDA context, measured, "
-                            "+ 2% of the memory for the allocator's fragmentation\n", 1)
+        text = re.sub(r"^(memory_margin_gb = \S+)$", r"\1  # tide estimate: the CUDA context, measured, + 2% of the "
+                      "memory for the allocator's fragmentation", text, count=1, flags=re.M)
     atomic_write_bytes(args.output, text.encode("utf-8"))
     print(f"wrote {args.output} ({hw.device.kind}, {figures['seconds']:.1f} s)")
     print(f"  compute {hw.device.compute_tflops:.3f} TFLOPS, H2D {hw.links.h2d_gb_per_s:.2f} GB/s, D2H {hw.links.d2h_gb_per_s:.2f} GB/s")

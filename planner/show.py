@@ -8,9 +8,8 @@ one row per tensor); `--json` prints the same summary as one JSON object for scr
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 import json
 import statistics
 from collections import Counter

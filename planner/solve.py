@@ -413,9 +413,9 @@ class Evaluated:
     simulated_seconds: float
     chunk_elements: int
     wasted_elements: int
+    replay: object  # planner.sim_result.SimResult of the schedule
     placement: PlacementSolution | None = None  # None: a reference decision set
     data: PlacementInput | None = None
-    replay: object = None  # planner.sim_result.SimResult of the schedule
 
 
 # Note [the plan's own budget]:

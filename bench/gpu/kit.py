@@ -114,9 +114,10 @@ class Kit:
     def ok(self, name: str) -> bool:
         return self.results.get(name, {}).get("status") == "ok"
 
-    def python(self, args: list[str], *, timeout: float, log: str) -> subprocess.CompletedProcess:
+    def python(self, args: list[str], *, timeout: float, log: str,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", **(env or {}))
         with open(self.work / f"{log}.log", "w") as fh:
             try:
                 return subprocess.run([sys.executable, *args], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
@@ -362,10 +363,10 @@ def step_pytest(kit: Kit) -> dict[str, Any]:
     junit = kit.work / "pytest.xml"
     # one hung test (a stream waiting on an event never recorded) must not take the suite's whole limit
     per_test = ["--timeout", "60"] if importlib.util.find_spec("pytest_timeout") else []
-    os.environ["TIDE_CUDA_DIFFS"] = str(kit.work / "cuda-diffs.log")  # tests/test_cuda.py: measured differences
     done = kit.python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *per_test,
                        f"--junitxml={junit}", "tests/test_cuda.py", *EXTRA_CUDA_TESTS],
-                      timeout=kit.current_limit, log="pytest")
+                      timeout=kit.current_limit, log="pytest",
+                      env={"TIDE_CUDA_DIFFS": str(kit.work / "cuda-diffs.log")})  # tests/test_cuda.py: measured differences
     tail = kit.tail("pytest", 40)
     summary = next((line for line in reversed(tail.splitlines()) if re.search(r"\d+ (passed|failed)", line)), "")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", summary)}
@@ -385,16 +386,9 @@ def step_diag(kit: Kit) -> dict[str, Any]:
     tide's hook saw, the param after one step), with HOST optimizer states, and once more with
     CUDA_LAUNCH_BLOCKING=1: a difference that goes away then is a missing stream wait."""
     out = {}
-    for name, variant, blocking in (("os-host", "os-host", False), ("device", "device", False),
-                                    ("os-host-blocking", "os-host", True)):
-        env_before = os.environ.get("CUDA_LAUNCH_BLOCKING")
-        if blocking:
-            os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
-        try:
-            kit.python(["bench/gpu/diag.py", variant], timeout=kit.current_limit / 3, log=f"diag-{name}")
-        finally:
-            if env_before is None:
-                os.environ.pop("CUDA_LAUNCH_BLOCKING", None)
+    for name, variant, env in (("os-host", "os-host", None), ("device", "device", None),
+                               ("os-host-blocking", "os-host", {"CUDA_LAUNCH_BLOCKING": "1"})):
+        kit.python(["bench/gpu/diag.py", variant], timeout=kit.current_limit / 3, log=f"diag-{name}", env=env)
         out[name] = kit.tail(f"diag-{name}", 60)
     return out
 
