@@ -6,9 +6,12 @@ The planner prices a HOST Adam step at `host.adam_rates` (planner/costmodel.py `
 which `executor profile` measures as torch's fused AdamW over ONE fp32 tensor. The executor steps a
 chunk with `ChunkAdamW.step_chunk` (executor/optim.py): in fp32 that is the same kernel over the
 chunk's tensors; in bf16/fp16 it is three passes (the half-precision grad cast into an fp32 scratch,
-the fused kernel over the fp32 master, the master copied back into the half-precision PARAM). This
-bench times all three on one GPT block's params (the widths of GPT-3 1.3B by default), on the CPU, in
-one process, and prints params/s and the ratio to the priced kernel. The first H100 runs took 3-5x
+the fused kernel over the fp32 master, the master copied back into the half-precision PARAM), made one
+cache-sized tile at a time (Note [mixed-precision CPU steps in tiles]). This bench times them on one
+GPT block's params (the widths of GPT-3 1.3B by default), on the CPU, in one process, in interleaved
+rounds, the bf16 step also in whole passes (as before the tiles), and prints params/s and the ratio to
+the priced kernel. `executor profile` measures the tiled bf16 step as `adam_rates[].mixed_precision_params_per_s`,
+which prices the HOST steps of bf16/fp16 models. The first H100 runs took 3-5x
 the priced time for their HOST steps (bench/RESULTS.md, "GPU (issue 19)"); this measures one
 mechanism of that, the mixed-precision passes, on any machine.
 """
@@ -27,13 +30,14 @@ import torch  # noqa: E402
 
 from executor import record  # noqa: E402
 from executor.models import GPT, GPTConfig  # noqa: E402
+from executor import optim  # noqa: E402
 from executor.optim import ChunkAdamW  # noqa: E402
 from planner.layout import build_layout  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
 from planner.problem import build_problem  # noqa: E402
 
 
-def fused_fp32_rate(numel: int, reps: int) -> float:
+def fused_fp32_step(numel: int):  # noqa: ANN201
     """What `executor profile` measures for `host.adam_rates`: fused AdamW over one fp32 tensor."""
     p, g, m, v = (torch.randn(numel) for _ in range(4))
     step = torch.zeros(())
@@ -42,22 +46,14 @@ def fused_fp32_rate(numel: int, reps: int) -> float:
         step.add_(1)
         torch._fused_adamw_([p], [g], [m], [v], [], [step], amsgrad=False, lr=1e-4, beta1=0.9, beta2=0.999,
                             weight_decay=0.01, eps=1e-8, maximize=False)
-    return numel / _median_seconds(once, reps)
+    return once
 
 
-def _median_seconds(fn, reps: int) -> float:  # noqa: ANN001
-    fn()  # first touch, scratch buffers
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def step_chunk_rate(optimizer: ChunkAdamW, chunk: int, numel: int, *, half: torch.dtype | None, reps: int) -> float:
+def chunk_step(optimizer: ChunkAdamW, chunk: int, numel: int, *, half: torch.dtype | None,
+               tile_elements: int | None = optim.CPU_TILE_ELEMENTS):  # noqa: ANN201
     """ChunkAdamW.step_chunk over one chunk as the engine calls it: fp32 (PARAM is the master) or mixed
-    (half-precision PARAM and GRAD, fp32 MASTER)."""
+    (half-precision PARAM and GRAD, fp32 MASTER), in tiles of `tile_elements` (None: whole passes, as
+    before Note [mixed-precision CPU steps in tiles])."""
     m, v = torch.zeros(numel), torch.zeros(numel)
     if half is None:
         param, grad, master = torch.randn(numel), torch.randn(numel), None
@@ -66,8 +62,26 @@ def step_chunk_rate(optimizer: ChunkAdamW, chunk: int, numel: int, *, half: torc
         param, grad = master.to(half), torch.randn(numel).to(half)
 
     def once() -> None:
-        optimizer.step_chunk(chunk, param=param, grad=grad, master=master, exp_avg=m, exp_avg_sq=v)
-    return numel / _median_seconds(once, reps)
+        saved, optim.CPU_TILE_ELEMENTS = optim.CPU_TILE_ELEMENTS, tile_elements
+        try:
+            optimizer.step_chunk(chunk, param=param, grad=grad, master=master, exp_avg=m, exp_avg_sq=v)
+        finally:
+            optim.CPU_TILE_ELEMENTS = saved
+    return once
+
+
+def interleaved_medians(steps: list, reps: int) -> list[float]:  # noqa: ANN001
+    """Median seconds of each step, timed in `reps` rounds that run every step once (a noisy machine's
+    slow spells fall on all of them alike); one untimed round first (first touch, scratch buffers)."""
+    for fn in steps:
+        fn()
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(reps):
+        for fn, ts in zip(steps, times):
+            start = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,15 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = ChunkAdamW(model.parameters(), layout, model=model, lr=1e-4)
     chunk = max(layout.chunks, key=lambda c: c.used_elements)
     numel = chunk.elements
-    priced = fused_fp32_rate(numel, args.reps)
-    rows = [("fused AdamW, one fp32 tensor (what the planner prices)", priced),
-            ("ChunkAdamW.step_chunk, fp32", step_chunk_rate(optimizer, chunk.id, numel, half=None, reps=args.reps)),
-            ("ChunkAdamW.step_chunk, bf16 PARAM/GRAD + fp32 MASTER", step_chunk_rate(optimizer, chunk.id, numel, half=torch.bfloat16, reps=args.reps))]
+    variants = [("fused AdamW, one fp32 tensor (what the planner prices)", fused_fp32_step(numel)),
+                ("ChunkAdamW.step_chunk, fp32", chunk_step(optimizer, chunk.id, numel, half=None)),
+                ("ChunkAdamW.step_chunk, bf16 PARAM/GRAD + fp32 MASTER, in tiles",
+                 chunk_step(optimizer, chunk.id, numel, half=torch.bfloat16)),
+                ("ChunkAdamW.step_chunk, bf16, whole passes (before tiles)",
+                 chunk_step(optimizer, chunk.id, numel, half=torch.bfloat16, tile_elements=None))]
+    seconds = interleaved_medians([fn for _, fn in variants], args.reps)
+    rows = [(what, numel / s) for (what, _), s in zip(variants, seconds)]
+    priced = rows[0][1]
     tensors = sum(1 for slot in layout.tensors if slot.chunk == chunk.id)
     print(f"one chunk of {numel / 1e6:.1f}M params ({tensors} tensors of one n_embd={args.n_embd} GPT block), "
           f"{args.threads} threads, median of {args.reps}")
     for what, rate in rows:
-        print(f"  {what:58s} {rate:10.3g} params/s  {priced / rate:5.2f}x the priced time")
+        print(f"  {what:66s} {rate:10.3g} params/s  {priced / rate:5.2f}x the priced time")
     return 0
 
 

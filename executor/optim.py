@@ -12,7 +12,8 @@ element sees exactly the arithmetic of the plain optimizer (the kernels are elem
 Equivalence with plain PyTorch (what tests/test_optim.py checks):
 - fp32: `master=None`, PARAM is the master; bit-identical to `torch.optim.AdamW(fused=True)`.
 - mixed precision (bf16/fp16 PARAM, fp32 MASTER): the GRAD chunk is cast to fp32 (a scratch
-  buffer), MASTER is updated, then copied into PARAM. The reference loop is: fp32 master copies,
+  buffer), MASTER is updated, then copied into PARAM (on the CPU one cache-sized tile at a time, bit for
+  bit the same: Note [mixed-precision CPU steps in tiles]). The reference loop is: fp32 master copies,
   `master.grad = param.grad.float()`, fused AdamW on the masters, `param.copy_(master)`.
 - `grad_scale` multiplies grads (1/loss scale x clip coefficient). It is handed to the kernel as
   its `grad_scale` argument (the kernel divides by it, as with `GradScaler`), i.e. as 1/grad_scale:
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +40,55 @@ from torch import Tensor, nn
 
 from schemas.schedule import ChunkLayout, TensorSlot
 
-__all__ = ["ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "clip_coefficient"]
+__all__ = ["CPU_TILE_ELEMENTS", "ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "clip_coefficient"]
 
 
 _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled_weight_decay")
+
+# Note [mixed-precision CPU steps in tiles]:
+# A bf16/fp16 step makes three passes: the GRAD cast into an fp32 scratch, the fused kernel over the fp32
+# MASTER, the MASTER copied back into PARAM. Over a whole chunk each pass streams the chunk through DRAM
+# (28 B/param for the kernel, 6 more for each of the other two). On the CPU the chunk goes through them one
+# tile of `CPU_TILE_ELEMENTS` at a time, so the scratch a tile casts and the master it copies back are still
+# in cache when the next pass reads them: the DRAM traffic is the kernel's alone. The arithmetic is the same
+# element by element (the kernels are element-wise; the steps are bumped once per tensor), so the result is
+# bit-identical to one pass over the chunk. On CUDA the passes stay whole (HBM, and a launch per tile).
+# Measured with bench/bench_cpu_adam.py on the 2-core CI box (50M params, bf16): 1.8x the fp32 kernel's time
+# in whole passes, 1.34-1.56x in tiles of 256K-1M elements, 1.53-1.65x at 2M (bench/RESULTS.md, session 12).
+CPU_TILE_ELEMENTS = 1 << 20  # 4 MiB of fp32 scratch per tile
+# torch's fused CPU Adam kernels (aten/src/ATen/native/cpu/FusedAdamKernel.cpp) split a tensor among threads
+# in units of one 64-byte cache line and run Vectorized<float> over each (16 floats with AVX-512): a cut at a
+# multiple of 64 elements is a boundary of both on any vector width up to 64 floats.
+TILE_ALIGN_ELEMENTS = 64
+
+
+def _tiles(entries: Sequence[ChunkEntry], tile_elements: int | None) -> Iterator[list[tuple[ChunkEntry, int, int]]]:
+    """The entries as (entry, first element, elements) spans, `tile_elements` at most per yield (None: all
+    of them whole, in one yield). A tensor is cut only `TILE_ALIGN_ELEMENTS` into itself: the fused CPU
+    kernels run a vector loop and a scalar tail, whose roundings differ, over cache-line units counted
+    from a tensor's start, so a cut anywhere else changes which elements take the tail."""
+    spans: list[tuple[ChunkEntry, int, int]] = []
+    room = tile_elements
+    for e in entries:
+        at = 0
+        while at < e.numel:
+            left = e.numel - at
+            n = left if room is None or left <= room else room - room % TILE_ALIGN_ELEMENTS
+            if n:
+                spans.append((e, at, n))
+                at += n
+                if room is not None:
+                    room -= n
+            if room is not None and (n < left or room == 0):
+                yield spans
+                spans, room = [], tile_elements
+    if spans:
+        yield spans
+
+
+def _cut(buf: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+    """Consecutive views of `buf` of the given sizes."""
+    return list(torch.split(buf[:sum(sizes)], list(sizes)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,9 +241,10 @@ class ChunkAdamW(torch.optim.Optimizer):
             raise ValueError(f"ChunkAdamW.step_chunk(chunk={chunk}): {'master' if master is not None else 'param'}, exp_avg "
                              f"and exp_avg_sq must be float32, found {target.dtype}, {exp_avg.dtype}, {exp_avg_sq.dtype}; "
                              "with a bf16/fp16 PARAM list pass the fp32 MASTER chunk as master=")
-        if grad.dtype != torch.float32:
-            # The fused kernels need grads in the master's dtype: cast into a reused scratch buffer.
-            grad = self._fp32_scratch(device, grad.numel()).copy_(grad)
+        # The fused kernels need grads in the master's dtype: a half-precision GRAD is cast into a reused
+        # fp32 scratch, on the CPU one tile at a time (Note [mixed-precision CPU steps in tiles]).
+        cast = grad.dtype != torch.float32
+        tile_elements = CPU_TILE_ELEMENTS if cast and device.type == "cpu" else None
         scale_t = None
         if grad_scale != 1.0:
             if not math.isfinite(grad_scale) or grad_scale <= 0:
@@ -211,22 +258,28 @@ class ChunkAdamW(torch.optim.Optimizer):
             live = [e for e in entries if e.param.requires_grad and e.tensor not in skip]
             if not live:
                 continue
-            p_views = [target[e.offset:e.offset + e.numel] for e in live]
-            g_views = [grad[e.offset:e.offset + e.numel] for e in live]
-            m_views = [exp_avg[e.offset:e.offset + e.numel] for e in live]
-            v_views = [exp_avg_sq[e.offset:e.offset + e.numel] for e in live]
             steps = [self._step_tensor(e.param, device) for e in live]
+            step_of = dict(zip((e.tensor for e in live), steps))
             beta1, beta2 = group["betas"]
             # As torch.optim.adam._fused_adam: bump the steps, run the kernel, undo on overflow.
             torch._foreach_add_(steps, 1)
             kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
-            kernel(p_views, g_views, m_views, v_views, [], steps, amsgrad=False, lr=group["lr"], beta1=beta1,
-                   beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
-                   grad_scale=scale_t, found_inf=found_inf)
+            for spans in _tiles(live, tile_elements):
+                def views(buf: Tensor, spans: list[tuple[ChunkEntry, int, int]] = spans) -> list[Tensor]:
+                    return [buf[e.offset + a:e.offset + a + n] for e, a, n in spans]
+                p_views = views(target)
+                if cast:
+                    g_views = _cut(self._fp32_scratch(device, sum(n for _, _, n in spans)), [n for _, _, n in spans])
+                    torch._foreach_copy_(g_views, views(grad))
+                else:
+                    g_views = views(grad)
+                kernel(p_views, g_views, views(exp_avg), views(exp_avg_sq), [], [step_of[e.tensor] for e, _, _ in spans],
+                       amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
+                       eps=group["eps"], maximize=group["maximize"], grad_scale=scale_t, found_inf=found_inf)
+                if master is not None and param is not None:
+                    torch._foreach_copy_(views(param), p_views)
             if found_inf is not None:
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
-            if master is not None and param is not None:
-                torch._foreach_copy_([param[e.offset:e.offset + e.numel] for e in live], p_views)
 
     def _step_tensor(self, p: nn.Parameter, device: torch.device) -> Tensor:
         """The param's `step` (0-dim float32, as fused AdamW keeps it), on the device stepping it."""

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from executor import optim
 from executor.optim import ChunkAdam, ChunkAdamW, DynamicLossScaler, clip_coefficient
 from schemas.schedule import ChunkList
 from schemas.trace import DType
@@ -88,7 +89,12 @@ def test_chunk_order_does_not_matter_and_fp32_master_none_updates_param_in_place
     assert torch.equal(store.slot_view(ChunkList.V, slot), ref_opt.state[ref.fc1.weight]["exp_avg_sq"])
 
 
-def test_bf16_mixed_precision_matches_reference_master_loop() -> None:
+@pytest.mark.parametrize("tile_elements", [optim.CPU_TILE_ELEMENTS, 150])
+def test_bf16_mixed_precision_matches_reference_master_loop(tile_elements: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 150-element tiles cut the larger tensors at multiples of 64 elements and put pieces of several
+    # tensors in one tile
+    # (Note [mixed-precision CPU steps in tiles]): still bit-identical to the reference loop
+    monkeypatch.setattr(optim, "CPU_TILE_ELEMENTS", tile_elements)
     torch.manual_seed(0)
     ref = TinyLM().to(torch.bfloat16)
     model = copy.deepcopy(ref)
@@ -114,6 +120,18 @@ def test_bf16_mixed_precision_matches_reference_master_loop() -> None:
         assert q.dtype == torch.bfloat16 and torch.equal(p, q)
     slot = next(s for s in layout.tensors if s.names[0] == "fc2.weight")
     assert torch.equal(store.slot_view(ChunkList.MASTER, slot), masters[[n for n, _ in ref.named_parameters()].index("fc2.weight")])
+
+
+def test_tiles_cover_every_element_once_in_order() -> None:
+    entries = [optim.ChunkEntry(param=torch.nn.Parameter(torch.zeros(n)), tensor=i, offset=o, numel=n)
+               for i, (o, n) in enumerate([(0, 5), (5, 16), (24, 1), (25, 9)])]
+    entries = [optim.ChunkEntry(param=e.param, tensor=e.tensor, offset=e.offset * 64, numel=e.numel * 64) for e in entries]
+    tiles = list(optim._tiles(entries, 7 * 64 + 10))  # cuts inside a tensor land on multiples of 64 elements
+    assert [[(e.tensor, a // 64, n / 64) for e, a, n in t] for t in tiles] == [
+        [(0, 0, 5), (1, 0, 2)], [(1, 2, 7)], [(1, 9, 7)], [(2, 0, 1), (3, 0, 6)], [(3, 6, 3)]]
+    flat = [(e.offset + a + i) for t in tiles for e, a, n in t for i in range(n)]
+    assert flat == [o for e in entries for o in range(e.offset, e.offset + e.numel)]
+    assert list(optim._tiles(entries, None)) == [[(e, 0, e.numel) for e in entries]]
 
 
 def test_grad_scale_and_found_inf_match_gradscaler() -> None:
