@@ -15,7 +15,8 @@ What is measured (each for a fraction of a second; the default run takes about a
   written per second);
 - CPU Adam: torch's fused AdamW kernel on one chunk-sized tensor (`--adam-chunk-mparams`, default 16M
   params; 4M with --quick) at 1, 2, 4 ... cores threads, alone and while a memcpy thread and an SSD
-  writer run beside it (the DRAM contention a training step sees): `host.adam_rates`;
+  writer run beside it (the DRAM contention a training step sees), and the executor's own
+  mixed-precision step (`ChunkAdamW.step_chunk`, bf16 PARAM/GRAD + fp32 MASTER) alone: `host.adam_rates`;
 - NVMe read/write alone and mixed (reads and writes at once): `executor.nvme.NvmeStore` (O_DIRECT
   where the filesystem allows) in a temporary folder under --nvme-dir, and again at a few read/write
   sizes (1, 4 MiB; 1 with --quick): `nvme.chunk_rates`;
@@ -63,7 +64,8 @@ from schemas.hardware import (
     NvmeSpec,
     SsdRate,
 )
-from schemas.schedule import ChunkList
+from executor.optim import ChunkAdamW
+from schemas.schedule import Chunk, ChunkLayout, ChunkList, TensorSlot
 from schemas.trace import DType
 
 __all__ = ["measure", "prices_measured_now", "register", "run"]
@@ -131,6 +133,24 @@ def adamw_params_per_s(device: torch.device, *, numel: int, seconds: float = 0.5
                             weight_decay=0.01, eps=1e-8, maximize=False)
 
     return numel / _timed(one, seconds=seconds, sync=sync)
+
+
+def mixed_step_params_per_s(*, numel: int, seconds: float = 0.5) -> float:
+    """The executor's own mixed-precision CPU step (`ChunkAdamW.step_chunk` with a bf16 PARAM and GRAD and
+    an fp32 MASTER: the grad cast, the fused kernel, the copy back, in tiles; Note [mixed-precision CPU
+    steps in tiles]) over one chunk of `numel` params: what a mixed-precision plan's HOST steps cost."""
+    layout = ChunkLayout(
+        chunk_elements=numel, lists=(ChunkList.PARAM, ChunkList.GRAD, ChunkList.MASTER, ChunkList.M, ChunkList.V),
+        list_dtypes={ChunkList.PARAM: DType.BFLOAT16, ChunkList.GRAD: DType.BFLOAT16, ChunkList.MASTER: DType.FLOAT32,
+                     ChunkList.M: DType.FLOAT32, ChunkList.V: DType.FLOAT32},
+        chunks=(Chunk(id=0, elements=numel, used_elements=numel, block=0, comm_group=0, owner_rank=0),),
+        tensors=(TensorSlot(tensor=0, names=("w",), shape=(numel,), chunk=0, offset_elements=0, numel=numel, trainable=True),))
+    weight = torch.nn.Parameter(torch.empty(numel, dtype=torch.bfloat16))
+    optimizer = ChunkAdamW([("w", weight)], layout, lr=1e-4)
+    master, m, v = torch.randn(numel), torch.zeros(numel), torch.zeros(numel)
+    param, grad = master.to(torch.bfloat16), torch.randn(numel).to(torch.bfloat16)
+    return numel / _timed(lambda: optimizer.step_chunk(0, param=param, grad=grad, master=master, exp_avg=m, exp_avg_sq=v),
+                          seconds=seconds)
 
 
 def _cuda_timed(fn, *, seconds: float, min_reps: int = 3) -> float:
@@ -249,7 +269,8 @@ class _Load:
 
 def adam_thread_sweep(*, numel: int, thread_counts: list[int], seconds: float, load_bytes: int,
                       nvme_dir: Path | None) -> list[dict[str, Any]]:
-    """CPU fused AdamW params/s on one `numel` tensor at each thread count, alone and with `_Load`."""
+    """CPU fused AdamW params/s on one `numel` tensor at each thread count, alone and with `_Load`, and the
+    executor's mixed-precision step alone (`mixed_step_params_per_s`)."""
     before = torch.get_num_threads()
     rows = []
     try:
@@ -258,7 +279,9 @@ def adam_thread_sweep(*, numel: int, thread_counts: list[int], seconds: float, l
             alone = adamw_params_per_s(torch.device("cpu"), numel=numel, seconds=seconds)
             with _Load(nbytes=load_bytes, nvme_dir=nvme_dir):
                 loaded = adamw_params_per_s(torch.device("cpu"), numel=numel, seconds=seconds)
-            rows.append({"threads": threads, "params_per_s": alone, "params_per_s_with_copies": loaded})
+            mixed = mixed_step_params_per_s(numel=numel, seconds=seconds)
+            rows.append({"threads": threads, "params_per_s": alone, "params_per_s_with_copies": loaded,
+                         "mixed_precision_params_per_s": mixed})
     finally:
         torch.set_num_threads(before)
     return rows
@@ -391,12 +414,16 @@ def prices_measured_now(hardware: Hardware, *, seconds: float = 0.05, nvme_dir: 
         rows = adam_thread_sweep(numel=host.adam_chunk_params, thread_counts=[r.threads for r in host.adam_rates],
                                  seconds=seconds, load_bytes=128 * _MIB,
                                  nvme_dir=Path(nvme_dir) if nvme_dir else Path(tempfile.gettempdir()))
-        host = dataclasses.replace(host, adam_rates=tuple(
-            AdamRate(threads=r["threads"], params_per_s=_sig(r["params_per_s"]),
-                     params_per_s_with_copies=_sig(r["params_per_s_with_copies"])) for r in rows))
+        host = dataclasses.replace(host, adam_rates=tuple(_adam_rate(r) for r in rows))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return dataclasses.replace(hardware, links=links, host=host,
                                description=f"{hardware.description}; copy and CPU Adam rates measured again at {when}")
+
+
+def _adam_rate(row: dict[str, Any]) -> AdamRate:
+    return AdamRate(threads=row["threads"], params_per_s=_sig(row["params_per_s"]),
+                    params_per_s_with_copies=_sig(row["params_per_s_with_copies"]),
+                    mixed_precision_params_per_s=_sig(row["mixed_precision_params_per_s"]))
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -503,7 +530,7 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
            f"DEVICE emulated by a {memory_gb:g} GB CPU pool: compute = fp32 matmul {compute:.3f} TFLOPS, "
            "H2D/D2H = one worker thread's copy_ between two CPU buffers (pinned = pageable), both ways = two workers; ")
         + f"CPU fused AdamW {figures['cpu_adamw_params_per_s']:.3g} params/s on 4M params, "
-        f"adam_rates on one {chunk / 1e6:g}M-param chunk alone / beside a memcpy thread and an SSD writer; "
+        f"adam_rates on one {chunk / 1e6:g}M-param chunk alone / beside a memcpy thread and an SSD writer / the executor's bf16 step alone; "
         f"DRAM = {cores}-thread copy; NVMe through NvmeStore "
         f"({'O_DIRECT' if direct else 'buffered, page cache dropped'}) in {base}, capacity = free space there, no host cap measured (one directory)"
     )
@@ -525,9 +552,7 @@ def measure(*, device_memory_gb: float | None = None, nvme_dir: str | None = Non
                       usable_fraction=0.8 if cuda else 0.5,  # CPU-only: the emulated pool and the process share it
                       optimizer_params_per_s=_sig(figures["cpu_adamw_params_per_s"]), cores=int(cores),
                       dram_gb_per_s=_sig(figures["dram_gb_per_s"]), adam_chunk_params=chunk,
-                      adam_rates=tuple(AdamRate(threads=r["threads"], params_per_s=_sig(r["params_per_s"]),
-                                                params_per_s_with_copies=_sig(r["params_per_s_with_copies"]))
-                                       for r in figures["adam_rates"])),
+                      adam_rates=tuple(_adam_rate(r) for r in figures["adam_rates"])),
         nvme=NvmeSpec(count=1, capacity_gb_each=_sig(max(free_gb, 1e-3)), read_gb_per_s_each=_sig(nvme["read"]),
                       write_gb_per_s_each=_sig(nvme["write"]), usable_fraction=0.9,
                       mixed_read_gb_per_s_each=_sig(nvme["mixed_read"]), mixed_write_gb_per_s_each=_sig(nvme["mixed_write"]),
@@ -577,7 +602,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  AdamW CPU {hw.host.optimizer_params_per_s:.3g} params/s (4M params), device {hw.device.optimizer_params_per_s:.3g} params/s")
     for r in hw.host.adam_rates:
         print(f"  AdamW CPU on a {hw.host.adam_chunk_params / 1e6:g}M chunk, {r.threads} threads: {r.params_per_s:.3g} params/s alone, "
-              f"{r.params_per_s_with_copies:.3g} beside memcpy + SSD writes")
+              f"{r.params_per_s_with_copies:.3g} beside memcpy + SSD writes; the executor's bf16 mixed-precision step "
+              f"{r.mixed_precision_params_per_s:.3g} alone")
     for r in hw.device.matmul_rates:
         print(f"  matmul {r.dtype.value} {r.m}x{r.k} @ {r.k}x{r.n}: {r.tflops:.3g} TFLOPS")
     for r in hw.device.attention_rates:

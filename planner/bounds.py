@@ -115,8 +115,8 @@ def lower_bound(problem: Problem) -> LowerBound:
     rate_h2d, rate_d2h = fastest_bytes_per_s(hw, Channel.H2D), fastest_bytes_per_s(hw, Channel.D2H)
     # CPU Adam at the fastest rate the simulator can charge a step (costmodel.optimizer_step_price:
     # alone, at the executor's thread count of an overlapped step or of one at the OPTIMIZER moment)
-    adam_per_param = min(optimizer_step_price(hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=o)).seconds
-                         for o in (False, True))
+    adam_per_param = min(optimizer_step_price(hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=o),
+                                              mixed_precision=problem.mixed_precision).seconds for o in (False, True))
 
     def load(s: float) -> dict[str, float]:  # PCIe per rank (1/p each); the node's CPU shared
         return {"H2D": (h2d + os_item * (rest - s)) / ranks / rate_h2d,

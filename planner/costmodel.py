@@ -210,7 +210,8 @@ def cpu_adam_threads(hardware: Hardware, *, overlapped: bool) -> int:
     return cores
 
 
-def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False, threads: int | None = None) -> float:
+def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False, threads: int | None = None,
+                          mixed_precision: bool = False) -> float:
     """Fused CPU Adam at the chunk size the file measured (`host.adam_chunk_params`; one size is
     measured, so every chunk is priced at it), with `threads` threads (default: all the host's cores,
     the CPU optimizer is one per node), at the rate measured with host copies / SSD traffic beside it
@@ -219,8 +220,8 @@ def cpu_adam_params_per_s(hardware: Hardware, *, with_copies: bool = False, thre
     cores, so a profile's higher figure with copies is noise (a loaded machine measured 1.47e8 alone
     and 8.33e8 with copies at 2 threads, bench_executor 2026-11-23)."""
     t = hardware.host.cores if threads is None else threads
-    alone = hardware.cpu_adam_params_per_s(t)
-    return min(alone, hardware.cpu_adam_params_per_s(t, with_copies=True)) if with_copies else alone
+    alone = hardware.cpu_adam_params_per_s(t, mixed_precision=mixed_precision)
+    return min(alone, hardware.cpu_adam_params_per_s(t, with_copies=True, mixed_precision=mixed_precision)) if with_copies else alone
 
 
 @frozen
@@ -232,7 +233,7 @@ class OptimizerPrice:
 
 
 def optimizer_step_price(hardware: Hardware, tier: Tier, params: float, *, with_copies: bool = False,
-                         threads: int | None = None) -> OptimizerPrice:
+                         threads: int | None = None, mixed_precision: bool = False) -> OptimizerPrice:
     """THE price of an Adam step over `params` params of one chunk, used by every caller (simulator,
     placement model, bounds, policies, emit's pacing).
 
@@ -240,11 +241,19 @@ def optimizer_step_price(hardware: Hardware, tier: Tier, params: float, *, with_
     Adam at `threads` threads (default: all cores; `cpu_adam_threads` gives the executor's count) from
     the `host.adam_rates` table at its chunk size, at its rate with copies beside it when
     `with_copies`; it moves `host.adam_dram_bytes_per_param` bytes per param through host DRAM (28 for
-    fp32 AdamW), which the callers draw from the shared DRAM bandwidth (`dram_bytes_per_s`)."""
+    fp32 AdamW), which the callers draw from the shared DRAM bandwidth (`dram_bytes_per_s`).
+
+    `mixed_precision`: the model trains in bf16/fp16 with fp32 masters (`Problem.mixed_precision`; a schedule with a
+    MASTER list). A HOST step then also casts the half-precision grads and copies the masters back into
+    PARAM (Note [mixed-precision CPU steps in tiles] in executor/optim.py), priced at the profile's
+    measured `adam_rates[].mixed_precision_params_per_s` where it has one (the fp32 rate where not: every preset).
+    Every policy's steps get this one price: DeepSpeed's ZeRO-3 makes the same two passes on the CPU
+    (stage3.py `partition_grads`: `fp32_grad_tensor.copy_(grad_buffer)`, a D2H copy whose dtype
+    conversion runs on the CPU; the fp32 -> fp16 partition `copy_` after the step)."""
     if tier is Tier.DEVICE:
         return OptimizerPrice(seconds=params / hardware.device.optimizer_params_per_s, dram_bytes=0.0)
     if tier is Tier.HOST:
-        rate = cpu_adam_params_per_s(hardware, with_copies=with_copies, threads=threads)
+        rate = cpu_adam_params_per_s(hardware, with_copies=with_copies, threads=threads, mixed_precision=mixed_precision)
         return OptimizerPrice(seconds=params / rate, dram_bytes=adam_dram_bytes(hardware, params))
     raise ValueError(f"the optimizer runs on DEVICE or HOST, not {tier}")
 

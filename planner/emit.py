@@ -379,8 +379,8 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int,
     n_ticks = len(plan.tick_moment)
     hw = problem.hardware
     # the simulator's price of these steps: overlapped with backward, SSD/PCIe traffic beside them
-    seconds_per_element = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True,
-                                               threads=cpu_adam_threads(hw, overlapped=True)).seconds
+    seconds_per_element = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=True),
+                                               mixed_precision=problem.mixed_precision).seconds
     lead = max(os_bytes.values()) / (problem.hardware.nvme_read_bytes_per_s or math.inf)
 
     def first_tick_at(seconds: float, lo: int, hi: int) -> int:

@@ -319,9 +319,11 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=ssd_copy),
         # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
         cpu_adam_seconds_per_element=optimizer_step_price(
-            hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
+            hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap),
+            mixed_precision=problem.mixed_precision).seconds,
         cpu_adam_host_os_seconds_per_element=optimizer_step_price(
-            hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap)).seconds,
+            hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap),
+            mixed_precision=problem.mixed_precision).seconds,
         duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True, nbytes=pcie_copy)
                             + channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=pcie_copy)
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),

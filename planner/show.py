@@ -223,7 +223,10 @@ def summarize_hardware(hw: Hardware, *, estimates: list[str] | None = None) -> d
         ("host.adam_chunk_params", h.adam_chunk_params, "params", "", None, ""),
         _table("host.adam_rates", [r.params_per_s for r in h.adam_rates], "params/s", "thread counts",
                [f"{_span([r.threads for r in h.adam_rates])} threads",
-                f"with copies {_span([r.params_per_s_with_copies for r in h.adam_rates])}"] if h.adam_rates else []),
+                f"with copies {_span([r.params_per_s_with_copies for r in h.adam_rates])}",
+                f"bf16/fp16 step {_span([r.mixed_precision_params_per_s for r in h.adam_rates])}"
+                if any(r.mixed_precision_params_per_s for r in h.adam_rates) else
+                "bf16/fp16 step not measured: priced as fp32"] if h.adam_rates else []),
         ("host.adam_dram_bytes_per_param", h.adam_dram_bytes_per_param, "B/param", "", None, ""),
         ("nvme.count", n.count, "SSDs", "", None, ""),
         ("nvme.capacity_gb_each", n.capacity_gb_each, "GB", "", None, ""),

@@ -549,7 +549,7 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
     fastest step a replay runs: costmodel.optimizer_step_price without copies); 0.0 when one stops
     short of its optimum (no bound)."""
     hw = problem.hardware
-    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t).seconds
+    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
                 for t in (hw.host.cores, cpu_adam_threads(hw, overlapped=True)))
     out = math.inf
     for size, data in sorted(inputs.items()):

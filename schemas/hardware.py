@@ -86,6 +86,9 @@ class AdamRate:
     threads: int = constrained(minimum=1)
     params_per_s: float = constrained(exclusiveMinimum=0)  # alone
     params_per_s_with_copies: float = constrained(minimum=0, default=0.0)  # while host memcpy / SSD traffic runs beside it; 0: not measured
+    # the executor's mixed-precision step alone (`ChunkAdamW.step_chunk`: half-precision grad cast, the fused kernel
+    # over the fp32 master, the copy back into PARAM); 0: not measured (priced as `params_per_s`)
+    mixed_precision_params_per_s: float = constrained(minimum=0, default=0.0)
 
 
 @frozen
@@ -339,9 +342,13 @@ class Hardware:
         """Host DRAM bandwidth; 0 when not given."""
         return self.host.dram_gb_per_s * GB
 
-    def cpu_adam_params_per_s(self, threads: int | None = None, *, with_copies: bool = False) -> float:
+    def cpu_adam_params_per_s(self, threads: int | None = None, *, with_copies: bool = False,
+                              mixed_precision: bool = False) -> float:
         """CPU Adam params/s at `threads` (default: all cores) from `adam_rates` (the row with the most
-        threads not above it; linear below the first row), or `optimizer_params_per_s` without rows."""
+        threads not above it; linear below the first row), or `optimizer_params_per_s` without rows.
+        `mixed_precision`: the executor's mixed-precision step where the row measured it (`mixed_precision_params_per_s`, never
+        above the fp32 kernel's rate: it is that kernel and two passes more), with copies beside it slowed
+        by the same factor (the column is measured alone)."""
         rows = sorted(self.host.adam_rates, key=lambda r: r.threads)
         if not rows:
             return self.host.optimizer_params_per_s
@@ -349,6 +356,8 @@ class Hardware:
         below = [r for r in rows if r.threads <= want]
         row = below[-1] if below else rows[0]
         rate = row.params_per_s_with_copies if with_copies and row.params_per_s_with_copies > 0 else row.params_per_s
+        if mixed_precision and row.mixed_precision_params_per_s > 0:
+            rate *= min(1.0, row.mixed_precision_params_per_s / row.params_per_s)
         return rate if below else rate * want / row.threads
 
     def matmul_flops_per_s(self, m: int, n: int, k: int, dtype: DType) -> float:
@@ -381,6 +390,9 @@ class Hardware:
             plain["links"] = {k: v for k, v in plain["links"].items() if k != "copy_rates"}
         if not self.nvme.chunk_rates:
             plain["nvme"] = {k: v for k, v in plain["nvme"].items() if k != "chunk_rates"}
+        # and CPU Adam rows without the mixed-precision column
+        plain["host"]["adam_rates"] = [{k: v for k, v in row.items() if k != "mixed_precision_params_per_s" or v}
+                                       for row in plain["host"]["adam_rates"]]
         return digest_bytes(pack_msgpack(plain))
 
     # -- IO ---------------------------------------------------------------------------------

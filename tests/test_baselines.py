@@ -11,9 +11,12 @@ from planner.policies import POLICIES, baseline, decisions
 from planner.policies.fuyou import activation_plan as fuyou_activation_plan
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
+from planner.bounds import lower_bound
+from planner.layout import build_layout
+from planner.placement_input import placement_input
 from planner.problem import build_problem
 from planner.simulate import simulate
-from schemas.hardware import ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
+from schemas.hardware import AdamRate, ClusterSpec, DeviceKind, DeviceSpec, Hardware, HostSpec, LinkSpec, NvmeSpec
 from schemas.schedule import ActivationMode, Channel, ChunkList, HostStaging, Op, OptimizerSwap, Schedule, SolverStatus, Tier
 from schemas.trace import Phase
 
@@ -512,3 +515,26 @@ def test_fuyou_reserves_its_optimizer_pipeline_buffers_on_host() -> None:
     # a HOST that holds the model's chunks in flight but not the pipeline's buffers runs out
     with pytest.raises(InfeasibleError, match="HOST"):
         baseline("fuyou", problem(box(host_gb=40 * block / 1e9 + 0.05)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_measured_mixed_precision_step_prices_the_host_steps_of_half_precision_models(dtype: str) -> None:
+    """`adam_rates[].mixed_precision_params_per_s` (the executor's bf16 step: grad cast, kernel, copy back)
+    prices every HOST step of a bf16 model, baselines' too (one price, costmodel.optimizer_step_price), and
+    the physical bound with it; an fp32 model steps at the fp32 kernel's rate."""
+    fp32 = AdamRate(threads=8, params_per_s=1e8, params_per_s_with_copies=8e7)
+    plain = box()
+    plain = dataclasses.replace(plain, host=dataclasses.replace(plain.host, adam_chunk_params=1 << 24, adam_rates=(fp32,)))
+    measured = dataclasses.replace(plain, host=dataclasses.replace(
+        plain.host, adam_rates=(dataclasses.replace(fp32, mixed_precision_params_per_s=2.5e7),)))
+    assert measured.digest != plain.digest  # the column is part of the profile it prices
+    busy, planned = {}, {}
+    for hw in (plain, measured):
+        p = build_problem(small_trace(dtype=dtype), hw, trace_digest=DIGEST)
+        r = simulate(baseline("zero3-offload", p), hw)
+        busy[hw.digest] = r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER]
+        assert lower_bound(p).seconds <= r.iteration_seconds
+        planned[hw.digest] = placement_input(p, build_layout(p, chunk_elements=1 << 22)).cpu_adam_seconds_per_element
+    slower = 4.0 if dtype == "bfloat16" else 1.0
+    assert busy[measured.digest] / busy[plain.digest] == pytest.approx(slower, rel=1e-6)
+    assert planned[measured.digest] / planned[plain.digest] == pytest.approx(slower, rel=1e-6)  # tide's MIP prices it too

@@ -31,7 +31,7 @@ def test_profile_writes_a_valid_measured_hardware_file(tmp_path, capsys) -> None
     assert hw.device.matmul_rates and all(r.tflops > 0 for r in hw.device.matmul_rates)
     assert hw.device.attention_rates and all(r.forward_tflops > 0 and r.backward_tflops > 0 for r in hw.device.attention_rates)
     assert [r.threads for r in hw.host.adam_rates][-1] == hw.host.cores and hw.host.adam_rates[0].threads == 1
-    assert all(r.params_per_s > 0 and r.params_per_s_with_copies > 0 for r in hw.host.adam_rates)
+    assert all(r.params_per_s > 0 and r.params_per_s_with_copies > 0 and r.mixed_precision_params_per_s > 0 for r in hw.host.adam_rates)
     assert hw.host.adam_chunk_params == 4_000_000  # --quick's chunk
     for value in (hw.host.dram_gb_per_s, hw.links.h2d_pageable_gb_per_s, hw.links.d2h_pageable_gb_per_s,
                   hw.links.duplex_h2d_gb_per_s, hw.links.duplex_d2h_gb_per_s, hw.nvme.mixed_read_gb_per_s_each,

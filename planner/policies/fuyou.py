@@ -92,7 +92,8 @@ def activation_plan(problem: Problem, home: Tier) -> tuple[tuple[ActivationMode,
     bwd = sum(m.compute_seconds for m in problem.moments if m.phase is Phase.BACKWARD)
     # the cost model's one price (costmodel.optimizer_step_price): Fuyou's CPU Adam overlaps backward
     # beside the PCIe/SSD traffic (Fuyou §4.3), so at the rate with copies and the overlapped threads
-    t_opt = optimizer_step_price(hw, Tier.HOST, p, with_copies=True, threads=cpu_adam_threads(hw, overlapped=True)).seconds
+    t_opt = optimizer_step_price(hw, Tier.HOST, p, with_copies=True, threads=cpu_adam_threads(hw, overlapped=True),
+                                 mixed_precision=problem.mixed_precision).seconds
     bw_gpu = min(hw.h2d_bytes_per_s, hw.d2h_bytes_per_s)
     ssd = home is Tier.NVME
     s2c = hw.nvme_read_bytes_per_s if ssd else math.inf
