@@ -61,7 +61,7 @@ from planner.simulate import simulate
 from schemas import Hardware
 from schemas._base import digest_bytes
 from schemas.schedule import ActivationMode, Channel, ChunkList, ChunkPlan, Tier
-from schemas.trace import Phase, TimeSource
+from schemas.trace import DTYPE_BYTES, Phase, TimeSource
 
 GB = 1e9
 
@@ -400,7 +400,7 @@ def round_rows(rounds: list[Round], trace, schedule) -> list[tuple[str, str]]:
     """Per round: its prices (recorded plain PyTorch iteration, the probed copy rate at the schedule's
     largest chunk, CPU Adam beside copies), its prediction, measurement and ratio; then the pooled
     figures, the executor's own cost and the drift since the recording the plan was solved on."""
-    chunk_bytes = max(c.elements for c in schedule.layout.chunks) * 4
+    chunk_bytes = max(c.elements for c in schedule.layout.chunks) * DTYPE_BYTES[schedule.layout.list_dtypes[ChunkList.PARAM]]
     rows = []
     for i, r in enumerate(rounds):
         h2d = channel_bytes_per_s(r.hardware, Channel.H2D, nbytes=chunk_bytes) / GB
@@ -418,6 +418,8 @@ def round_rows(rounds: list[Round], trace, schedule) -> list[tuple[str, str]]:
         ("offload: per-round ratios min / max", f"{min(ratios):.3f} / {max(ratios):.3f}"),
         ("offload: measured / simulated, pooled: sum measured / sum predicted (issue 17 target 0.90-1.10)",
          f"{pooled_ratio(rounds):.3f}"),
+        *([("offload: the same, the HOST steps priced at the fp32 kernel's rate (the bf16 step's column dropped)",
+            f"{fp32_priced_ratio(rounds, schedule, trace):.3f}")] if ChunkList.MASTER in schedule.layout.lists else []),
         ("offload: executor's own cost: engine / plain PyTorch (same rounds, typical per round, pooled)", f"{measured / plain:.3f}"),
         ("offload: machine drift, not in the prediction: rounds' recordings / the recording solved on",
          f"{recorded / first:.3f} ({recorded:.3f} / {first:.3f} s)"),
@@ -429,6 +431,17 @@ def round_rows(rounds: list[Round], trace, schedule) -> list[tuple[str, str]]:
     return rows
 
 
+def fp32_priced_ratio(rounds: list[Round], schedule, trace) -> float:
+    """`pooled_ratio` with every round's `adam_rates[].mixed_precision_params_per_s` dropped: what a bf16
+    model's prediction was before the profile measured the executor's bf16 step."""
+    predicted = 0.0
+    for r in rounds:
+        rows = tuple(dataclasses.replace(x, mixed_precision_params_per_s=0.0) for x in r.hardware.host.adam_rates)
+        hardware = dataclasses.replace(r.hardware, host=dataclasses.replace(r.hardware.host, adam_rates=rows))
+        predicted += predict_round(schedule, trace, [list(x) for x in r.recorded_runs], hardware).iteration_seconds
+    return sum(r.measured["iteration"] for r in rounds) / predicted
+
+
 def timed(step) -> float:
     start = time.perf_counter()
     step()
@@ -438,6 +451,9 @@ def timed(step) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt2-124m")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                    help="the model's params (bfloat16: mixed precision, fp32 MASTER chunks, the HOST steps priced at the "
+                         "profile's mixed_precision_params_per_s)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--iters", type=int, default=20, help="timed iterations of each loop (unlimited budget)")
@@ -457,9 +473,9 @@ def main() -> int:
     torch.manual_seed(0)
     spec = model_spec(args.model, batch=args.batch, seq=args.seq)
     batch = make_batch(spec)
-    base = build_model(spec)
+    base = build_model(spec, dtype=getattr(torch, args.dtype))
     n_params = sum(p.numel() for p in base.parameters())
-    print(f"model {args.model}: {n_params / 1e6:.1f}M params, batch {args.batch}, seq {args.seq}, fp32, "
+    print(f"model {args.model}: {n_params / 1e6:.1f}M params, batch {args.batch}, seq {args.seq}, {args.dtype}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
 
     start = time.perf_counter()
@@ -510,7 +526,7 @@ def main() -> int:
                 hardware = Hardware.read(hw_path)
             else:
                 hardware = resolve_hardware(args.hardware)
-        model_bytes = n_params * 16  # fp32 params, grads, Adam m and v
+        model_bytes = n_params * 16  # fp32 params, grads, Adam m and v (bf16: 2 + 2 + a 4-byte master + m and v)
         non_model_bytes = max(m.non_model_bytes for m in trace.moments)  # activations stay on DEVICE
         device_bytes = non_model_bytes + int(model_bytes * args.device_fraction)
         schedule, how = offloaded_schedule(trace, hardware, digest, device_bytes)  # solved once: the rounds move prices only
