@@ -53,8 +53,9 @@ _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled
 # in cache when the next pass reads them: the DRAM traffic is the kernel's alone. The arithmetic is the same
 # element by element (the kernels are element-wise; the steps are bumped once per tensor), so the result is
 # bit-identical to one pass over the chunk. On CUDA the passes stay whole (HBM, and a launch per tile).
-# Measured with bench/bench_cpu_adam.py on the 2-core CI box (50M params, bf16): 1.8x the fp32 kernel's time
-# in whole passes, 1.34-1.56x in tiles of 256K-1M elements, 1.53-1.65x at 2M (bench/RESULTS.md, session 12).
+# Measured with bench/bench_cpu_adam.py on the 2-core CI box (one 50M-param chunk, bf16): 1.71-1.74x the fp32
+# kernel's time in whole passes, 1.27-1.45x in 1M-element tiles (256K: 1.70x, 2M: 1.53x in a first sweep;
+# bench/RESULTS.md, session 12). There the casts are compute-bound, so tiles cannot reach 1.0x.
 CPU_TILE_ELEMENTS = 1 << 20  # 4 MiB of fp32 scratch per tile
 # torch's fused CPU Adam kernels (aten/src/ATen/native/cpu/FusedAdamKernel.cpp) split a tensor among threads
 # in units of one 64-byte cache line and run Vectorized<float> over each (16 floats with AVX-512): a cut at a
@@ -64,7 +65,7 @@ TILE_ALIGN_ELEMENTS = 64
 
 def _tiles(entries: Sequence[ChunkEntry], tile_elements: int | None) -> Iterator[list[tuple[ChunkEntry, int, int]]]:
     """The entries as (entry, first element, elements) spans, `tile_elements` at most per yield (None: all
-    of them whole, in one yield). A tensor is cut only `TILE_ALIGN_ELEMENTS` into itself: the fused CPU
+    of them whole, in one yield). A tensor is cut only at multiples of `TILE_ALIGN_ELEMENTS` into itself: the fused CPU
     kernels run a vector loop and a scalar tail, whose roundings differ, over cache-line units counted
     from a tensor's start, so a cut anywhere else changes which elements take the tail."""
     spans: list[tuple[ChunkEntry, int, int]] = []
