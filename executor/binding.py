@@ -164,7 +164,7 @@ class ParamBinding:
             for place in self._places.get(chunk, ()):
                 place.param.data = self._placeholder[self.compute_dtype]
             return
-        self._device_storage[tensor.untyped_storage().data_ptr()] = chunk
+        self._device_storage[(tensor.device.type, tensor.untyped_storage().data_ptr())] = chunk
         for place in self._places.get(chunk, ()):
             s = place.slot
             place.param.data = tensor[s.offset_elements:s.offset_elements + s.numel].view(s.shape)
@@ -231,8 +231,10 @@ class ParamBinding:
             self._saved_hooks_on = False
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        if tensor.device == self.device and tensor.dtype == self.compute_dtype:
-            chunk = self._device_storage.get(tensor.untyped_storage().data_ptr())
+        # recognized by its storage alone, never by comparing devices: "cuda" != "cuda:0" once made evicted
+        # chunks' buffers be saved raw (wrong grads, bench/RESULTS.md "GPU (issue 19), session 11")
+        if tensor.dtype == self.compute_dtype:
+            chunk = self._device_storage.get((tensor.device.type, tensor.untyped_storage().data_ptr()))
             if chunk is not None:
                 return ChunkRef(chunk, tensor.storage_offset(), tensor.size(), tensor.stride())
         return tensor

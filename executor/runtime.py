@@ -121,7 +121,7 @@ class Engine(Lifecycle, DriftChecks, ParamBinding, OptimizerSteps, Evaluation):
         self.store = ChunkStore(layout, device_capacity_bytes=schedule.budgets.device_bytes, device=self.device,
                                 nvme=nvme)
         self._placeholder = {dt: torch.empty(0, dtype=dt, device=self.device) for dt in (self.compute_dtype,)}
-        self._device_storage: dict[int, int] = {}  # data_ptr of a DEVICE PARAM payload -> chunk
+        self._device_storage: dict[tuple[str, int], int] = {}  # (device type, data_ptr) of a DEVICE PARAM payload -> chunk
         self.store.on_device_change = self._on_device_change
         # several ranks: the schedule's collectives over this rank's store (executor/distributed.py)
         self.comm = StoreCollectives(layout, self.store) if schedule.header.world_size > 1 else None

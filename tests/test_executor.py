@@ -501,8 +501,8 @@ def test_chunks_of_params_never_leave_their_place_in_the_store():
 
 
 def test_a_device_is_named_as_its_tensors_report_it(monkeypatch):
-    """`device="cuda"` resolves to `cuda:<current>` and "cpu:0" to "cpu": the binding recognizes saved
-    params by device equality, and torch.device("cuda") != "cuda:0", torch.device("cpu:0") != "cpu"."""
+    """`device="cuda"` resolves to `cuda:<current>` and "cpu:0" to "cpu" (torch.device("cuda") != "cuda:0",
+    torch.device("cpu:0") != "cpu"), so the engine's device compares equal to its tensors'."""
     from executor.attach import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -512,17 +512,24 @@ def test_a_device_is_named_as_its_tensors_report_it(monkeypatch):
     assert resolve_device("cpu:0") == resolve_device("cpu") == torch.zeros(1).device
 
 
-def test_cpu_0_trains_like_cpu_when_chunks_are_evicted():
+@pytest.mark.parametrize("named_as_given", [False, True])
+def test_cpu_0_trains_like_cpu_when_chunks_are_evicted(named_as_given, monkeypatch):
     """The first H100 run's bug, on the CPU: with device="cpu:0" the binding did not recognize saved
     params as chunk data, kept the buffers of evicted chunks for backward, and trained wrongly with no
-    error (step 1: 3.8818 against 3.9119)."""
+    error (step 1: 3.8818 against 3.9119). `named_as_given`: the engine keeps torch.device("cpu:0") as
+    given (no `resolve_device`): the binding recognizes a saved param by its storage alone, so it still
+    trains bit for bit."""
     from test_executor_planner import gpt_model, plan
+
+    if named_as_given:
+        monkeypatch.setattr(executor.runtime, "resolve_device", torch.device)
 
     schedule = plan("gpt")  # PARAM chunks evicted in forward, fetched again for backward
     assert any(a.op is Op.EVICT and a.list is ChunkList.PARAM for a in schedule.actions)
     batches = gpt_batches(3)
     model, ref = gpt_model(), gpt_model()
     engine = executor.run(model, schedule, lr=LR, weight_decay=WD, device="cpu:0")
+    assert (engine.device == torch.device("cpu:0")) is named_as_given
     assert engine_run(engine, model, gpt_loss, batches) == plain_run(ref, gpt_loss, batches)
     engine.detach()
 
