@@ -74,12 +74,9 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
     def __init__(self, data: PlacementInput, *, relax: bool = False, capacity_variable: Tier | None = None,
                  lp_solver: str = "GLOP", lookahead: int | None = None, feasibility: bool = False,
                  fixed_flags: dict[str, int] | None = None,
-                 fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True,
-                 in_flight: bool = False) -> None:
+                 fixed_modes: Sequence[ActivationMode] | None = None, late_arrivals: bool = True) -> None:
         self.original = data
         self.with_late_arrivals = late_arrivals  # Note [late arrivals] in planner.placement_time
-        # Note [copies in flight] in planner.placement_time (an option, off in solve; their rows need the time rows)
-        self.with_in_flight = in_flight and not feasibility
         self.fixed_modes = tuple(fixed_modes) if fixed_modes is not None else None
         self.flags: dict[str, Any] = {}
         self.integral: list[Any] = []  # the variables that are integers in the MIP (`as_mip`)

@@ -13,7 +13,6 @@ from planner.costmodel import (
     channel_bytes_per_s,
     cpu_adam_threads,
     dram_bytes_per_s,
-    fastest_bytes_per_s,
     nvme_time_rows,
     optimizer_step_price,
     pcie_time_rows,
@@ -90,14 +89,6 @@ class StageData:
     # known, no late-arrival row; Note [late arrivals] in planner.placement_time)
     peak_compute_seconds: float = -1.0
     peak_need_bytes: int = 0
-    # Note [copies in flight] in planner.placement_time: the compute from the peak moment (included) to
-    # the stage's end and the last moment's own compute (the work that follows each of those moments'
-    # events), and the least compute of the stage up to and including a moment whose work produces
-    # bytes a D2H copy of this stage reads (a grad chunk's last backward write, a block's last forward
-    # moment; the copy starts at the next event, Note [simulator time]); -1: not known, no rows
-    peak_tail_seconds: float = -1.0
-    last_moment_seconds: float = -1.0
-    d2h_ready_seconds: float = -1.0
 
 
 @frozen
@@ -146,9 +137,6 @@ class PlacementInput:
     pcie_time_rows: tuple[tuple[float, float], ...] = ()
     """(seconds per H2D byte, per D2H byte) rows of the link both ways (costmodel.pcie_time_rows: the
     links.duplex_* rates while both run); empty: each direction alone at its rate"""
-    # the fastest one-way D2H rate of a copy of any size (costmodel.fastest_bytes_per_s): the most bytes a
-    # second of the link can land, what the in-flight rows may drain (Note [copies in flight]); 0: no rows
-    d2h_fastest_bytes_per_s: float = 0.0
 
     def nvme_rows(self) -> tuple[tuple[float, float], ...]:
         """The SSD time rows, the simplex row when none were given."""
@@ -247,8 +235,7 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         stage_data.append(StageData(id=st.id, name=st.name, phase=st.phase, compute_seconds=compute, non_model_bytes=peak,
                                     tail_non_model_bytes=tail,
                                     peak_compute_seconds=compute - suffix_compute[peak_at] + peak_mom.compute_seconds,
-                                    peak_need_bytes=need, peak_tail_seconds=suffix_compute[peak_at],
-                                    last_moment_seconds=problem.moments[st.last_moment].compute_seconds))
+                                    peak_need_bytes=need))
     optimizer_stage = n_stages - 1
     for st in stages:
         if st.phase is Phase.OPTIMIZER:
@@ -282,27 +269,12 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
             last_backward_stage=max(backward) if backward else -1, comm_group_size=ws,
             trainable_chunks=n_trainable, use_tail_seconds=tails,
             bucket_held_chunks=held, bucket_final_chunks=finals))
-    # Note [copies in flight]: per stage, the least compute up to and including a moment producing what a
-    # D2H copy of the stage reads (grads of a chunk final in its last backward stage, a block's activations)
-    ready: dict[int, float] = {}
-
-    def produced(m: int) -> None:
-        s_id = stage_of_moment[m]
-        done = stage_data[s_id].compute_seconds - suffix_compute[m] + problem.moments[m].compute_seconds
-        ready[s_id] = min(ready.get(s_id, math.inf), done)
-
-    for c in layout.chunks:
-        back = [s_id for s_id in uses.get(c.id, ()) if stages[s_id].phase is Phase.BACKWARD]
-        if trainable_chunk[c.id] and back:
-            produced(last_use[(c.id, max(back))])
     blocks = []
     for b in problem.blocks:
         p = stage_of_moment[b.forward_moments[1]]
         c = stage_of_moment[b.backward_moments[0]]
-        produced(b.forward_moments[1])
         blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
                                 recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
-    stage_data = [dataclasses.replace(st, d2h_ready_seconds=ready[st.id]) if st.id in ready else st for st in stage_data]
     return PlacementInput(
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
@@ -331,7 +303,6 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         adam_dram_bytes_per_element=hw.host.adam_dram_bytes_per_param,
         gpu_adam_seconds_per_element=optimizer_step_price(hw, Tier.DEVICE, 1).seconds,
         nvme_time_rows=nvme_time_rows(hw, nbytes=ssd_copy), pcie_time_rows=pcie_time_rows(hw, nbytes=pcie_copy),
-        d2h_fastest_bytes_per_s=fastest_bytes_per_s(hw, Channel.D2H),
         optimizer_overlap=optimizer_overlap, optimizer_stage=optimizer_stage,
         ranks=ws, ranks_per_node=problem.ranks_per_node if ws > 1 else 1,
         **_collective_rates(hw, ws),

@@ -235,35 +235,9 @@ class MemoryRows:
         d = self.data
         st = d.stages[s]
         full = self._device_expr(s)
-        # D2H copies issued before s that may still be in flight at the row's moment (Note [copies in
-        # flight] in planner.placement_time): their source bytes are still on DEVICE
-        peak, tail = self.in_flight_peak[s], self.in_flight_tail[s]
         if not self.arriving[s] or st.tail_non_model_bytes >= st.non_model_bytes:
-            return [full + peak]
-        return [full - sum(self.arriving[s]) + peak, full - st.non_model_bytes + st.tail_non_model_bytes + tail]
-
-    def _in_flight_stages(self) -> tuple[int, list[Any], list[Any]]:
-        """The first stage producing bytes a D2H copy reads, and per stage the variables of the bytes
-        still in flight at its peak moment and at its last moment (0 where there are no such rows):
-        one rank (the multi-rank DEVICE rows follow materialize's comm-group grads), not in the
-        feasibility or minimal-DEVICE models, and only with a D2H rate to drain them."""
-        d, n = self.data, len(self.data.stages)
-        zero: list[Any] = [0] * n
-        sources = [st.id for st in d.stages if st.d2h_ready_seconds >= 0]
-        if (not getattr(self, "with_in_flight", False) or d.ranks > 1 or self.capacity_variable is Tier.DEVICE
-                or d.d2h_fastest_bytes_per_s <= 0 or not sources):
-            return -1, zero, list(zero)
-        first = min(sources)
-        inf = self.solver.infinity()
-        peak, tail = list(zero), list(zero)
-        for s in range(first + 1, n):
-            st = d.stages[s]
-            if st.peak_tail_seconds < 0:
-                continue
-            peak[s] = self.solver.NumVar(0, inf, f"in_flight_peak[{s}]")
-            if st.last_moment_seconds >= 0:
-                tail[s] = self.solver.NumVar(0, inf, f"in_flight_tail[{s}]")
-        return first, peak, tail
+            return [full]
+        return [full - sum(self.arriving[s]), full - st.non_model_bytes + st.tail_non_model_bytes]
 
     def _host_expr(self, s: int) -> Any:
         # per node (the terms carry their node factors: node_factors, q ranks' activations)
@@ -286,7 +260,6 @@ class MemoryRows:
     def _add_memory_constraints(self) -> None:
         d = self.data
         self._build_memory_terms()
-        self.in_flight_first, self.in_flight_peak, self.in_flight_tail = self._in_flight_stages()
         for s in range(len(d.stages)):
             for r, row in enumerate(self._device_rows(s)):
                 self.solver.Add(row <= self._cap(Tier.DEVICE, d.device_bytes), f"device_memory[{s},{r}]")

@@ -67,14 +67,10 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
                                                                else st.non_model_bytes) / b,
                                          peak_compute_seconds=(st.peak_compute_seconds / t if st.peak_compute_seconds >= 0
                                                                else -1.0),
-                                         peak_need_bytes=st.peak_need_bytes / b,
-                                         peak_tail_seconds=_seconds(st.peak_tail_seconds, t),
-                                         last_moment_seconds=_seconds(st.last_moment_seconds, t),
-                                         d2h_ready_seconds=_seconds(st.d2h_ready_seconds, t))
+                                         peak_need_bytes=st.peak_need_bytes / b)
                      for st in d.stages),
         device_bytes=d.device_bytes / b, host_bytes=d.host_bytes / b, nvme_bytes=d.nvme_bytes / b,
         h2d_bytes_per_s=d.h2d_bytes_per_s * t / b, d2h_bytes_per_s=d.d2h_bytes_per_s * t / b,
-        d2h_fastest_bytes_per_s=d.d2h_fastest_bytes_per_s * t / b,
         nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
         cpu_adam_host_os_seconds_per_element=d.cpu_adam_host_os_seconds_per_element / t,
@@ -85,11 +81,6 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
         nvme_time_rows=tuple((x * b / t, y * b / t) for x, y in d.nvme_time_rows),
         pcie_time_rows=tuple((x * b / t, y * b / t) for x, y in d.pcie_time_rows),
     )
-
-
-def _seconds(x: float, unit: float) -> float:
-    """x seconds in the model's unit; -1 (not known) stays -1."""
-    return x / unit if x >= 0 else -1.0
 
 
 def chunk_class_gaps(g: ChunkClass, n_stages: int, optimizer_stage: int, optimizer_overlap: bool,

@@ -65,17 +65,6 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
 
 
-# Note [copies in flight]: the rows are a model option (`PlacementModel(in_flight=True)`), off in `solve`.
-# Measured with them on from 32 to 64 blocks (lp17, one run each, 2-core box under load ~8, bench/RESULTS.md
-# "lp17"): GPT-3 13B (40 blocks) x rtx4090-768g-12ssd 8.5155 s with the rows, 8.5417 s without; x
-# a100-80g-12ssd 6.1795 vs 6.2133 s. Since wb17's held write-backs (Note [write-backs in flight] in
-# planner/device_cache.py) the simulator no longer charges what the rows price, and the rows only change which
-# plan the MIP picks: the fastest replay of a solve, both budgets (session 7, quiet box, bench/RESULTS.md
-# "Session 7") x rtx4090 8.544 s with the rows, 8.319 s without; x a100 6.150 vs 6.155 s; LP bound 8.2346 vs
-# 8.2320 s. GPT-3 175B (96 blocks) and 256 / 512 blocks x 4096: LP and plans unchanged with them, and the
-# 512-block LP took 15.2-16.7 instead of 10.6-12.2 CPU s. The 3-block toy of tests/test_solve.py: best plan
-# 0.5703 ms with the rows, 0.5341 ms without (a valid row that changes which plan the MIP picks, not what the
-# simulator charges it).
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
 TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 
@@ -221,7 +210,6 @@ class TimeRows:
                 if d.collective_inter_bytes_per_s > 0:
                     self.solver.Add(t >= ch["INTER_GPU"][s] * (1.0 / d.collective_inter_bytes_per_s), f"time_inter_gpu_inter[{s}]")
         self._add_late_arrival_rows()
-        self._add_in_flight_rows()
         # The CPU optimizer (and the SSD traffic of its OS) is a queue: work released in stage s runs
         # in s or later, so every suffix of the iteration must be long enough for the work released
         # in it (the LP form of one machine with release times; Fuyou §4.3's overlap).
@@ -341,58 +329,14 @@ class TimeRows:
             st = d.stages[s]
             if is_zero(arrivals[s]) or st.peak_compute_seconds < 0:
                 continue
-            # (and the D2H copies still in flight as m*'s work starts: Note [copies in flight])
             held = (self._device_expr(s) - sum(self.arriving[s]) - self.use_bytes[s] - self.grad_bytes[s]
-                    + st.peak_need_bytes + getattr(self, "in_flight_peak", [0] * n)[s])
+                    + st.peak_need_bytes)
             late = self.solver.NumVar(0, inf, f"late_arrivals[{s}]")
             self.solver.Add(late >= arrivals[s] - (d.device_bytes - held), f"late_arrivals_bytes[{s}]")
             self.solver.Add(self.stage_time[s] + self.stage_time[s + 1]
                             >= st.peak_compute_seconds + late * (1.0 / d.h2d_bytes_per_s) + after_use[s],
                             f"time_late_arrivals[{s}]")
             self.late_arrivals[s] = late
-
-    # Note [copies in flight]:
-    # A D2H copy's source bytes stay on DEVICE until the copy lands (the caching allocator's rule, the
-    # simulator's: Note [simulator evictions] in planner/sim_actions.py), and the copy cannot start before
-    # the work producing them has ended (a grad chunk's last backward write, a block's last forward
-    # moment; actions are issued at the next moment's event, Note [simulator time] in planner/simulate.py).
-    # The rows above charge a stage's D2H bytes to that stage's time and drop their source from the DEVICE
-    # rows from the next stage on, as if the copy ran beside the very work that produces its bytes. Here,
-    # with r the fastest one-way D2H rate of any copy (`d2h_fastest_bytes_per_s`: no second of the link
-    # lands more), D_s the D2H bytes the model issues in stage s, pi_s the least compute of s up to and
-    # including a moment producing them (`StageData.d2h_ready_seconds`), and e_s a lower bound on the D2H
-    # bytes not yet landed at the end of s (a queue's backlog, Lindley's recursion relaxed):
-    #     e_s >= e_{s-1} + D_s - r T_s            (at most r T_s land during s)
-    #     e_s >= D_s - r (T_s - pi_s)             (D_s's copies start at pi_s into s at the earliest)
-    #     e_last = 0                              (the iteration ends after its last copy)
-    # and in stage s the bytes of copies issued before s still in flight at the peak moment's event,
-    # which comes at least `peak_tail_seconds` (the work from that moment on) before the stage's end,
-    #     in_flight_peak_s >= e_{s-1} - r (T_s - peak_tail_s)
-    # (likewise at the last moment, with its own compute) are added to that DEVICE row: their sources
-    # are counted there by no other term (a grad leaves the grad rows after its last backward stage,
-    # swapped activations leave `saved` after their forward stage). A lower bound on what any replay
-    # holds, so the LP stays a bound (tests/test_solve.py replays every plan of a solve against it).
-    # One rank only (the multi-rank DEVICE rows keep grads until the reduce-scatter).
-    def _add_in_flight_rows(self) -> None:
-        d, n = self.data, len(self.data.stages)
-        first = getattr(self, "in_flight_first", -1)
-        if first < 0:
-            return
-        r = d.d2h_fastest_bytes_per_s
-        inf = self.solver.infinity()
-        d2h = self.channels["D2H"]
-        prev: Any = 0
-        for s in range(first, n):
-            st, t = d.stages[s], self.stage_time[s]
-            if not is_zero(self.in_flight_peak[s]):
-                self.solver.Add(self.in_flight_peak[s] >= prev - r * t + r * st.peak_tail_seconds, f"in_flight_peak[{s}]")
-            if not is_zero(self.in_flight_tail[s]):
-                self.solver.Add(self.in_flight_tail[s] >= prev - r * t + r * st.last_moment_seconds, f"in_flight_tail[{s}]")
-            e = self.solver.NumVar(0, 0 if s == n - 1 else inf, f"d2h_backlog[{s}]")
-            self.solver.Add(e >= prev + d2h[s] - r * t, f"d2h_backlog_run[{s}]")
-            if st.d2h_ready_seconds >= 0 and not is_zero(d2h[s]) and s != d.optimizer_stage:
-                self.solver.Add(e >= d2h[s] - r * t + r * st.d2h_ready_seconds, f"d2h_backlog_ready[{s}]")
-            prev = e
 
     def _add_objective(self) -> None:
         if self.capacity is not None:

@@ -191,51 +191,6 @@ def test_late_arrivals_charge_the_copies_that_fit_only_after_the_peak():
     assert with_row.objective_seconds > without.objective_seconds * (1 + 1e-3)
 
 
-def test_grads_in_flight_hold_their_device_bytes():
-    """Note [copies in flight]: each backward stage's grads are written back to HOST (CPU Adam) after
-    its work, and their DEVICE bytes stay until the copy lands, so the next stage's work starts with
-    them still on DEVICE. With 12 MiB of DEVICE they do not fit beside it: the next stage waits for the
-    copy (or plans otherwise), in the LP and in the MIP. Without the stage timing (-1) or the rows,
-    the model lets the copy run beside the very work that produces its bytes."""
-    base = synthetic(layers=3, chunks=2, device_mib=12, act_mib=1, compute_s=1e-3, nvme=False)
-    stages = tuple(dataclasses.replace(st, peak_tail_seconds=st.compute_seconds, last_moment_seconds=0.0,
-                                       d2h_ready_seconds=st.compute_seconds if st.phase is not Phase.OPTIMIZER else -1.0)
-                   for st in base.stages)
-    seen = dataclasses.replace(base, stages=stages, stream_optimizer=False, d2h_fastest_bytes_per_s=1e9)
-    blind = dataclasses.replace(seen, stages=base.stages)
-    for relax in (True, False):
-        with_rows = PlacementModel(seen, relax=relax, in_flight=True).solve().objective_seconds
-        assert with_rows > PlacementModel(seen, relax=relax).solve().objective_seconds * 1.05
-        assert with_rows > PlacementModel(blind, relax=relax, in_flight=True).solve().objective_seconds * 1.05
-    # with room for them the rows cost nothing
-    roomy = dataclasses.replace(seen, device_bytes=30 * MIB)
-    assert PlacementModel(roomy, relax=True, in_flight=True).solve().objective_seconds == pytest.approx(
-        PlacementModel(roomy, relax=True).solve().objective_seconds, rel=1e-3)
-
-
-def test_in_flight_timing_of_a_gpt_trace():
-    """placement_input's timing for Note [copies in flight]: a backward block stage's grads and a
-    forward block stage's activations are produced within the stage's compute, the peak moment's
-    work and the last moment's are parts of it, and the rate is the fastest D2H copy."""
-    from planner.costmodel import fastest_bytes_per_s
-    from planner.families import gpt_trace
-    from planner.layout import build_layout
-    from planner.placement_input import placement_input
-    from planner.presets import resolve_hardware
-    from planner.problem import build_problem
-    from schemas.schedule import Channel
-
-    hw = resolve_hardware("a100-80g-12ssd")
-    problem = build_problem(gpt_trace(layers=2, hidden=256, heads=4, seq=128, batch=4, vocab=4096, dtype="float32"),
-                            hw, trace_digest="t")
-    data = placement_input(problem, build_layout(problem, chunk_elements=1 << 16))
-    assert data.d2h_fastest_bytes_per_s == fastest_bytes_per_s(hw, Channel.D2H) > 0
-    blocks = [st for st in data.stages if st.name.split()[-1].startswith("h.")]
-    assert blocks and all(0 < st.d2h_ready_seconds <= st.compute_seconds * (1 + 1e-9) for st in blocks)
-    assert all(0 <= st.last_moment_seconds <= st.compute_seconds * (1 + 1e-9) for st in data.stages)
-    assert all(0 <= st.peak_tail_seconds <= st.compute_seconds * (1 + 1e-9) for st in data.stages)
-
-
 @pytest.mark.parametrize("link", ["pcie", "nvme"])
 @pytest.mark.parametrize("first", [0, 1])
 def test_pcie_rows_hold_for_copies_the_simulator_overlaps(first, link):
