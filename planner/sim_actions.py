@@ -389,9 +389,10 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
         # moment) runs on its optimizer worker, which on an emulated DEVICE has half the cores
         threads = cpu_adam_threads(sim.hardware, overlapped=sim.schedule.moments[m].phase is not Phase.OPTIMIZER)
         channel = Channel.CPU_OPTIMIZER
-        half = ChunkList.MASTER in sim.lists  # mixed precision: fp32 masters of half-precision params
-        price = optimizer_step_price(sim.hardware, Tier.HOST, params, threads=threads, mixed_precision=half)
-        slowed = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=True, threads=threads, mixed_precision=half)
+        mixed_precision = ChunkList.MASTER in sim.lists  # fp32 masters of half-precision params
+        price = optimizer_step_price(sim.hardware, Tier.HOST, params, threads=threads, mixed_precision=mixed_precision)
+        slowed = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=True, threads=threads,
+                                      mixed_precision=mixed_precision)
         slow = min(1.0, price.seconds / slowed.seconds) if slowed.seconds > 0 else 1.0
         cov = sim.coverage[sim.node_of[server_key[1]]]
         end = cov.run(start, price.seconds, slow)  # Note [CPU Adam beside copies]
