@@ -240,10 +240,10 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise ExecutorError(f"device={device!r}: expected 'auto', 'cpu' or 'cuda[:i]'")
     # The device as a tensor on it reports it: `cuda:<i>` always with its index, `cpu` never with one
-    # (torch.device("cuda") != torch.device("cuda", 0), torch.device("cpu", 0) != torch.device("cpu")).
-    # The binding recognizes saved params by their device (Note "saved params"): "cuda" made it keep
-    # evicted chunks' buffers for backward on the first H100 run (wrong grads), and "cpu:0" does the same
-    # on a CPU
+    # (torch.device("cuda") != torch.device("cuda", 0), torch.device("cpu", 0) != torch.device("cpu")),
+    # so the engine's comparisons with its tensors' devices hold (its module buffers' placement). The
+    # binding no longer compares devices (Note "saved params"): comparing them kept evicted chunks'
+    # buffers for backward on the first H100 run (wrong grads), "cuda" against "cuda:0"
     if dev.type == "cuda" and dev.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu") if dev.type == "cpu" else dev

@@ -87,6 +87,11 @@ def _tiles(entries: Sequence[ChunkEntry], tile_elements: int | None) -> Iterator
         yield spans
 
 
+def _views(buf: Tensor, spans: Sequence[tuple[ChunkEntry, int, int]]) -> list[Tensor]:
+    """The spans' elements of one chunk buffer (PARAM, GRAD, MASTER, M or V: the same offsets in each)."""
+    return [buf[e.offset + a:e.offset + a + n] for e, a, n in spans]
+
+
 def _cut(buf: Tensor, sizes: Sequence[int]) -> list[Tensor]:
     """Consecutive views of `buf` of the given sizes."""
     return list(torch.split(buf[:sum(sizes)], list(sizes)))
@@ -266,19 +271,18 @@ class ChunkAdamW(torch.optim.Optimizer):
             torch._foreach_add_(steps, 1)
             kernel = torch._fused_adamw_ if group["decoupled_weight_decay"] else torch._fused_adam_
             for spans in _tiles(live, tile_elements):
-                def views(buf: Tensor, spans: list[tuple[ChunkEntry, int, int]] = spans) -> list[Tensor]:
-                    return [buf[e.offset + a:e.offset + a + n] for e, a, n in spans]
-                p_views = views(target)
+                p_views = _views(target, spans)
                 if cast:
                     g_views = _cut(self._fp32_scratch(device, sum(n for _, _, n in spans)), [n for _, _, n in spans])
-                    torch._foreach_copy_(g_views, views(grad))
+                    torch._foreach_copy_(g_views, _views(grad, spans))
                 else:
-                    g_views = views(grad)
-                kernel(p_views, g_views, views(exp_avg), views(exp_avg_sq), [], [step_of[e.tensor] for e, _, _ in spans],
-                       amsgrad=False, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-                       eps=group["eps"], maximize=group["maximize"], grad_scale=scale_t, found_inf=found_inf)
+                    g_views = _views(grad, spans)
+                kernel(p_views, g_views, _views(exp_avg, spans), _views(exp_avg_sq, spans), [],
+                       [step_of[e.tensor] for e, _, _ in spans], amsgrad=False, lr=group["lr"], beta1=beta1,
+                       beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"], maximize=group["maximize"],
+                       grad_scale=scale_t, found_inf=found_inf)
                 if master is not None and param is not None:
-                    torch._foreach_copy_(views(param), p_views)
+                    torch._foreach_copy_(_views(param, spans), p_views)
             if found_inf is not None:
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
 
