@@ -22,6 +22,13 @@ from schemas._base import frozen
 from schemas.schedule import Channel, ChunkLayout, ChunkList, Phase, Tier
 from schemas.trace import DTYPE_BYTES
 
+# Below this many blocks the model prices CPU Adam at its rate alone and charges what a step loses beside
+# copies (Note [CPU Adam beside copies, in the model] in planner/placement_time.py); from it on at the rate
+# with copies, as before: GPT-3 175B (96 blocks) replayed 121.4 / 113.5 s with the rows against 120.8 / 112.5 s
+# without (rtx4090 / a100-80g-12ssd), and 512 blocks x 4096 solved in 92 CPU s instead of 58 (issue 18's
+# target: 60) for a plan replaying 64.9 s instead of 66.6 s (bench/RESULTS.md "Session 13")
+BESIDE_COPIES_MAX_BLOCKS = 64
+
 
 @frozen
 class ChunkClass:
@@ -115,10 +122,10 @@ class PlacementInput:
     duplex_bytes_per_s: float = 0.0  # H2D + D2H together while both run (links.duplex_*); 0: full duplex
     dram_bytes_per_s: float = 0.0  # host DRAM shared by copies, SSD traffic and CPU Adam; 0: not priced
     adam_dram_bytes_per_element: float = 0.0  # host DRAM bytes CPU Adam moves per param
-    # a CPU step whose OS lives on HOST (os_host: no SSD traffic of its own beside it) at CPU Adam's rate
-    # alone; `cpu_adam_seconds_per_element` (the rate with copies) prices the steps of NVME-homed OS.
-    # 0: every CPU step at `cpu_adam_seconds_per_element`. Note [CPU Adam's two prices] in placement_time
-    cpu_adam_host_os_seconds_per_element: float = 0.0
+    # CPU Adam's rate with copies beside it over its rate alone (<= 1). Below 1 `cpu_adam_seconds_per_element`
+    # is the rate alone and the CPU rows charge the time a step loses while copies run (Note [CPU Adam beside
+    # copies, in the model] in planner/placement_time.py); 1: every step at `cpu_adam_seconds_per_element`
+    cpu_adam_beside_copies: float = 1.0
     # data-parallel ranks (issue 18 item 1; docs/rank-aware-placement.md): p = cluster.world_size,
     # q = ranks per node sharing HOST, NVME, the CPU optimizer and DRAM. DEVICE rows are per rank
     # (the local 1/p of the OS, the gathered p chunks of a comm group in use), HOST/NVME rows per node
@@ -275,13 +282,19 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         c = stage_of_moment[b.backward_moments[0]]
         blocks.append(BlockData(id=b.id, activation_bytes=b.activation_bytes, input_bytes=min(b.input_bytes, b.activation_bytes),
                                 recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
+    # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
+    threads = cpu_adam_threads(hw, overlapped=optimizer_overlap)
+    adam_alone = optimizer_step_price(hw, Tier.HOST, 1, threads=threads, mixed_precision=problem.mixed_precision).seconds
+    adam_with_copies = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=threads,
+                                            mixed_precision=problem.mixed_precision).seconds
+    beside_copies = adam_alone / adam_with_copies if len(problem.blocks) < BESIDE_COPIES_MAX_BLOCKS else 1.0
     return PlacementInput(
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
-        # cap; CPU Adam at the chunk size with all cores, at the rate with copies beside it for a step of
-        # NVME-homed OS and at the rate alone for one of HOST-homed OS (Note [CPU Adam's two prices] in
-        # planner/placement_time.py; costmodel). The chunk
+        # cap; CPU Adam at the chunk size with all cores, at its rate alone and slowed beside copies, or
+        # from BESIDE_COPIES_MAX_BLOCKS blocks at its rate with copies (Note [CPU Adam beside copies, in
+        # the model] in planner/placement_time.py; costmodel). The chunk
         # size is this model's input: PCIe priced at one PARAM chunk per copy, the SSDs at one chunk of
         # an OS list per read/write (what the simulator's copies of this layout move; the by-size tables
         # of the hardware file, none: the flat rates)
@@ -289,13 +302,8 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
         d2h_bytes_per_s=channel_bytes_per_s(hw, Channel.D2H, nbytes=pcie_copy),
         nvme_read_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_READ, nbytes=ssd_copy),
         nvme_write_bytes_per_s=channel_bytes_per_s(hw, Channel.NVME_WRITE, nbytes=ssd_copy),
-        # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
-        cpu_adam_seconds_per_element=optimizer_step_price(
-            hw, Tier.HOST, 1, with_copies=True, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap),
-            mixed_precision=problem.mixed_precision).seconds,
-        cpu_adam_host_os_seconds_per_element=optimizer_step_price(
-            hw, Tier.HOST, 1, threads=cpu_adam_threads(hw, overlapped=optimizer_overlap),
-            mixed_precision=problem.mixed_precision).seconds,
+        cpu_adam_seconds_per_element=adam_alone if beside_copies < 1.0 else adam_with_copies,
+        cpu_adam_beside_copies=beside_copies,
         duplex_bytes_per_s=(channel_bytes_per_s(hw, Channel.H2D, duplex=True, nbytes=pcie_copy)
                             + channel_bytes_per_s(hw, Channel.D2H, duplex=True, nbytes=pcie_copy)
                             if hw.links.duplex_h2d_gb_per_s > 0 and hw.links.duplex_d2h_gb_per_s > 0 else 0.0),

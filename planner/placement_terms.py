@@ -73,7 +73,6 @@ def scaled_input(d: PlacementInput) -> PlacementInput:
         h2d_bytes_per_s=d.h2d_bytes_per_s * t / b, d2h_bytes_per_s=d.d2h_bytes_per_s * t / b,
         nvme_read_bytes_per_s=d.nvme_read_bytes_per_s * t / b, nvme_write_bytes_per_s=d.nvme_write_bytes_per_s * t / b,
         cpu_adam_seconds_per_element=d.cpu_adam_seconds_per_element / t,
-        cpu_adam_host_os_seconds_per_element=d.cpu_adam_host_os_seconds_per_element / t,
         gpu_adam_seconds_per_element=d.gpu_adam_seconds_per_element / t,
         duplex_bytes_per_s=d.duplex_bytes_per_s * t / b,
         collective_intra_bytes_per_s=d.collective_intra_bytes_per_s * t / b,

@@ -43,40 +43,36 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 #   only the input and reruns the forward in backward; SWAP_HOST / SWAP_NVME move them out in the
 #   stage after the forward and back in the stage before the backward (Fuyou §4.4 pipelining).
 #
-# Note [CPU Adam's two prices]:
-# The simulator steps a chunk on the CPU at CPU Adam's rate alone when no PCIe or SSD server is busy
-# as the step starts, else at the rate with copies beside it (planner.sim_actions._optimizer_step;
-# the a100 / rtx4090 presets: 1.5e9 vs 1.2e9 params/s). The model prices a step of OS homed on HOST
-# (`os_host`) at the rate alone and a step of OS homed on NVME (`os_nvme`) at the rate with copies:
-# an NVME-OS step's own OS reads (the next steps' prefetch) and write-backs keep the SSDs busy as
-# it starts, a HOST-OS step moves nothing of its own. Measured (GPT-3 13B, both 12-SSD presets,
-# bench/RESULTS.md "t13"): with every CPU step at the rate with copies the model found HOST-OS steps
-# dearer than the replays charge them and kept OS on DEVICE / streamed instead (a100: its plans
-# replayed 6.40 s against the Angel-PTM-like set's 5.83 s, rtx4090: 9.06 s); at the rate alone for
-# HOST-OS steps its plans replay within 1-2% of the model objective. With every step at the rate alone
-# 175B on a100-80g-12ssd replayed slower (115.3 vs 112.8 s): its NVME-OS steps do run beside copies.
-# Only below TWO_PRICES_MAX_BLOCKS blocks. Deeper, measured (bench/RESULTS.md "t13"): 512 blocks x 4096
-# on a100-80g-12ssd (no late-arrival rows, Note [late arrivals]) model 63.96 s against a 67.46 s replay,
-# bound 63.46 s (true gap 5.94%) where one price gives 67.07 s / 65.77 s (1.94%); GPT-3 175B (96 blocks)
-# x rtx4090-768g-12ssd after t175's emit: the plan replays 114.58 s, under its own LP (114.67 s), so the
-# header's bound falls to the LP with every step alone (103.06 s, true gap 10.06%) where one price keeps
-# 116.8 s at 2.35%. (256 blocks: 29.40 s / 2.63% with two prices, 32.32 s / 1.73% with one before t175.)
-# Below planner.solve.BOTH_PRICES_MAX_BLOCKS the MIP is solved at both and the simulator judges (toys
-# replayed 20% slower at the two prices: their copies keep the link busy as most steps start).
+# Note [CPU Adam beside copies, in the model]:
+# The simulator runs a CPU Adam step at the rate alone while no H2D, D2H or NVMe copy runs on its node and
+# at `cpu_adam_beside_copies` of that speed while one does (the profile's rate with copies over its rate
+# alone; Note [CPU Adam beside copies] in planner/sim_actions.py). Over the stages from s on, the CPU then
+# runs at most the suffix's length less (1 - beside) x the time copies run in it, and that time is at least
+# the sum over those stages of each stage's busiest copy row (its H2D, D2H, both-ways and SSD rows), and at
+# least the SSD queue's work released from s on (`nvme_tails`). So the CPU rows price every step at the rate
+# alone and read
+#
+#     sum_{s' >= s} T_s' >= CPU Adam work released at or after s + (1 - beside) x copy time from s on,
+#
+# a row every replay satisfies (it follows the simulator's rule, not a measured price): with it the LP is the
+# bound of every plan, not only of the plans a solve replays (issue 17 item 4), where a price with copies for
+# every step is not (a replay whose steps run beside no copy beats it). Before session 13 the model priced a
+# step of HOST-homed OS at the rate alone and one of NVME-homed OS at the rate with copies, and solved again
+# with every step at the latter, the simulator judging (two searches); measured on the same trees
+# (bench/RESULTS.md "Session 13"): GPT-3 13B x rtx4090-768g-12ssd 8.242 -> 8.130 s, x a100-80g-12ssd 6.145 ->
+# 6.104 s, 1.3B x rtx4090 0.5528 -> 0.5499 s, every plan of the goldens below 64 blocks as fast or faster, in
+# one search instead of two. From BESIDE_COPIES_MAX_BLOCKS blocks (planner/placement_input.py) every step is
+# priced at the rate with copies and `cpu_adam_beside_copies` is 1: no rows.
+#
+# (The lag row, `cpu_optimizer_lag`, prices the CPU's backlog at the rate with copies: it is a HOST
+# estimate, not a bound, and at the rate alone the 256-block paced plans ran out of HOST and were re-planned.)
 
 
 LATE_ARRIVAL_MAX_BLOCKS = 256  # deeper models get no late-arrival rows (solve time; measured above them)
-TWO_PRICES_MAX_BLOCKS = 64  # Note [CPU Adam's two prices]: GPT-3 13B (40 blocks) measured in, 175B (96) out
 
 
 class TimeRows:
     """Channel bytes per stage, the stage-time rows over them, and the objective."""
-
-    def _host_os_price(self) -> float:
-        """Seconds per element of a CPU step whose OS lives on HOST (Note [CPU Adam's two prices])."""
-        d = self.data
-        alone = d.cpu_adam_host_os_seconds_per_element if len(d.blocks) < TWO_PRICES_MAX_BLOCKS else 0.0
-        return alone or d.cpu_adam_seconds_per_element
 
     def _channel_exprs(self) -> dict[str, list[Any]]:
         """Per stage: bytes per channel, compute, and CPU/NVMe optimizer work released (expressions)."""
@@ -142,13 +138,7 @@ class TimeRows:
                             inter_gpu[g.first_backward_stage + k] += self.rs_bucket[gi] * (g.param_bytes * n_final)
             # (PatrickStar §9.1: one node's CPU cores step all its ranks' chunks; the simulator's NVMe and
             # CPU servers are per node, planner.sim_state)
-            # Note [CPU Adam's two prices]: a HOST-OS step at the rate alone, an NVME-OS step with copies
-            host_price = self._host_os_price()
-            if host_price == d.cpu_adam_seconds_per_element:  # one price: the rows as they were before two
-                cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
-            else:
-                cpu_released[release] += scaled((self.os_host[gi] * host_price + self.os_nvme[gi] * d.cpu_adam_seconds_per_element)
-                                                * g.elements, fo)
+            cpu_released[release] += scaled(cpu_chunks * (g.elements * d.cpu_adam_seconds_per_element), fo)
             cpu_elements[release] += scaled(cpu_chunks * g.elements, fo)
             # streamed GPU Adam: OS, PARAM and GRAD up, OS and PARAM down, in the optimizer stage
             o = d.optimizer_stage
@@ -220,7 +210,11 @@ class TimeRows:
         cpu_tail: Any = 0
         nvme_tails: list[Any] = [0] * len(nvme_rows)  # per SSD time row
         cpu_tail_at: list[Any] = [0] * (n + 1)  # CPU work released at or after stage s
+        lost = 1.0 - d.cpu_adam_beside_copies  # Note [CPU Adam beside copies, in the model]
+        copy_tail: Any = 0  # copy time from stage s on
         for s in reversed(range(n)):
+            if lost > 0:
+                copy_tail = self._copy_tail(ch, nvme_rows, s, copy_tail)
             cpu_here = ch["CPU_RELEASED"][s]
             if not is_zero(cpu_here):
                 v = self.solver.NumVar(0, inf, f"cpu_optimizer_tail[{s}]")  # running sums keep rows sparse
@@ -235,8 +229,12 @@ class TimeRows:
                 if not is_zero(nvme_tails[k]):
                     self.solver.Add(self.suffix[s] >= nvme_tails[k], f"nvme_suffix[{s},{k}]")
             cpu_tail_at[s] = cpu_tail
-            if not is_zero(cpu_tail):
-                self.solver.Add(self.suffix[s] >= cpu_tail, f"cpu_optimizer_suffix[{s}]")
+            if is_zero(cpu_tail):
+                continue
+            self.solver.Add(self.suffix[s] >= cpu_tail + copy_tail * lost, f"cpu_optimizer_suffix[{s}]")
+            for k in range(len(nvme_rows)) if lost > 0 else ():
+                if not is_zero(nvme_tails[k]):
+                    self.solver.Add(self.suffix[s] >= cpu_tail + nvme_tails[k] * lost, f"cpu_optimizer_suffix_nvme[{s},{k}]")
         if d.dram_bytes_per_s > 0:
             # host DRAM is shared (costmodel.dram_bytes): every PCIe / SSD byte passes it once per leg
             # and CPU Adam moves adam_dram_bytes_per_element per param; the iteration lasts at least
@@ -245,10 +243,7 @@ class TimeRows:
             for s in range(n):
                 moved += ch["H2D"][s] + ch["D2H"][s] + ch["NVME_READ"][s] + ch["NVME_WRITE"][s]
                 moved += ch["OS_READ"][s] + ch["OS_WRITE"][s]
-                if self._host_os_price() == d.cpu_adam_seconds_per_element:  # one price (the row as before two)
-                    moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
-                else:
-                    moved += ch["CPU_ELEMENTS"][s] * d.adam_dram_bytes_per_element
+                moved += ch["CPU_RELEASED"][s] * (d.adam_dram_bytes_per_element / d.cpu_adam_seconds_per_element)
             if not is_zero(moved):
                 if d.ranks_per_node > 1:  # the node's DRAM carries its q ranks' PCIe traffic (SSD, CPU: scaled above)
                     moved += sum(ch["H2D"][s] + ch["D2H"][s] for s in range(n)) * (d.ranks_per_node - 1)
@@ -267,11 +262,10 @@ class TimeRows:
             for s in range(o):
                 if is_zero(cpu_tail_at[s]) or (s > 0 and cpu_tail_at[s] is cpu_tail_at[s - 1]):
                     continue
-                self.solver.Add(self.cpu_lag >= cpu_tail_at[s] - cpu_tail_at[o] - (self.suffix[s] - self.suffix[o]),
-                                f"cpu_optimizer_lag[{s}]")
-            # (at the faster of CPU Adam's two prices: the most grad bytes a second of lag can hold back)
-            fastest = min(self._host_os_price(), d.cpu_adam_seconds_per_element)
-            bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / fastest
+                self.solver.Add(self.cpu_lag >= (cpu_tail_at[s] - cpu_tail_at[o]) * (1.0 / d.cpu_adam_beside_copies)
+                                - (self.suffix[s] - self.suffix[o]), f"cpu_optimizer_lag[{s}]")
+            # (at the rate alone: the most grad bytes a second of lag can hold back)
+            bytes_per_time = max(g.param_bytes / g.elements for g in trainable) / d.cpu_adam_seconds_per_element
             self.solver.Add(self._host_expr(o) + self.cpu_lag * bytes_per_time <= self._cap(Tier.HOST, d.host_bytes),
                             "host_memory_cpu_lag")
         if not d.optimizer_overlap:
@@ -281,6 +275,21 @@ class TimeRows:
             for k, (a, b) in enumerate(nvme_rows):
                 self.solver.Add(self.stage_time[o] >= (ch["OS_READ"][o] + ch["NVME_READ"][o]) * a
                                 + (ch["OS_WRITE"][o] + ch["NVME_WRITE"][o]) * b, f"time_nvme_optimizer[{k}]")
+
+    def _copy_tail(self, ch: dict[str, list[Any]], nvme_rows, s: int, later: Any) -> Any:
+        """The copy time from stage s on: stage s's busiest copy row plus `later` (a running sum)."""
+        d, inf = self.data, self.solver.infinity()
+        here = self.solver.NumVar(0, inf, f"copy_time[{s}]")
+        rows = [(ch["H2D"][s], 1.0 / d.h2d_bytes_per_s, ch["D2H"][s], 0.0),
+                (ch["H2D"][s], 0.0, ch["D2H"][s], 1.0 / d.d2h_bytes_per_s)]
+        rows += [(ch["H2D"][s], a, ch["D2H"][s], b) for a, b in d.pcie_time_rows if a > 0 and b > 0]
+        rows += [(ch["NVME_READ"][s], a, ch["NVME_WRITE"][s], b) for a, b in nvme_rows]
+        for k, (x, a, y, b) in enumerate(rows):
+            if not (is_zero(x) and is_zero(y)):
+                self.solver.Add(here >= x * a + y * b, f"copy_time_row[{s},{k}]")
+        tail = self.solver.NumVar(0, inf, f"copy_tail[{s}]")
+        self.solver.Add(tail == later + here, f"copy_tail_run[{s}]")
+        return tail
 
     # (Up to LATE_ARRIVAL_MAX_BLOCKS blocks: at 512 blocks x 4096 on a100-80g-12ssd the rows took the
     # solve from 50.4 to 70.7 s CPU, over issue 18's 60 s, for a true gap of 3.53% instead of 3.68%;

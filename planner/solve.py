@@ -70,16 +70,6 @@ PIN_MODES_BLOCKS = 48
 # GPT-3 13B x a100-80g-12ssd (40 blocks), chunk 105084630, it took 11-13 s CPU (loaded box) for the
 # fixed plan's model objective (5.6774 s); 175B x a100: Note in `_solve_mip` (bench/RESULTS.md "t13", "p18")
 FREE_MODE_POLISH_MAX_BLOCKS = 32
-# below this many blocks the placement is also solved with every CPU step at the rate with copies and
-# its plans replayed (Note [CPU Adam's two prices] in planner.placement_time): on a 3-block GPT (hidden
-# 256, rtx4090-768g-12ssd at 5x its params, tests/test_solve.py) HOST-OS steps at the rate alone made
-# the model optimistic (0.459 ms) and its plan replay 0.666 ms against the with-copies plan's 0.528 ms;
-# GPT-3 1.3B (24 blocks) replays 552.9 ms with the two prices, 577.4 ms with copies (bench/RESULTS.md "t13").
-# Since sim17 (CPU Adam at its with-copies rate while copies run) the with-copies LP is also the tighter
-# bound wherever it is below every replay: GPT-3 13B (40 blocks) x rtx4090-768g-12ssd 7.625 -> 8.232 s
-# (true gap 12.8% -> 5.9%), x a100-80g-12ssd 5.587 -> 5.988 s (14.8% -> 8.7%), same plans, 6.3-6.9 ->
-# 7.2-7.6 CPU s (bench/RESULTS.md "Session 5 ... the final tree"); as deep as the two prices go
-BOTH_PRICES_MAX_BLOCKS = 64
 # below this many blocks a MIP plan is also replayed with the whole DEVICE as its budget, not only its own
 # (Note [the plan's own budget]), the simulator judging. The 3-block toy of tests/test_solve.py (rtx4090-768g-12ssd)
 # replays its fastest MIP plan in 0.5703 ms with the whole DEVICE's budget, 0.6199 ms at best with its own. Since
@@ -208,12 +198,6 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted = search
-    # below BOTH_PRICES_MAX_BLOCKS blocks the placement is solved again with every CPU step at the rate
-    # with copies (Note [CPU Adam's two prices] in planner.placement_time), its plans replayed beside
-    with_copies = None
-    if solved and problem.world_size == 1 and len(problem.blocks) < BOTH_PRICES_MAX_BLOCKS:
-        with_copies = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
-                              checkpoint_offload=checkpoint_offload, nvme_home=nvme_home, say=say, host_os_alone=False)
     # With several ranks the placement model is rank-aware (issue 18 item 1) but keeps no local-only
     # chunk (docs/rank-aware-placement.md §7): the reference decision sets run even where it finds no plan
     if not solved and problem.world_size == 1:
@@ -224,47 +208,45 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # tide Decisions and materialized by tide's engine), so that tide can express everything a
     # baseline does and is never slower than one by construction; the fastest replay wins.
     evaluated: list[Evaluated] = []
-    searches = [(search, "")] + ([(with_copies, " (CPU steps priced with copies)")] if with_copies else [])
-    for (_, inputs_s, solved_s, _, flags_s, lp_modes_s, _, _), label in searches:
-        for size in sorted(solved_s, key=lambda x: (solved_s[x].objective_seconds, x)):
-            layout, data = inputs_s[size]
-            say(f"chunk size {size}: materialize and simulate{label}")
-            decisions = decisions_from_placement(problem, layout, data, solved_s[size])
-            # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
-            own = _own_budget(problem, decisions, solved_s[size])
-            budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
-            both = len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS
-            for paced in (True, False):  # the optimizer's SSD traffic at the CPU's pace, or at once
-                found = []
-                for chosen_budget, budget_label in budgets:
-                    one = _evaluate(problem, dataclasses.replace(chosen_budget, pace_optimizer_io=paced),
-                                    what=f"placement MIP{label}, chunk size {size}{', paced' if paced else ''}{budget_label}",
-                                    chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved_s[size],
-                                    data=data)
-                    if one is not None:
-                        found.append(one)
-                        if not both:
-                            break
-                if found:
-                    evaluated.extend(found)
-                elif paced:
-                    # Paced steps keep the grads the CPU has not reached on HOST, which the placement's
-                    # HOST rows do not see (a backlog row per stage made the 175B MIP time out): plan
-                    # again with HOST cut by what the paced schedule was short (DESIGN.md §4.5: iterate)
-                    found = _replan_for_host(problem, layout, data, solved_s[size], flags_s.get(size, {}),
-                                             lp_modes_s.get(size), size=size, wasted=by_size[size].wasted_elements,
-                                             budget=max(SAFETY_SECONDS, time_limit_s))
-                    if found is not None:
-                        evaluated.append(found)
-                if decisions.device_steps_in_backward:
-                    # and every GPU step in the OPTIMIZER moment: stepping in backward holds a group's PARAM
-                    # until its reduce-scatter lands, which can cost more than it saves (PatrickStar 4B on 2 x 8
-                    # V100: 3.4822 s in backward vs 3.4800 s; Note [DEVICE steps in backward]): both replayed
-                    late = _evaluate(problem, dataclasses.replace(decisions, pace_optimizer_io=paced, device_steps_in_backward=False),
-                                     what=f"placement MIP{label}, chunk size {size}{', paced' if paced else ''}, GPU steps after backward",
-                                     chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved_s[size], data=data)
-                    if late is not None:
-                        evaluated.append(late)
+    for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
+        layout, data = inputs[size]
+        say(f"chunk size {size}: materialize and simulate")
+        decisions = decisions_from_placement(problem, layout, data, solved[size])
+        # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
+        own = _own_budget(problem, decisions, solved[size])
+        budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
+        both = len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS
+        for paced in (True, False):  # the optimizer's SSD traffic at the CPU's pace, or at once
+            found = []
+            for chosen_budget, budget_label in budgets:
+                one = _evaluate(problem, dataclasses.replace(chosen_budget, pace_optimizer_io=paced),
+                                what=f"placement MIP, chunk size {size}{', paced' if paced else ''}{budget_label}",
+                                chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved[size],
+                                data=data)
+                if one is not None:
+                    found.append(one)
+                    if not both:
+                        break
+            if found:
+                evaluated.extend(found)
+            elif paced:
+                # Paced steps keep the grads the CPU has not reached on HOST, which the placement's
+                # HOST rows do not see (a backlog row per stage made the 175B MIP time out): plan
+                # again with HOST cut by what the paced schedule was short (DESIGN.md §4.5: iterate)
+                found = _replan_for_host(problem, layout, data, solved[size], flags.get(size, {}),
+                                         lp_modes.get(size), size=size, wasted=by_size[size].wasted_elements,
+                                         budget=max(SAFETY_SECONDS, time_limit_s))
+                if found is not None:
+                    evaluated.append(found)
+            if decisions.device_steps_in_backward:
+                # and every GPU step in the OPTIMIZER moment: stepping in backward holds a group's PARAM
+                # until its reduce-scatter lands, which can cost more than it saves (PatrickStar 4B on 2 x 8
+                # V100: 3.4822 s in backward vs 3.4800 s; Note [DEVICE steps in backward]): both replayed
+                late = _evaluate(problem, dataclasses.replace(decisions, pace_optimizer_io=paced, device_steps_in_backward=False),
+                                 what=f"placement MIP, chunk size {size}{', paced' if paced else ''}, GPU steps after backward",
+                                 chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved[size], data=data)
+                if late is not None:
+                    evaluated.append(late)
     # the fastest MIP replay once more with a block's tail issuing the prefetches needed next before its grad
     # write-backs (Note [a tail's prefetches before its write-backs] in planner/emit.py), the simulator judging:
     # applied to every MIP plan it cost elsewhere (175B x a100-80g-12ssd 113.438 -> 114.281 s, bench/RESULTS.md r8)
@@ -341,12 +323,6 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # the bound against the fastest replay (the true gap), not only against the model objective
         _root_bounds(problem, inputs, bounds, rooted, fastest_replay, max(SAFETY_SECONDS, time_limit_s), say)
     relaxation_bound = min(bounds.values()) if bounds else 0.0
-    if with_copies is not None and with_copies[3]:
-        # the model at the with-copies price where it bounds every replay of this solve too (toys: 3 blocks
-        # on rtx4090, 0.4366 ms at the two prices, 0.5126 ms with copies, the replays 0.528 ms and up)
-        other = min(with_copies[3].values())
-        if relaxation_bound < other <= fastest_replay:
-            relaxation_bound = other
     model_bound_valid = relaxation_bound <= fastest_replay
     root_above = ""
     if not model_bound_valid and lp_bounds:
@@ -360,11 +336,10 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             relaxation_bound, model_bound_valid = lp_only, True
     adam_alone = ""
     if not model_bound_valid and lp_bounds:
-        # the model prices every CPU Adam step at its rate with copies beside it, a replay at its rate
-        # alone where no PCIe/SSD server is busy as the step starts (planner.sim_actions._optimizer_step):
-        # GPT-3 13B x a100-80g-12ssd, the LP 5.988 s over the 5.831 s replay of the Angel-PTM-like
-        # decisions, 5.429 s with Adam alone. The LPs at the rate alone (every other price the model's,
-        # the two-way rows included) price no step above a replay's; computed only here, where needed
+        # from BESIDE_COPIES_MAX_BLOCKS blocks the model prices every CPU Adam step at its rate with copies
+        # beside it, a replay at its rate alone while no copy runs (planner.sim_actions._optimizer_step):
+        # the LPs at the rate alone, charged what a step loses beside copies (every other price the
+        # model's, the two-way rows included), price no step above a replay's; computed only here
         alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
                                   max(SAFETY_SECONDS, time_limit_s), say)
         if 0.0 < alone <= fastest_replay:
@@ -378,9 +353,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # LP, or the root node's; the dual bound of a pinned, partly fixed MIP bounds that restriction only)
     mip_gap = math.nan
     if chosen.placement is not None and chosen.placement.objective_seconds > 0:
-        priced_with_copies = with_copies is not None and chosen.data is not None and \
-            not chosen.data.cpu_adam_host_os_seconds_per_element
-        own = (with_copies[3] if priced_with_copies else bounds).get(chosen.chunk_elements, 0.0)
+        own = bounds.get(chosen.chunk_elements, 0.0)
         mip_gap = (chosen.placement.objective_seconds - own) / chosen.placement.objective_seconds
     notes = _notes(candidates, chosen, evaluated, relaxation_bound, physical)
     if root_above:
@@ -545,16 +518,19 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
 
 
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
-    """The least LP over the chunk sizes of `inputs` with CPU Adam at its rate alone with all cores (the
-    fastest step a replay runs: costmodel.optimizer_step_price without copies); 0.0 when one stops
-    short of its optimum (no bound)."""
+    """The least LP over the chunk sizes of `inputs` with CPU Adam at its fastest rate alone (either thread count
+    a replay steps with: costmodel.optimizer_step_price without copies) and charged the least time lost beside
+    copies (Note [CPU Adam beside copies, in the model]); 0.0 when one stops short of its optimum (no bound)."""
     hw = problem.hardware
-    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
-                for t in (hw.host.cores, cpu_adam_threads(hw, overlapped=True)))
+    prices = [(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds,
+               optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=t, mixed_precision=problem.mixed_precision).seconds)
+              for t in (hw.host.cores, cpu_adam_threads(hw, overlapped=True))]
+    alone = min(a for a, _ in prices)
+    beside = max(a / w for a, w in prices)
     out = math.inf
     for size, data in sorted(inputs.items()):
         say(f"chunk size {size}: LP with CPU Adam alone")
-        data = dataclasses.replace(data, cpu_adam_seconds_per_element=min(alone, data.cpu_adam_seconds_per_element))
+        data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
         try:
             value = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER).solve(time_limit_seconds=safety).bound_seconds
         except PlacementInfeasible:
@@ -566,7 +542,7 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
 
 
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
-            checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None], host_os_alone: bool = True):
+            checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None]):
     """LP per chunk size, then branch and bound over chunk sizes with the MIP.
 
     Returns (candidates, inputs, solved MIPs, valid bounds per chunk size, LP switch values, LP
@@ -602,8 +578,6 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         layout = extra[size] if size in extra else build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
-        if not host_os_alone:  # every CPU step at the rate with copies (Note [CPU Adam's two prices])
-            data = dataclasses.replace(data, cpu_adam_host_os_seconds_per_element=0.0)
         inputs[size] = (layout, data)
         try:
             # the sparse DEVICE rows on HiGHS's interior point with crossover: Note [the placement

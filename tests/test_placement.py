@@ -120,15 +120,18 @@ def test_overlap_hides_the_cpu_optimizer():
     assert overlap.objective_seconds < serial.objective_seconds
 
 
-def test_cpu_steps_of_host_os_are_priced_at_the_rate_alone():
-    """Note [CPU Adam's two prices]: a CPU step of OS homed on HOST at `cpu_adam_host_os_seconds_per_element`
-    (the rate alone), one of OS on NVME at `cpu_adam_seconds_per_element` (with copies); 0: every step at
-    the latter. Where the CPU optimizer sets the time, the cheaper HOST-OS price shortens the plan."""
+def test_cpu_steps_beside_copies_are_charged_the_time_they_lose():
+    """Note [CPU Adam beside copies, in the model]: with `cpu_adam_beside_copies` below 1 the CPU rows add
+    (1 - beside) x the copy time of every suffix to its CPU work. Where the CPU optimizer sets the time and
+    copies run beside it the plan lengthens, by at most that share of all its copy time; at 1 the model is
+    the one-price model."""
     slow = dataclasses.replace(synthetic(device_mib=30, nvme=False), cpu_adam_seconds_per_element=2e-8)
-    both = PlacementModel(slow, relax=True).solve().objective_seconds
-    alone = PlacementModel(dataclasses.replace(slow, cpu_adam_host_os_seconds_per_element=1e-8), relax=True).solve()
-    assert alone.objective_seconds < both * 0.99
-    assert sum(c["HOST"] for c in alone.os_counts) > 0
+    free = PlacementModel(slow, relax=True).solve()
+    assert free.objective_seconds == pytest.approx(
+        PlacementModel(dataclasses.replace(slow, cpu_adam_beside_copies=1.0), relax=True).solve().objective_seconds, rel=1e-9)
+    beside = PlacementModel(dataclasses.replace(slow, cpu_adam_beside_copies=0.5), relax=True).solve()
+    copies_s = beside.channel_bytes["H2D"] / slow.h2d_bytes_per_s + beside.channel_bytes["D2H"] / slow.d2h_bytes_per_s
+    assert free.objective_seconds * 1.01 < beside.objective_seconds <= free.objective_seconds + 0.5 * copies_s * (1 + 1e-6)
 
 
 def test_slow_cpu_streams_nvme_optimizer_state_to_the_device():
