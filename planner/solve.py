@@ -363,6 +363,12 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     if not model_bound_valid:
         notes = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): the "
                  "header's bound is the physical limit",) + notes
+    elif not adam_alone and bound == relaxation_bound and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values()) \
+            and _adam_slows_beside_copies(problem):
+        # from BESIDE_COPIES_MAX_BLOCKS blocks (Note [CPU Adam beside copies, in the model]): say what it is
+        notes = (f"the LP bound prices every CPU Adam step at its rate with copies beside it: below every replay of "
+                 "this solve (each checked), not proven for every plan; the LP at the rate alone charged the time lost "
+                 "beside copies is the strict bound (bench/RESULTS.md, session 13)",) + notes
     schedule = dataclasses.replace(chosen.schedule, header=dataclasses.replace(chosen.schedule.header, notes=notes))
     # one prediction: the header's time and the schedule's prediction are the simulator's replay
     schedule = with_simulated_prediction(schedule, chosen.replay)
@@ -515,6 +521,13 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
     name, d = found
     return _evaluate(problem, d, what=f"{name} decisions, chunk size {layout.chunk_elements}",
                      chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
+
+
+def _adam_slows_beside_copies(problem) -> bool:
+    """Whether the profile's CPU Adam runs slower with copies beside it than alone (at the overlapped threads)."""
+    hw, threads = problem.hardware, cpu_adam_threads(problem.hardware, overlapped=True)
+    return (optimizer_step_price(hw, Tier.HOST, 1, threads=threads, mixed_precision=problem.mixed_precision).seconds
+            < optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=threads, mixed_precision=problem.mixed_precision).seconds)
 
 
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
