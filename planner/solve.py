@@ -189,12 +189,10 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # queue behind the optimizer state's traffic (measured on 175B / a100-80g-12ssd: model 106 s,
     # simulator 191 s, against 118.5 s for the HOST-homed plan). It is what lets the largest
     # models fit (Fuyou's layout), where HOST cannot hold a copy of every PARAM.
-    nvme_home = False
     search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                      checkpoint_offload=checkpoint_offload, nvme_home=False, say=say)
     if not search[2] and problem.nvme_bytes > 0 and hardware.nvme_read_bytes_per_s > 0:
         say("no plan with every PARAM on HOST: PARAM may live on NVME")
-        nvme_home = True
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
                          checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
     candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted = search
