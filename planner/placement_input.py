@@ -22,11 +22,13 @@ from schemas._base import frozen
 from schemas.schedule import Channel, ChunkLayout, ChunkList, Phase, Tier
 from schemas.trace import DTYPE_BYTES
 
-# Below this many blocks the model prices CPU Adam at its rate alone and charges what a step loses beside
-# copies (Note [CPU Adam beside copies, in the model] in planner/placement_time.py); from it on at the rate
-# with copies, as before: GPT-3 175B (96 blocks) replayed 121.4 / 113.5 s with the rows against 120.8 / 112.5 s
-# without (rtx4090 / a100-80g-12ssd), and 512 blocks x 4096 solved in 92 CPU s instead of 58 (issue 18's
-# target: 60) for a plan replaying 64.9 s instead of 66.6 s (bench/RESULTS.md "Session 13")
+# Up to this many blocks the model prices CPU Adam at its rate alone and charges what a step loses beside
+# copies (Note [CPU Adam beside copies, in the model] in planner/placement_time.py); deeper at the rate with
+# copies, as before. Measured on rtx4090-768g-12ssd: PatrickStar's 12B (60 blocks) 8.064 -> 7.833 s and 4B
+# (64) 2.372 -> 2.317 s with the rows (4B: 6.1 -> 13.5 CPU s); GPT-3 175B (96 blocks) replayed 121.4 / 113.5 s
+# with them against 120.8 / 112.5 s without (rtx4090 / a100-80g-12ssd), and 512 blocks x 4096 solved in 92
+# CPU s instead of 58 (issue 18's target: 60) for a plan replaying 64.9 s instead of 66.6 s (bench/RESULTS.md
+# "Session 13")
 BESIDE_COPIES_MAX_BLOCKS = 64
 
 
@@ -287,13 +289,13 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
     adam_alone = optimizer_step_price(hw, Tier.HOST, 1, threads=threads, mixed_precision=problem.mixed_precision).seconds
     adam_with_copies = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=threads,
                                             mixed_precision=problem.mixed_precision).seconds
-    beside_copies = adam_alone / adam_with_copies if len(problem.blocks) < BESIDE_COPIES_MAX_BLOCKS else 1.0
+    beside_copies = adam_alone / adam_with_copies if len(problem.blocks) <= BESIDE_COPIES_MAX_BLOCKS else 1.0
     return PlacementInput(
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,
         # tide's executor copies through pinned buffers (the pinned rates); the SSDs behind the host-side
         # cap; CPU Adam at the chunk size with all cores, at its rate alone and slowed beside copies, or
-        # from BESIDE_COPIES_MAX_BLOCKS blocks at its rate with copies (Note [CPU Adam beside copies, in
+        # above BESIDE_COPIES_MAX_BLOCKS blocks at its rate with copies (Note [CPU Adam beside copies, in
         # the model] in planner/placement_time.py; costmodel). The chunk
         # size is this model's input: PCIe priced at one PARAM chunk per copy, the SSDs at one chunk of
         # an OS list per read/write (what the simulator's copies of this layout move; the by-size tables

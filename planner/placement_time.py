@@ -60,9 +60,10 @@ from planner.placement_terms import BYTE_UNIT, INFINITE_BYTES, SECONDARY_WEIGHT,
 # step of HOST-homed OS at the rate alone and one of NVME-homed OS at the rate with copies, and solved again
 # with every step at the latter, the simulator judging (two searches); measured on the same trees
 # (bench/RESULTS.md "Session 13"): GPT-3 13B x rtx4090-768g-12ssd 8.242 -> 8.127 s, x a100-80g-12ssd 6.145 ->
-# 6.029 s, 1.3B x rtx4090 552.8 -> 551.9 ms, the other goldens below 64 blocks as fast (gpt-small +32 us), in
-# one search instead of two (13B: ~8.4 -> ~2.9 CPU s). From BESIDE_COPIES_MAX_BLOCKS blocks (planner/placement_input.py) every step is
-# priced at the rate with copies and `cpu_adam_beside_copies` is 1: no rows.
+# 6.029 s, 1.3B x rtx4090 552.8 -> 551.9 ms, PatrickStar's 4B 2.372 -> 2.317 s, the other goldens as fast
+# (gpt-small +32 us), in one search instead of two (13B: ~8.4 -> ~2.9 CPU s). Above BESIDE_COPIES_MAX_BLOCKS
+# blocks (planner/placement_input.py) every step is priced at the rate with copies and `cpu_adam_beside_copies`
+# is 1: no rows.
 #
 # (The lag row, `cpu_optimizer_lag`, prices the CPU's backlog at the rate with copies: it is a HOST
 # estimate, not a bound, and at the rate alone the 256-block paced plans ran out of HOST and were re-planned.)

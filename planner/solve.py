@@ -334,7 +334,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             relaxation_bound, model_bound_valid = lp_only, True
     adam_alone = ""
     if not model_bound_valid and lp_bounds:
-        # from BESIDE_COPIES_MAX_BLOCKS blocks the model prices every CPU Adam step at its rate with copies
+        # above BESIDE_COPIES_MAX_BLOCKS blocks the model prices every CPU Adam step at its rate with copies
         # beside it, a replay at its rate alone while no copy runs (planner.sim_actions._optimizer_step):
         # the LPs at the rate alone, charged what a step loses beside copies (every other price the
         # model's, the two-way rows included), price no step above a replay's; computed only here
@@ -363,7 +363,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                  "header's bound is the physical limit",) + notes
     elif not adam_alone and bound == relaxation_bound and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values()) \
             and _adam_slows_beside_copies(problem):
-        # from BESIDE_COPIES_MAX_BLOCKS blocks (Note [CPU Adam beside copies, in the model]): say what it is
+        # above BESIDE_COPIES_MAX_BLOCKS blocks (Note [CPU Adam beside copies, in the model]): say what it is
         notes = (f"the LP bound prices every CPU Adam step at its rate with copies beside it: below every replay of "
                  "this solve (each checked), not proven for every plan; the LP at the rate alone charged the time lost "
                  "beside copies is the strict bound (bench/RESULTS.md, session 13)",) + notes

@@ -63,8 +63,8 @@ def test_write_then_check_passes(tmp_path):
 
 
 def test_the_header_says_which_bound_is_proven():
-    """Note [CPU Adam beside copies, in the model]: below 64 blocks (GPT-3 13B, 40) the LP charges CPU Adam's time
-    lost beside copies and bounds every plan, so its header has no caveat; from 64 blocks (GPT-3 175B, 96) the LP
+    """Note [CPU Adam beside copies, in the model]: up to 64 blocks (GPT-3 13B, 40) the LP charges CPU Adam's time
+    lost beside copies and bounds every plan, so its header has no caveat; deeper (GPT-3 175B, 96) the LP
     prices every step at the rate with copies, and the header says its bound was checked against the solve's
     replays only. The committed goldens are the planner's output (the test above)."""
     from schemas import Schedule
@@ -72,4 +72,5 @@ def test_the_header_says_which_bound_is_proven():
     caveat = "not proven for every plan"
     notes = {c.name: Schedule.read(c.golden_path).header.notes for c in golden.CASES}
     assert not any(caveat in n for n in notes["gpt3-13b.rtx4090-768g-12ssd"])
+    assert not any(caveat in n for n in notes["pstar-gpt-4b.rtx4090-768g-12ssd"])  # 64 blocks: the last with the rows
     assert any(caveat in n for n in notes["gpt3-175b.a100-80g-12ssd"])
