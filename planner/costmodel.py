@@ -258,6 +258,18 @@ def optimizer_step_price(hardware: Hardware, tier: Tier, params: float, *, with_
     raise ValueError(f"the optimizer runs on DEVICE or HOST, not {tier}")
 
 
+def cpu_adam_beside_copies(hardware: Hardware, *, threads: int | None = None, mixed_precision: bool = False,
+                           params: float = 1.0) -> float:
+    """The share of its speed alone a CPU Adam step keeps while copies run on its node (rate with copies / rate
+    alone, <= 1; 1 where the file measured no slowdown): the simulator's rule (Note [CPU Adam beside copies] in
+    planner/sim_actions.py) and the placement model's (Note [CPU Adam beside copies, in the model]). `params`: the
+    step's size (the share is the same at any, up to rounding; the simulator passes its step's)."""
+    alone = optimizer_step_price(hardware, Tier.HOST, params, threads=threads, mixed_precision=mixed_precision).seconds
+    slowed = optimizer_step_price(hardware, Tier.HOST, params, with_copies=True, threads=threads,
+                                  mixed_precision=mixed_precision).seconds
+    return min(1.0, alone / slowed) if slowed > 0 else 1.0
+
+
 def dram_bytes_per_s(hardware: Hardware) -> float:
     """Host DRAM bandwidth CPU Adam, DMA and SSD traffic share; inf when the file does not give it. Never
     below what the file's own CPU Adam rate already moves (params/s x DRAM bytes per param): a measured
@@ -409,7 +421,7 @@ def nvme_seconds(hardware: Hardware, read_bytes: float, write_bytes: float) -> f
 
 __all__ = [
     "OptimizerPrice", "adam_dram_bytes", "attention_flops_per_s", "channel_bytes_per_s",
-    "compute_seconds", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
+    "compute_seconds", "cpu_adam_beside_copies", "cpu_adam_params_per_s", "cpu_adam_threads", "device_capacity_bytes", "dram_bytes",
     "dram_bytes_per_s", "fastest_bytes_per_s", "matmul_flops_per_s", "moment_seconds", "nvme_cap_bytes_per_s", "nvme_mixed", "nvme_seconds",
     "nvme_time_rows", "nvme_two_way_facets", "pcie_time_rows", "pcie_two_way_facets", "two_way_facets", "two_way_rows",
     "optimizer_seconds", "optimizer_step_price", "transfer_seconds",

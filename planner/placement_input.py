@@ -11,6 +11,7 @@ from collections import defaultdict
 
 from planner.costmodel import (
     channel_bytes_per_s,
+    cpu_adam_beside_copies,
     cpu_adam_threads,
     dram_bytes_per_s,
     nvme_time_rows,
@@ -286,10 +287,10 @@ def placement_input(problem: Problem, layout: ChunkLayout, *, optimizer_overlap:
                                 recompute_seconds=b.recompute_seconds, forward_stage=p, backward_stage=c))
     # (costmodel.optimizer_step_price, with the executor's threads for an overlapped step or not)
     threads = cpu_adam_threads(hw, overlapped=optimizer_overlap)
-    adam_alone = optimizer_step_price(hw, Tier.HOST, 1, threads=threads, mixed_precision=problem.mixed_precision).seconds
-    adam_with_copies = optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=threads,
-                                            mixed_precision=problem.mixed_precision).seconds
-    beside_copies = adam_alone / adam_with_copies if len(problem.blocks) <= BESIDE_COPIES_MAX_BLOCKS else 1.0
+    adam_alone, adam_with_copies = (optimizer_step_price(hw, Tier.HOST, 1, with_copies=w, threads=threads,
+                                                         mixed_precision=problem.mixed_precision).seconds for w in (False, True))
+    beside_copies = (cpu_adam_beside_copies(hw, threads=threads, mixed_precision=problem.mixed_precision)
+                     if len(problem.blocks) <= BESIDE_COPIES_MAX_BLOCKS else 1.0)
     return PlacementInput(
         chunk_classes=tuple(classes), blocks=tuple(blocks), stages=tuple(stage_data),
         device_bytes=problem.device_bytes, host_bytes=problem.host_bytes, nvme_bytes=problem.nvme_bytes,

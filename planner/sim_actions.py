@@ -25,7 +25,7 @@ from schemas.schedule import (
 from schemas.residency import Refusal, ResidencyRefused
 from schemas.trace import Phase
 
-from planner.costmodel import (channel_bytes_per_s, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
+from planner.costmodel import (channel_bytes_per_s, cpu_adam_beside_copies, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
                                optimizer_step_price, pcie_two_way_facets)
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
 from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold, resync_slot,
@@ -391,9 +391,7 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_wr
         channel = Channel.CPU_OPTIMIZER
         mixed_precision = ChunkList.MASTER in sim.lists  # fp32 masters of half-precision params
         price = optimizer_step_price(sim.hardware, Tier.HOST, params, threads=threads, mixed_precision=mixed_precision)
-        slowed = optimizer_step_price(sim.hardware, Tier.HOST, params, with_copies=True, threads=threads,
-                                      mixed_precision=mixed_precision)
-        slow = min(1.0, price.seconds / slowed.seconds) if slowed.seconds > 0 else 1.0
+        slow = cpu_adam_beside_copies(sim.hardware, threads=threads, mixed_precision=mixed_precision, params=params)
         cov = sim.coverage[sim.node_of[server_key[1]]]
         end = cov.run(start, price.seconds, slow)  # Note [CPU Adam beside copies]
     elif d == DEVICE_INDEX:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from planner.policies import policy_layout
 from planner.policies.patrickstar import patrickstar_layout
 from planner.bounds import explain_infeasible, lower_bound
-from planner.costmodel import cpu_adam_threads, optimizer_step_price
+from planner.costmodel import cpu_adam_beside_copies, cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
 from planner.policies.angel import decide as angel_decide
@@ -362,7 +362,8 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         notes = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): the "
                  "header's bound is the physical limit",) + notes
     elif not adam_alone and bound == relaxation_bound and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values()) \
-            and _adam_slows_beside_copies(problem):
+            and cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
+                                       mixed_precision=problem.mixed_precision) < 1.0:
         # above BESIDE_COPIES_MAX_BLOCKS blocks (Note [CPU Adam beside copies, in the model]): say what it is
         notes = (f"the LP bound prices every CPU Adam step at its rate with copies beside it: below every replay of "
                  "this solve (each checked), not proven for every plan; the LP at the rate alone charged the time lost "
@@ -521,23 +522,13 @@ def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: 
                      chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
 
 
-def _adam_slows_beside_copies(problem) -> bool:
-    """Whether the profile's CPU Adam runs slower with copies beside it than alone (at the overlapped threads)."""
-    hw, threads = problem.hardware, cpu_adam_threads(problem.hardware, overlapped=True)
-    return (optimizer_step_price(hw, Tier.HOST, 1, threads=threads, mixed_precision=problem.mixed_precision).seconds
-            < optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=threads, mixed_precision=problem.mixed_precision).seconds)
-
-
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
     """The least LP over the chunk sizes of `inputs` with CPU Adam at its fastest rate alone (either thread count
     a replay steps with: costmodel.optimizer_step_price without copies) and charged the least time lost beside
     copies (Note [CPU Adam beside copies, in the model]); 0.0 when one stops short of its optimum (no bound)."""
-    hw = problem.hardware
-    prices = [(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds,
-               optimizer_step_price(hw, Tier.HOST, 1, with_copies=True, threads=t, mixed_precision=problem.mixed_precision).seconds)
-              for t in (hw.host.cores, cpu_adam_threads(hw, overlapped=True))]
-    alone = min(a for a, _ in prices)
-    beside = max(a / w for a, w in prices)
+    hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
+    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds for t in threads)
+    beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
     out = math.inf
     for size, data in sorted(inputs.items()):
         say(f"chunk size {size}: LP with CPU Adam alone")
