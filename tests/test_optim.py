@@ -123,9 +123,8 @@ def test_bf16_mixed_precision_matches_reference_master_loop(tile_elements: int, 
 
 
 def test_tiles_cover_every_element_once_in_order() -> None:
-    entries = [optim.ChunkEntry(param=torch.nn.Parameter(torch.zeros(n)), tensor=i, offset=o, numel=n)
+    entries = [optim.ChunkEntry(param=torch.nn.Parameter(torch.zeros(n * 64)), tensor=i, offset=o * 64, numel=n * 64)
                for i, (o, n) in enumerate([(0, 5), (5, 16), (24, 1), (25, 9)])]
-    entries = [optim.ChunkEntry(param=e.param, tensor=e.tensor, offset=e.offset * 64, numel=e.numel * 64) for e in entries]
     tiles = list(optim._tiles(entries, 7 * 64 + 10))  # cuts inside a tensor land on multiples of 64 elements
     assert [[(e.tensor, a // 64, n / 64) for e, a, n in t] for t in tiles] == [
         [(0, 0, 5), (1, 0, 2)], [(1, 2, 7)], [(1, 9, 7)], [(2, 0, 1), (3, 0, 6)], [(3, 6, 3)]]
