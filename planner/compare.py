@@ -24,7 +24,7 @@ from planner.problem import Problem, build_problem
 from planner.presets import resolve_hardware
 from planner.simulate import ScheduleViolation, SimResult, simulate
 from planner.solution import SolveReport
-from planner.solve import solve_report
+from planner.solve import UNPROVEN_BOUND, solve_report
 from schemas import Hardware, Schedule, Trace
 from schemas._base import digest_bytes, frozen, read_bytes
 from schemas.schedule import Channel, Tier
@@ -82,6 +82,7 @@ class Comparison:
     tide_true_gap: float | None = None  # (tide's simulated - tide's bound) / simulated (the header's gap)
     tide_mip_gap: float | None = None  # the chosen placement MIP's own gap (None: a reference decision set won)
     usable_bytes_per_tier: dict[Tier, int] | None = None  # the capacities every row's peaks are checked against
+    tide_bound_proven: bool = True  # False: the header says its bound holds for the solve's replays only
 
     def row(self, policy: str) -> CompareRow:
         return next(r for r in self.rows if r.policy == policy)
@@ -92,7 +93,8 @@ class Comparison:
 
     def speedup_ceiling(self) -> float | None:
         """The most any plan can be faster than the best baseline: best baseline / tide's bound (the
-        bound holds for every plan the simulator replays, so no plan, tide's included, beats it)."""
+        bound holds for every plan the simulator replays, so no plan, tide's included, beats it; where
+        `tide_bound_proven` is False, for the plans its solve replayed)."""
         best = self.best_baseline_seconds()
         return best / self.tide_bound_seconds if best and self.tide_bound_seconds else None
 
@@ -101,7 +103,8 @@ class Comparison:
                 "lower_bound": {"seconds": self.lower_bound.seconds, "resource": self.lower_bound.resource,
                                 "seconds_per_resource": self.lower_bound.seconds_per_resource},
                 "tide_bound_seconds": self.tide_bound_seconds, "tide_true_gap": self.tide_true_gap,
-                "tide_mip_gap": self.tide_mip_gap, "speedup_ceiling_vs_best_baseline": self.speedup_ceiling(),
+                "tide_mip_gap": self.tide_mip_gap, "tide_bound_proven": self.tide_bound_proven,
+                "speedup_ceiling_vs_best_baseline": self.speedup_ceiling(),
                 "rows": [r.to_json() for r in self.rows]}
 
 
@@ -157,7 +160,8 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
                       tide_true_gap=tide.schedule.header.gap if tide is not None else None,
                       tide_mip_gap=mip_gap if tide is not None else None,
                       usable_bytes_per_tier={Tier.DEVICE: problem.device_bytes, Tier.HOST: problem.host_bytes,
-                                             Tier.NVME: problem.nvme_bytes})
+                                             Tier.NVME: problem.nvme_bytes},
+                      tide_bound_proven=tide is None or not any(UNPROVEN_BOUND in n for n in tide.schedule.header.notes))
 
 
 class _Unavailable(Exception):
@@ -238,9 +242,12 @@ def print_comparison(c: Comparison) -> None:
         mip = f"{100 * c.tide_mip_gap:.2f}%" if c.tide_mip_gap is not None else "- (a reference decision set won)"
         console.print(f"tide's own bound (header: its placement model's LP or root bound, or the physical limit): "
                       f"{c.tide_bound_seconds:.4g} s; true gap (simulated - bound) / simulated "
-                      f"{100 * (c.tide_true_gap or 0.0):.2f}%; MIP gap {mip}")
+                      f"{100 * (c.tide_true_gap or 0.0):.2f}%; MIP gap {mip}"
+                      + ("" if c.tide_bound_proven else f" (the bound is {UNPROVEN_BOUND}: checked against the solve's "
+                                                         "replays only, see the schedule's notes)"))
         if c.speedup_ceiling() is not None:
-            console.print(f"no plan beats that bound: at most {c.speedup_ceiling():.2f}x the best baseline "
+            plans = "no plan" if c.tide_bound_proven else "no plan the solve replayed"
+            console.print(f"{plans} beats that bound: at most {c.speedup_ceiling():.2f}x the best baseline "
                           f"({c.best_baseline_seconds():.4g} s / {c.tide_bound_seconds:.4g} s)")
     for r in c.rows:
         if r.result is None:

@@ -114,6 +114,8 @@ ROOT_BOUND_GAP = 0.05
 # gives (bench_solve, 2026-11-24 08:05 UTC: 256 blocks 104 CPU s with it; 13B, 40 blocks, is where t13
 # measured it paying off)
 ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
+# the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
+UNPROVEN_BOUND = "not proven for every plan"
 LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
@@ -366,7 +368,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                        mixed_precision=problem.mixed_precision) < 1.0:
         # above BESIDE_COPIES_MAX_BLOCKS blocks (Note [CPU Adam beside copies, in the model]): say what it is
         notes = (f"the LP bound prices every CPU Adam step at its rate with copies beside it: below every replay of "
-                 "this solve (each checked), not proven for every plan; the LP at the rate alone charged the time lost "
+                 f"this solve (each checked), {UNPROVEN_BOUND}; the LP at the rate alone charged the time lost "
                  "beside copies is the strict bound (bench/RESULTS.md, session 13)",) + notes
     schedule = dataclasses.replace(chosen.schedule, header=dataclasses.replace(chosen.schedule.header, notes=notes))
     # one prediction: the header's time and the schedule's prediction are the simulator's replay

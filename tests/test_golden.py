@@ -69,7 +69,7 @@ def test_the_header_says_which_bound_is_proven():
     replays only. The committed goldens are the planner's output (the test above)."""
     from schemas import Schedule
 
-    caveat = "not proven for every plan"
+    from planner.solve import UNPROVEN_BOUND as caveat
     notes = {c.name: Schedule.read(c.golden_path).header.notes for c in golden.CASES}
     assert not any(caveat in n for n in notes["gpt3-13b.rtx4090-768g-12ssd"])
     assert not any(caveat in n for n in notes["pstar-gpt-4b.rtx4090-768g-12ssd"])  # 64 blocks: the last with the rows
