@@ -56,8 +56,8 @@ def _kind(a) -> str:
 
 def replay_waits(schedule, hardware) -> dict:
     """Replay `schedule` observing the simulator; per moment: its stall split by cause (see the module doc)."""
-    action_line = _lines("host = land(sim, host, all_=True)")
-    work_line = _lines("deps = max(deps, land(sim, max(deps, host), all_=True))")
+    action_line = _lines("host = land_oldest(")
+    work_line = _lines("deps = max(deps, land_oldest(")
     start_line = _lines("land(sim, start)")
     label: dict[int, tuple[str, Channel]] = {}  # id(landing entry) -> (kind, channel of the copy reading it)
     last_copy: dict[tuple, Channel] = {}  # (list, chunk) -> channel of the last copy reading its DEVICE copy
@@ -65,7 +65,7 @@ def replay_waits(schedule, hardware) -> dict:
     work_bytes_wait: dict[int, tuple[str, Channel, float]] = {}
     per_moment: dict[int, tuple[float, float, float]] = {}  # moment -> (event, host, deps)
     data_ready: dict[int, tuple[float, str]] = {}
-    orig_land, orig_apply = simulate_mod.land, simulate_mod.apply_action
+    orig_land, orig_oldest, orig_apply = simulate_mod.land, simulate_mod.land_oldest, simulate_mod.apply_action
     state = {"host": None, "m": -1}
     fetched: dict[int, tuple[float, str]] = {}  # moment -> (latest FETCH end, what)
 
@@ -87,21 +87,25 @@ def replay_waits(schedule, hardware) -> dict:
             label[id(x)] = (_kind(a), ch)
         return end
 
-    def spy_land(sim, t, *, all_=False):
+    def spy_oldest(sim, t, fits):
+        frame = sys._getframe(1)
+        before = list(sim.landing)
+        end = orig_oldest(sim, t, fits)
+        left = {id(x) for x in sim.landing}
+        waited = [x for x in before if id(x) not in left]
+        if end > t and waited:
+            kind, ch = label.get(id(max(waited, key=lambda x: x[0])), ("?", Channel.D2H))  # the last to land
+            m = frame.f_locals["m"]
+            if frame.f_lineno in action_line:
+                thread[m].append((f"thread: DEVICE bytes of {kind} in flight ({ch.value})", end - t))
+                state["host"] = end
+            elif frame.f_lineno in work_line:
+                work_bytes_wait[m] = (kind, ch, end - t)
+        return end
+
+    def spy_land(sim, t):
         frame = sys._getframe(1)
         line = frame.f_lineno
-        if all_ and sim.landing:
-            last = max(sim.landing, key=lambda x: x[0])
-            kind, ch = label.get(id(last), ("?", Channel.D2H))
-            end = orig_land(sim, t, all_=True)
-            if end > t:
-                m = frame.f_locals["m"]
-                if line in action_line:
-                    thread[m].append((f"thread: DEVICE bytes of {kind} in flight ({ch.value})", end - t))
-                    state["host"] = end
-                elif line in work_line:
-                    work_bytes_wait[m] = (kind, ch, end - t)
-            return end
         if line in start_line:
             f = frame.f_locals
             m = f["m"]
@@ -115,13 +119,13 @@ def replay_waits(schedule, hardware) -> dict:
             if m in f["bwd_first_of"]:
                 best = max(best, (f["blocks"][f["bwd_first_of"][m]].ready_at, "ACT"))
             data_ready[m] = best
-        return orig_land(sim, t, all_=all_)
+        return orig_land(sim, t)
 
-    simulate_mod.land, simulate_mod.apply_action = spy_land, spy_apply
+    simulate_mod.land, simulate_mod.land_oldest, simulate_mod.apply_action = spy_land, spy_oldest, spy_apply
     try:
         result = simulate_mod.simulate(schedule, hardware)
     finally:
-        simulate_mod.land, simulate_mod.apply_action = orig_land, orig_apply
+        simulate_mod.land, simulate_mod.land_oldest, simulate_mod.apply_action = orig_land, orig_oldest, orig_apply
     # which channel brought each moment's late data: the copy arriving last onto DEVICE before the work
     arrivals = sorted((iv.end_seconds, iv.channel.value) for iv in result.timeline
                       if iv.channel in (Channel.H2D, Channel.NVME_READ, Channel.D2H, Channel.NVME_WRITE,

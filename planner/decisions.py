@@ -199,7 +199,7 @@ def activation_offloads(problem: Problem, activation_modes: Sequence[ActivationM
 # their DEVICE bytes until the copy lands: the copy engine records them on its stream, and PyTorch's
 # caching allocator hands them out only after the copy's event (the simulator's rule, Note [simulator
 # evictions] in planner/sim_actions.py; c10/cuda/CUDACachingAllocator.cpp `synchronize_and_free_events`).
-# A moment whose work needs them waits for every copy in flight. So materialize's budget keeps them on
+# A moment whose work needs them waits for the copies in flight, oldest first. So materialize's budget keeps them on
 # DEVICE through the moments that start before the copy is estimated to land: moments start at their
 # cumulative seconds (tide: the placement's stage times, `Decisions.moment_seconds_hint`; otherwise
 # their compute, no stalls: stalls only land copies earlier relative to the work), the offloads

@@ -240,8 +240,15 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
 # outstanding event (c10/cuda/CUDACachingAllocator.cpp: `release_cached_blocks` calls
 # `synchronize_and_free_events`). So the simulator keeps those bytes (`SimState.landing`, per rank) until
 # the copy lands; when an action or the moment's work would go over the DEVICE budget with them, the
-# training thread (or the work) waits until all have landed, as the allocator does (the action that
-# needed them keeps its start: the simulator placed it first). HOST and NVME copies are freed as issued.
+# training thread (or the work) waits for them, the oldest issued first, until it fits (`land_oldest`:
+# the executor's pool, below, waits so; the action that needed them keeps its start: the simulator placed
+# it first). Until session 14 it waited for all of them, as the caching allocator's own
+# `synchronize_and_free_events` does, while the executor gives the allocator back only what it waited
+# for, oldest first (`Pool.make_room`). The same schedules replayed (bench/RESULTS.md "Session 14"): GPT-3
+# 175B x rtx4090-768g-12ssd's chosen plan 120.784 -> 119.027 s; PatrickStar's 4B golden 2.3174 -> 2.3214 s
+# (slower though no single wait is longer: the thread issues its next actions earlier, and a list schedule
+# on shared links is not monotone in that; the copies that gain it not traced); the other
+# goldens the same. HOST and NVME copies are freed as issued.
 # ACT_RELOAD waits on the training thread for the block's offload (the executor's `wait_offloaded`).
 # The executor follows the same rule (session 6, Note [retiring payloads] in executor/store.py): an EVICT
 # returns at once and the payload's bytes stay counted against the DEVICE budget until its readers land

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -425,17 +426,21 @@ def landing_bytes(sim: SimState, rank: int) -> int:
     return sum(b for _, b, ranks in sim.landing if ranks is None or rank in ranks)
 
 
-def land(sim: SimState, t: float, *, all_: bool = False) -> float:
-    """The copies that have landed by `t` (with `all_`: every one, waited for) give their DEVICE bytes
-    back; returns when the last one given back lands (`t` if none is waited for)."""
-    if not sim.landing:
-        return t
-    if all_:
-        end = max(e for e, _, _ in sim.landing)
-        sim.landing.clear()
-        return max(t, end)
-    sim.landing[:] = [x for x in sim.landing if x[0] > t]
-    return t
+def land_oldest(sim: SimState, t: float, fits: Callable[[], bool]) -> float:
+    """Wait for the copies in flight, oldest issued first, until `fits()` (or none is left): each gives its
+    DEVICE bytes back as it lands. Returns when the last one waited for lands (`t` if none). The executor's
+    rule (executor/store.py `Pool.make_room`: the oldest retiring buffer or activation offload, until the
+    allocation fits; Note [simulator evictions])."""
+    end = t
+    while sim.landing and not fits():
+        end = max(end, sim.landing.pop(0)[0])
+    return end
+
+
+def land(sim: SimState, t: float) -> None:
+    """The copies that have landed by `t` give their DEVICE bytes back."""
+    if sim.landing:
+        sim.landing[:] = [x for x in sim.landing if x[0] > t]
 
 
 def place_name(sim: SimState, t: int, place: int) -> str:

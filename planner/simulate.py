@@ -27,6 +27,7 @@ from planner.sim_state import (
     busiest,
     hold,
     land,
+    land_oldest,
     landing_bytes,
     place_name,
     setup,
@@ -147,8 +148,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
             on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
-            if sim.landing and on_device > budgets[DEVICE_INDEX]:
-                host = land(sim, host, all_=True)  # the allocation waits for the copies in flight
+            if sim.landing and on_device > budgets[DEVICE_INDEX]:  # the allocation waits for copies in flight
+                host = land_oldest(sim, host, lambda: used_bytes(sim, DEVICE_INDEX, act_bytes) <= budgets[DEVICE_INDEX])
                 on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
             for t in TIER_INDEX.values():
                 used = on_device if t == DEVICE_INDEX else used_bytes(sim, t, act_bytes)
@@ -200,8 +201,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         non_model = max(0, recorded_nm - held_act_recorded)
         if sim.landing:  # the work's own allocations wait for the copies in flight when it needs their bytes
             land(sim, max(deps, host))
-            if used_bytes(sim, DEVICE_INDEX, act_bytes) + non_model > budgets[DEVICE_INDEX]:
-                deps = max(deps, land(sim, max(deps, host), all_=True))
+            deps = max(deps, land_oldest(sim, max(deps, host),
+                                         lambda: used_bytes(sim, DEVICE_INDEX, act_bytes) + non_model <= budgets[DEVICE_INDEX]))
         start = max(deps, *(c.free_at for c in computes))
         land(sim, start)
         stall += max(0.0, deps - event)

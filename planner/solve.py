@@ -401,7 +401,7 @@ class Evaluated:
 # Note [the plan's own budget]:
 # `decisions_from_placement` gives materialize all the room the DEVICE leaves PARAM+GRAD at each moment, and
 # materialize's Belady pass fills it (prefetching early, keeping more). Since sim17 a D2H copy's source bytes
-# stay on DEVICE until it lands and an allocation that finds no room waits for every copy in flight (Note
+# stay on DEVICE until it lands and an allocation that finds no room waits for copies in flight (Note
 # [simulator evictions] in planner/sim_actions.py), so a budget filled to the brim makes the work wait for the
 # previous stage's grad write-backs: GPT-3 175B x a100-80g-12ssd, chunk 605212776, every backward stage replayed
 # 0.142 s (one block's grads at 25.5 GB/s) over the model's. The MIP's own PARAM+GRAD bytes per stage

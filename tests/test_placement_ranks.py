@@ -49,20 +49,16 @@ def test_several_ranks_count_comm_groups_and_price_collectives() -> None:
     sol = PlacementModel(d).solve()
     assert sol.objective_seconds > 0
 
-@pytest.mark.xfail(strict=True, reason=(
-    "since sim17 (session 5) evicted DEVICE bytes stay until the copies reading them land, and an allocation "
-    "that needs them waits (Note [simulator evictions]); this plan streams the OS of its GPU Adam steps through "
-    "a 0.5 GB DEVICE, evicting each chunk right after its write-back is issued, so the replay waits for the "
-    "write-backs: 0.1035 s simulated vs 0.0547 s modelled (x1.89; header gap 50%), 0.0581 s when the bytes "
-    "were free at issue. The placement model and emit do not hold a written-back chunk's bytes until its copy "
-    "lands (planner/placement_memory.py, planner/emit.py), measured 2026-11-24"))
 def test_four_ranks_small_device_the_mip_plans_and_the_simulator_agrees() -> None:
     """4 ranks, 0.5 GB: the MIP's plan wins and the simulator's replay is within 7% of the model's
     time (measured: 0.08538 s simulated vs 0.08374 s modelled, 2.0%, on the systems' packed layout;
     0.0915 vs 0.0903 s, 1.3%, on tide's own; since a rank keeps only its own grads after the
     reduce-scatter, issue 18 item 1, the plan on the packed layout keeps more on DEVICE: 0.05807 s
     simulated vs 0.05470 s modelled, 6.2%. The model charges each stage its busiest channel, the
-    simulator queues per moment and overlaps across stage boundaries: a few % either way)."""
+    simulator queues per moment and overlaps across stage boundaries: a few % either way). From session 5
+    to 13 the replay waited for every write-back in flight where an allocation needed room (0.1035 s, x1.89,
+    an xfail here); since session 14 it waits for the oldest until it fits, as the executor's pool does
+    (Note [simulator evictions]): 0.05753 s simulated vs 0.05412 s modelled, 6.3%."""
     r = solve_report(small_trace(), ranks_box(device_gb=0.5), trace_digest=DIGEST)
     assert r.chosen.startswith("placement MIP"), r.evaluated
     assert r.simulated_seconds == pytest.approx(r.model_objective_seconds, rel=0.07)
