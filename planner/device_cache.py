@@ -600,7 +600,8 @@ def estimated_tick_seconds(plan: CachePlan) -> list[float]:
         start.append(t)
         t += hint[m.id] if hint else m.compute_seconds + extra[m.id]
     # (DEVICE steps in backward run beside backward's compute: not a lag of the OPTIMIZER moment's ticks)
-    step_at = {tick: g for g, tick in plan.device_step_tick.items() if plan.tick_moment[tick] == problem.optimizer_moment}
+    opt_moment = problem.optimizer_moment
+    step_at = {tick: g for g, tick in plan.device_step_tick.items() if plan.tick_moment[tick] == opt_moment}
     pcie = pcie_time_rows(hw)
     out: list[float] = []
     lag = 0.0

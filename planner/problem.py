@@ -7,6 +7,8 @@ Note [problem contents] above `build_problem`.
 
 from __future__ import annotations
 
+import functools
+
 from planner.costmodel import device_capacity_bytes, moment_seconds
 from planner.errors import PlannerError
 from schemas._base import frozen
@@ -80,7 +82,7 @@ class Problem:
     @property
     def os_lists(self) -> tuple[ChunkList, ...]:
         """Optimizer state lists (PARAM is the master with fp32 compute, so it is not among them)."""
-        return tuple(x for x in self.lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
+        return _os_lists(self.lists)  # (emit asks for them per chunk: one tuple per list set)
 
     @property
     def model_flops(self) -> int:
@@ -93,6 +95,11 @@ class Problem:
     def stage_non_model_bytes(self, stage: Stage) -> int:
         """Peak recorded non-model bytes over the stage (every block's activations kept)."""
         return max(self.moments[m].non_model_bytes for m in range(stage.first_moment, stage.last_moment + 1))
+
+
+@functools.cache
+def _os_lists(lists: tuple[ChunkList, ...]) -> tuple[ChunkList, ...]:
+    return tuple(x for x in lists if x in (ChunkList.MASTER, ChunkList.M, ChunkList.V))
 
 
 def chunk_lists(compute_dtype: DType) -> tuple[ChunkList, ...]:

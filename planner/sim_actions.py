@@ -105,7 +105,7 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
                                     f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
                                     list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
     start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
-    pageable = sim.pageable and set(channels) <= {Channel.H2D, Channel.D2H}
+    pageable = sim.pageable and all(ch in _PCIE_CHANNELS for ch in channels)
     rates = {}
     for ch in channels:  # each direction at its rate alone at this copy's size (links.copy_rates, nvme.chunk_rates)
         key = (ch, pageable, nbytes)
@@ -139,6 +139,9 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
 
 
 _COPY_OPS = frozenset({Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.ACT_OFFLOAD, Op.ACT_RELOAD})
+_PCIE_CHANNELS = frozenset({Channel.H2D, Channel.D2H})
+# a chunk copy's timeline label before its chunk number, per (op, list): "prefetch PARAM "
+_LABELS = {(op, lst): f"{op.value.lower()} {lst.value} " for op in Op for lst in ChunkList}
 # the channels whose traffic the CPU Adam rate "with copies" was measured beside (executor/profile.py
 # `_Load`: memcpy through host DRAM and SSD writes); the simulator's old rule tested the same servers
 _COPY_CHANNELS = frozenset({Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel.NVME_WRITE})
@@ -226,7 +229,9 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
         calendar = sim.links.get((kind, place, name))
         if calendar is None:
             calendar = sim.links[(kind, place, name)] = Calendar()
-        end = max(end, calendar.reserve(start, row[side] * nbytes))
+        reserved = calendar.reserve(start, row[side] * nbytes)
+        if reserved > end:
+            end = reserved
     return end
 
 
@@ -291,7 +296,7 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
         if sim.serial_swap and a.src is Tier.NVME and sim.schedule.moments[m].phase is Phase.OPTIMIZER:
             # one sub-group at a time (the header's optimizer_swap SERIAL): after the SSD writes before it
             ready = max(ready, sim.servers[(Channel.NVME_WRITE, sim.schedule.layout.chunks[c].owner_rank)].free_at)
-        end = _transfer(sim, path, nbytes, issue, ready, f"{a.op.value.lower()} {a.list.value} {c}",
+        end = _transfer(sim, path, nbytes, issue, ready, f"{_LABELS[(a.op, a.list)]}{c}",
                         m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
         hold(sim, li, c, d)
         sim.copies.copy(li, c, s, d)

@@ -89,6 +89,10 @@ class Calendar:
 
     def reserve(self, start: float, seconds: float) -> float:
         """Take `seconds` of free time from `start` on; returns when the last of it ends."""
+        if not self.ends or start > self.ends[-1]:  # after every busy interval (the common case): a new one
+            self.starts.append(start)
+            self.ends.append(start + seconds)
+            return start + seconds
         i = bisect.bisect_right(self.ends, start)  # the first busy interval ending after start
         t, need = start, seconds
         while need > 0:
@@ -126,6 +130,10 @@ class Coverage:
         """Mark [start, end) busy; returns the pieces of it that were not busy before."""
         if end <= start:
             return []
+        if not self.ends or start > self.ends[-1]:  # after every busy interval (the common case): all new
+            self.starts.append(start)
+            self.ends.append(end)
+            return [(start, end)]
         lo = bisect.bisect_left(self.ends, start)  # the first interval ending at or after start
         hi = bisect.bisect_right(self.starts, end)  # past the last interval starting at or before end
         new, t = [], start

@@ -267,7 +267,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         compute_seconds=compute_busy,
         moment_start_seconds=tuple(starts),
         memory=tuple(memory),
-        timeline=tuple(sorted(sim.timeline, key=lambda i: (i.start_seconds, i.channel.value))),
+        timeline=tuple(sorted(sim.timeline, key=lambda i: (i.start_seconds, i.channel))),  # a StrEnum: by its value
     )
 
 
