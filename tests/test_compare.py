@@ -190,11 +190,14 @@ def test_tide_with_several_ranks_is_no_slower_than_any_feasible_baseline(device_
 
 def test_compare_says_when_tides_bound_holds_only_for_the_solves_replays(monkeypatch, capsys) -> None:
     """Note [CPU Adam beside copies, in the model]: where the model prices CPU Adam at its rate with copies (above
-    BESIDE_COPIES_MAX_BLOCKS blocks; patched to 0 here) on a profile where copies slow it, the header's bound is
-    checked against the solve's replays only: compare says so instead of "no plan beats that bound"."""
+    BESIDE_COPIES_MAX_BLOCKS blocks; patched to 0 here) on a profile where copies slow it, its LP is checked against
+    the solve's replays only. Up to PROVEN_BOUND_MAX_BLOCKS the solve then solves the LP at the rate alone for the
+    header's bound, proven (Note [the proven bound up to 128 blocks]); above it (patched to 0) the header's bound is
+    the checked one and compare says so instead of "no plan beats that bound"."""
     import dataclasses
 
     import planner.placement_input as placement_input
+    import planner.solve as solve_mod
     from planner.compare import print_comparison
     from schemas.hardware import AdamRate
 
@@ -203,8 +206,14 @@ def test_compare_says_when_tides_bound_holds_only_for_the_solves_replays(monkeyp
         AdamRate(threads=hw.host.cores, params_per_s=1e9, params_per_s_with_copies=5e8),)))
     proven = compare(small_trace(), hw, trace_digest=DIGEST, policies=[TIDE, "fuyou"])
     monkeypatch.setattr(placement_input, "BESIDE_COPIES_MAX_BLOCKS", 0)
+    alone = compare(small_trace(), hw, trace_digest=DIGEST, policies=[TIDE, "fuyou"])
+    monkeypatch.setattr(solve_mod, "PROVEN_BOUND_MAX_BLOCKS", 0)
     checked = compare(small_trace(), hw, trace_digest=DIGEST, policies=[TIDE, "fuyou"])
-    assert proven.row(TIDE).feasible and checked.row(TIDE).feasible
-    assert proven.tide_bound_proven and not checked.tide_bound_proven
+    assert proven.row(TIDE).feasible and alone.row(TIDE).feasible and checked.row(TIDE).feasible
+    assert proven.tide_bound_proven and alone.tide_bound_proven and not checked.tide_bound_proven
+    # the same plans, the header's bound from another LP: the one at the rate alone, below every replay
+    assert alone.row(TIDE).result.iteration_seconds == checked.row(TIDE).result.iteration_seconds
+    assert alone.tide_bound_seconds != checked.tide_bound_seconds
+    assert alone.tide_bound_seconds <= min(r.result.iteration_seconds for r in alone.rows if r.feasible)
     print_comparison(checked)
     assert "no plan the solve replayed beats that bound" in capsys.readouterr().out.replace("\n", " ")

@@ -64,13 +64,16 @@ def test_write_then_check_passes(tmp_path):
 
 def test_the_header_says_which_bound_is_proven():
     """Note [CPU Adam beside copies, in the model]: up to 64 blocks (GPT-3 13B, 40) the LP charges CPU Adam's time
-    lost beside copies and bounds every plan, so its header has no caveat; deeper (GPT-3 175B, 96) the LP
-    prices every step at the rate with copies, and the header says its bound was checked against the solve's
-    replays only. The committed goldens are the planner's output (the test above)."""
+    lost beside copies and bounds every plan, so its header has no caveat; deeper (GPT-3 175B, 96) the model
+    prices every step at the rate with copies, and up to 128 blocks the solve solves the LP at the rate alone for
+    the header's bound (Note [the proven bound up to 128 blocks]): no caveat either, and the note says which LP
+    the bound is. The committed goldens are the planner's output (the test above)."""
     from schemas import Schedule
 
     from planner.solve import UNPROVEN_BOUND as caveat
     notes = {c.name: Schedule.read(c.golden_path).header.notes for c in golden.CASES}
     assert not any(caveat in n for n in notes["gpt3-13b.rtx4090-768g-12ssd"])
     assert not any(caveat in n for n in notes["pstar-gpt-4b.rtx4090-768g-12ssd"])  # 64 blocks: the last with the rows
-    assert any(caveat in n for n in notes["gpt3-175b.a100-80g-12ssd"])
+    assert not any(caveat in n for n in notes["gpt3-175b.a100-80g-12ssd"])
+    assert any("rate alone charged the time lost beside copies" in n and "proven for every plan" in n
+               for n in notes["gpt3-175b.a100-80g-12ssd"])
