@@ -16,7 +16,8 @@ Columns: wall and process CPU seconds of the whole solve (layout candidates, LPs
 simulate every plan and the reference decision sets; the target is checked on CPU seconds, which a
 loaded machine inflates less than wall), the simulated time (= the header's objective), the header's
 valid bound, the true gap (simulated - bound) / simulated, the chosen MIP's own gap, and the winner.
-Wall clock on a shared machine: ratios from one run, not absolutes. `--twice` solves every case a second
+Wall clock on a shared machine: ratios from one run, not absolutes. The last line times a fixed piece of the
+solve's own work (`machine_reference`), so that CPU seconds measured on two boxes at the same tree compare. `--twice` solves every case a second
 time and says whether the schedule's bytes are the same (determinism).
 
 The rank ladder (issue 18 item 4): PatrickStar's 4B trace on `v100-32g-240g-2x8gpu` with r ranks, one
@@ -46,7 +47,8 @@ from planner.policies import POLICIES  # noqa: E402
 from planner.families import gpt_trace  # noqa: E402
 from planner.presets import resolve_hardware  # noqa: E402
 from planner.solve import solve_report  # noqa: E402
-from schemas import Hardware, Trace  # noqa: E402
+from planner.simulate import simulate  # noqa: E402
+from schemas import Hardware, Schedule, Trace  # noqa: E402
 from schemas._base import digest_bytes, read_bytes  # noqa: E402
 
 CONFIGS = {
@@ -147,7 +149,25 @@ def main() -> int:
     print("targets: true gap <= 5% and solve CPU seconds <= target; machine: 2-core shared CPU box (no GPU), one "
           "run under other jobs' load: noisy (load average now "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(machine_reference())
     return 0
+
+
+def machine_reference() -> str:
+    """This box's speed at the solve's own work, so that CPU seconds from two boxes can be compared: the CI boxes
+    differ (bench/RESULTS.md, session 15: the same tree solved GPT-3 175B in 9.07 CPU s on one, 23.2 on another).
+    Five replays of the committed GPT-3 175B golden by the simulator (pure Python, most of a solve's time), best of
+    5 rounds."""
+    hardware = resolve_hardware("a100-80g-12ssd")
+    schedule = Schedule.read(REPO / "traces" / "golden" / "gpt3-175b.a100-80g-12ssd.schedule.msgpack")
+    best = math.inf
+    for _ in range(5):
+        cpu = time.process_time()
+        for _ in range(5):
+            simulate(schedule, hardware)
+        best = min(best, time.process_time() - cpu)
+    return (f"machine reference: 5 replays of traces/golden/gpt3-175b.a100-80g-12ssd take {best:.3f} CPU s "
+            "(best of 5 rounds)")
 
 
 def rank_ladder(ranks: str, trace_path: str, hardware: str, *, time_limit: float = 60.0, twice: bool = False,
