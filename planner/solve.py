@@ -355,33 +355,27 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             root_above = (f"the root node's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
                           f"the model's bound is its LP's, {lp_only:.6g} s")
             relaxation_bound, model_bound_valid = lp_only, True
-    adam_alone = ""
-    if not model_bound_valid and lp_bounds:
-        # above BESIDE_COPIES_MAX_BLOCKS blocks the model prices every CPU Adam step at its rate with copies
-        # beside it, a replay at its rate alone while no copy runs (planner.sim_actions._optimizer_step):
-        # the LPs at the rate alone, charged what a step loses beside copies (every other price the
-        # model's, the two-way rows included), price no step above a replay's; computed only here
-        alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
-                                  max(SAFETY_SECONDS, time_limit_s), say)
-        if 0.0 < alone <= fastest_replay:
-            adam_alone = (f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
-                          f"the header's bound is its LP with CPU Adam at its rate alone, {alone:.6g} s")
-            relaxation_bound, model_bound_valid = alone, True
-    # where the model priced every CPU Adam step at its rate with copies (above BESIDE_COPIES_MAX_BLOCKS
-    # blocks) on a profile whose copies slow CPU Adam, its LP is below every replay of this solve (checked
-    # above) but not proven below every plan: Note [the proven bound up to 128 blocks]
+    # Above BESIDE_COPIES_MAX_BLOCKS blocks, on a profile whose copies slow CPU Adam, the model prices every
+    # step at its rate with copies, a replay at its rate alone while no copy runs (planner.sim_actions.
+    # _optimizer_step): its LP is then no bound of every plan. The LPs at the rate alone, charged what a step
+    # loses beside copies (every other price the model's, the two-way rows included), are: solved where the
+    # model's bound is above a replay, and up to PROVEN_BOUND_MAX_BLOCKS for the header's bound (Note [the
+    # proven bound up to 128 blocks])
     beside = cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
                                     mixed_precision=problem.mixed_precision)
-    unproven = (model_bound_valid and not adam_alone and beside < 1.0
-                and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values()))
-    if unproven and len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS and lp_bounds:
+    priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
+    adam_alone = ""
+    if lp_bounds and (not model_bound_valid or (priced_with_copies and len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)):
         alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
                                   max(SAFETY_SECONDS, time_limit_s), say)
         if 0.0 < alone <= fastest_replay:
             adam_alone = (f"the header's bound is the LP with CPU Adam at its rate alone charged the time lost beside "
                           f"copies, {alone:.6g} s, proven for every plan (the model's LP at the rate with copies, "
-                          f"{relaxation_bound:.6g} s, is below every replay of this solve)")
-            relaxation_bound, unproven = alone, False
+                          f"{relaxation_bound:.6g} s, is below every replay of this solve)" if model_bound_valid else
+                          f"the model's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
+                          f"the header's bound is its LP with CPU Adam at its rate alone, {alone:.6g} s")
+            relaxation_bound, model_bound_valid = alone, True
+    unproven = model_bound_valid and priced_with_copies and not adam_alone
     bound = max(relaxation_bound if model_bound_valid else 0.0, physical, 0.0)
     sol = chosen.placement or min(solved.values(), key=lambda x: x.objective_seconds, default=None)
     model_objective = chosen.placement.objective_seconds if chosen.placement is not None else math.nan
