@@ -218,18 +218,19 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
     second, at the rates of a copy of `nbytes_per_copy`; returns when the last reservation ends
     (`start` on a full-duplex link or simplex SSDs, whose servers already price them)."""
     kind, side = _LINK_OF[ch]
-    key = (kind, pageable, nbytes_per_copy)
-    facets = sim.facets.get(key)
-    if facets is None:
-        facets = sim.facets[key] = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
-                                    if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
-    end = start
     place = rank if kind == "pcie" else sim.node_of[rank]
-    for name, row in facets.items():
-        calendar = sim.links.get((kind, place, name))
-        if calendar is None:
-            calendar = sim.links[(kind, place, name)] = Calendar()
-        reserved = calendar.reserve(start, row[side] * nbytes)
+    draws = sim.link_draws.get((kind, place, pageable, nbytes_per_copy, side))
+    if draws is None:  # this copy's (calendar, seconds per byte) on each facet, made once per kind of copy
+        key = (kind, pageable, nbytes_per_copy)
+        facets = sim.facets.get(key)
+        if facets is None:
+            facets = sim.facets[key] = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
+                                        if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
+        draws = sim.link_draws[(kind, place, pageable, nbytes_per_copy, side)] = [
+            (sim.links.setdefault((kind, place, name), Calendar()), row[side]) for name, row in facets.items()]
+    end = start
+    for calendar, per_byte in draws:
+        reserved = calendar.reserve(start, per_byte * nbytes)
         if reserved > end:
             end = reserved
     return end

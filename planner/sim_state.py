@@ -93,6 +93,9 @@ class Calendar:
             self.starts.append(start)
             self.ends.append(start + seconds)
             return start + seconds
+        if seconds > 0 and start >= self.starts[-1]:  # inside the last one: it grows by `seconds`
+            self.ends[-1] += seconds
+            return self.ends[-1]
         i = bisect.bisect_right(self.ends, start)  # the first busy interval ending after start
         t, need = start, seconds
         while need > 0:
@@ -134,6 +137,12 @@ class Coverage:
             self.starts.append(start)
             self.ends.append(end)
             return [(start, end)]
+        if start >= self.starts[-1]:  # from inside the last one: what passes its end is new
+            if end <= self.ends[-1]:
+                return []
+            piece = (self.ends[-1], end)
+            self.ends[-1] = end
+            return [piece]
         lo = bisect.bisect_left(self.ends, start)  # the first interval ending at or after start
         hi = bisect.bisect_right(self.starts, end)  # past the last interval starting at or before end
         new, t = [], start
@@ -218,6 +227,8 @@ class SimState:
     # time: Note [two-way links in the simulator] in planner/sim_actions.py), created on first use
     links: dict[tuple[str, int, str], Calendar] = field(default_factory=dict)
     facets: dict[tuple[str, bool, float], dict[str, tuple[float, float]]] = field(default_factory=dict)  # per (kind, pageable, copy bytes)
+    # per (kind, place, pageable, copy bytes, direction): each facet's calendar and its seconds per byte
+    link_draws: dict[tuple[str, int, bool, float, int], list[tuple[Calendar, float]]] = field(default_factory=dict)
     # (end, bytes) of each activation offload in flight: DEVICE bytes held until it lands (Note [activation
     # offloads land] in planner/simulate.py)
     # (end, bytes, ranks holding them or None for every rank) of each copy still reading bytes that were
