@@ -18,6 +18,7 @@ Adam, the DMA copies and the SSD traffic share (`dram_bytes`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from schemas._base import frozen
@@ -286,10 +287,15 @@ def dram_bytes(hardware: Hardware, channels: tuple[Channel, ...], nbytes: float,
     SSD read/write) passes the bytes through DRAM once, so DEVICE <-> NVMe through its bounce buffer is
     two passes; a pageable copy is first memcpy'd to the driver's pinned staging buffer (read + write,
     CUDA C++ Best Practices Guide §9.1.1). INTER_GPU never touches host memory."""
+    return _dram_legs(channels, pageable) * nbytes
+
+
+@functools.cache  # (the simulator asks once per copy)
+def _dram_legs(channels: tuple[Channel, ...], pageable: bool) -> int:
     legs = sum(1 for ch in channels if ch is not Channel.INTER_GPU)
     if pageable and any(ch in (Channel.H2D, Channel.D2H) for ch in channels):
         legs += 2
-    return legs * nbytes
+    return legs
 
 
 def adam_dram_bytes(hardware: Hardware, params: float) -> float:
