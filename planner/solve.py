@@ -130,8 +130,8 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # beside copies, in the model] in planner/placement_time.py). Up to PROVEN_BOUND_MAX_BLOCKS the solve also
 # solves, for the header's bound only, the LPs at the rate alone charged the time lost beside copies
 # (`_adam_alone_bound`), which bound every plan (issue 17 item 4). Measured on this tree (bench/RESULTS.md,
-# session 15, 2-core box): GPT-3 175B (96 blocks) x rtx4090-768g-12ssd, two chunk sizes, +2.9 CPU s on a
-# 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one such LP costs 15-19 CPU s at 512 blocks
+# session 15, 2-core box): GPT-3 175B (96 blocks) x rtx4090-768g-12ssd, two chunk sizes, 2.9 CPU s timed alone
+# (+1.5 in bench_solve, a noisy box) on a 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one such LP costs 15-19 CPU s at 512 blocks
 # (session 13), over issue 18's 60 s for the solve, so there the header says its bound was checked only.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
@@ -282,7 +282,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # then the fastest with its two optimizer chains ending together (Note [the optimizer's two chains]):
         # only where the replay's chains end whole steps apart
         _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=REPLAYED_AGAIN)
-        _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=1)  # again
+        _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=1)  # and the fastest once more
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
@@ -516,8 +516,8 @@ def _replay_fastest_again(problem, evaluated: list[Evaluated],
 # neither chosen); the other goldens replay the same plans (bench/RESULTS.md, session 15).
 def balanced_chains(decisions: Decisions, replay: SimResult) -> tuple[Decisions, str] | None:
     """`decisions` with the chunks the later optimizer chain of `replay` steps last moved to the other
-    chain (Note [the optimizer's two chains]), and what was moved; None where the chains end less than
-    both their step spacings apart."""
+    chain (Note [the optimizer's two chains]), and what was moved; None where no move ends the later chain
+    earlier by the chains' step spacings."""
     ends: dict[str, list[tuple[float, int]]] = {"CPU": [], "GPU": []}
     for iv in replay.timeline:
         if iv.step_chunk is not None:
