@@ -17,8 +17,8 @@ simulate every plan and the reference decision sets; the target is checked on CP
 loaded machine inflates less than wall), the simulated time (= the header's objective), the header's
 valid bound, the true gap (simulated - bound) / simulated, the chosen MIP's own gap, and the winner.
 Wall clock on a shared machine: ratios from one run, not absolutes. The last line times a fixed piece of the
-solve's own work (`machine_reference`), so that CPU seconds measured on two boxes at the same tree compare. `--twice` solves every case a second
-time and says whether the schedule's bytes are the same (determinism).
+solve's own work (`machine_reference`), so that CPU seconds measured on two boxes at the same tree compare.
+`--twice` solves every case a second time and says whether the schedule's bytes are the same (determinism).
 
 The rank ladder (issue 18 item 4): PatrickStar's 4B trace on `v100-32g-240g-2x8gpu` with r ranks, one
 rank on one node, r >= 2 on 2 nodes of r/2 GPUs (the preset's node: PatrickStar §9.1's V100 node, its

@@ -221,11 +221,8 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
     place = rank if kind == "pcie" else sim.node_of[rank]
     draws = sim.link_draws.get((kind, place, pageable, nbytes_per_copy, side))
     if draws is None:  # this copy's (calendar, seconds per byte) on each facet, made once per kind of copy
-        key = (kind, pageable, nbytes_per_copy)
-        facets = sim.facets.get(key)
-        if facets is None:
-            facets = sim.facets[key] = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
-                                        if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
+        facets = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
+                  if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
         draws = sim.link_draws[(kind, place, pageable, nbytes_per_copy, side)] = [
             (sim.links.setdefault((kind, place, name), Calendar()), row[side]) for name, row in facets.items()]
     end = start

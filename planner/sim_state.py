@@ -226,7 +226,6 @@ class SimState:
     # the two-way links' facets ((kind "pcie" per rank or "nvme" per node, place, facet name) -> its busy
     # time: Note [two-way links in the simulator] in planner/sim_actions.py), created on first use
     links: dict[tuple[str, int, str], Calendar] = field(default_factory=dict)
-    facets: dict[tuple[str, bool, float], dict[str, tuple[float, float]]] = field(default_factory=dict)  # per (kind, pageable, copy bytes)
     # per (kind, place, pageable, copy bytes, direction): each facet's calendar and its seconds per byte
     link_draws: dict[tuple[str, int, bool, float, int], list[tuple[Calendar, float]]] = field(default_factory=dict)
     # (end, bytes) of each activation offload in flight: DEVICE bytes held until it lands (Note [activation

@@ -130,9 +130,10 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # beside copies, in the model] in planner/placement_time.py). Up to PROVEN_BOUND_MAX_BLOCKS the solve also
 # solves, for the header's bound only, the LPs at the rate alone charged the time lost beside copies
 # (`_adam_alone_bound`), which bound every plan (issue 17 item 4). Measured on this tree (bench/RESULTS.md,
-# session 15, 2-core box): GPT-3 175B (96 blocks) x rtx4090-768g-12ssd, two chunk sizes, 2.9 CPU s timed alone
-# (+1.5 in bench_solve, a noisy box) on a 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one such LP costs 15-19 CPU s at 512 blocks
-# (session 13), over issue 18's 60 s for the solve, so there the header says its bound was checked only.
+# session 15, 2-core box): GPT-3 175B (96 blocks) x rtx4090-768g-12ssd, two chunk sizes, 2.9 CPU s timed
+# alone (+1.5 in bench_solve, a noisy box) on a 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one
+# such LP costs 15-19 CPU s at 512 blocks (session 13), over issue 18's 60 s for the solve, so there the
+# header says its bound was checked only.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
