@@ -1,6 +1,7 @@
 """The linear solver the placement model is built on: the few pywraplp-style calls it makes, on an
 OR-Tools MathOpt model (HiGHS for the MIP; GLOP, or HiGHS's interior point method with crossover,
-"HIGHS_IPM", for its relaxation), with HiGHS's banner kept off the CLI's stdout.
+"HIGHS_IPM", for its relaxation; without crossover, "HIGHS_IPM_BOUND", for an LP solved for its bound
+alone), with HiGHS's banner kept off the CLI's stdout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 from ortools.math_opt.elemental.python import enums
 from ortools.math_opt.python import bounded_expressions, mathopt, variables
+from ortools.math_opt.solvers import highs_pb2
 
 
 class MathOptSolver:
@@ -24,8 +26,8 @@ class MathOptSolver:
     MathOpt rather than pywraplp: through pywraplp a HiGHS MIP stopped by its time limit reports
     no solution at all, while MathOpt returns the incumbent and the proven bound."""
 
-    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "HIGHS_IPM": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP,
-              "PDLP": mathopt.SolverType.PDLP}
+    _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "HIGHS_IPM": mathopt.SolverType.HIGHS,
+              "HIGHS_IPM_BOUND": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
 
     def __init__(self, name: str) -> None:
         self.use(name)
@@ -138,7 +140,7 @@ class MathOptSolver:
             params.relative_gap_tolerance = relative_gap
             if node_limit is not None:
                 params.node_limit = node_limit
-        if self.name == "HIGHS_IPM":
+        if self.name in ("HIGHS_IPM", "HIGHS_IPM_BOUND"):
             # Note [the placement LP on HiGHS's interior point]: the chunk-size search's LP, on the
             # sparse DEVICE rows (placement.SparsePlacementModel), by HiGHS's IPX with crossover (a
             # vertex, as LP-integral fixing needs). Measured on the 512-block LP (hidden 4096,
@@ -148,6 +150,11 @@ class MathOptSolver:
             # 0.6-0.8 s for every one. GLOP also stops IMPRECISE on gpt-small's 66220-element LP
             # (cpu-emulated, 0.05 GB), which HiGHS solves.
             params.lp_algorithm = mathopt.LPAlgorithm.BARRIER
+            if self.name == "HIGHS_IPM_BOUND":
+                # an LP solved for its bound alone needs no vertex: IPX stops at its optimal primal-dual pair,
+                # without crossover (the 256-block LP with CPU Adam alone, hidden 4096, a100-80g-12ssd: 7.8 s
+                # instead of 20.9 s CPU, the same objective to 1e-10; bench/RESULTS.md, session 16)
+                params.highs = highs_pb2.HighsOptionsProto(string_options={"run_crossover": "off"})
             # (MathOpt refuses `threads` for HiGHS; IPX and its crossover run serially: the same
             # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
         model = self.model

@@ -91,6 +91,8 @@ class SolutionExtraction:
         # an LP stopped before its optimum (time or iteration limit) proves nothing: its bound is 0
         if self.relax:
             raw_bound = self.result.objective_value() if optimal else 0.0
+            if optimal and self.solver_name == "HIGHS_IPM_BOUND":  # no vertex: the lesser of its primal and dual
+                raw_bound = min(raw_bound, self.result.termination.objective_bounds.dual_bound)
         else:
             raw_bound = self.result.termination.objective_bounds.dual_bound
             raw_bound = raw_bound if math.isfinite(raw_bound) else 0.0

@@ -138,6 +138,7 @@ PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
 LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
+BOUND_LP_SOLVER = "HIGHS_IPM_BOUND"  # an LP solved for the header's bound alone: no crossover
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
 SAFETY_SECONDS = 300.0
@@ -574,7 +575,7 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
         say(f"chunk size {size}: LP with CPU Adam alone")
         data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
         try:
-            value = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER).solve(time_limit_seconds=safety).bound_seconds
+            value = SparsePlacementModel(data, relax=True, lp_solver=BOUND_LP_SOLVER).solve(time_limit_seconds=safety).bound_seconds
         except PlacementInfeasible:
             continue
         if value <= 0.0:

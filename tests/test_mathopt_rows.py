@@ -96,3 +96,15 @@ def test_a_solved_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme):
             == built.solver.model.export_model().SerializeToString(deterministic=True))
     with pytest.raises(AssertionError):
         SparsePlacementModel(data, relax=True, fixed_flags=flags).as_mip(fixed_flags={})
+
+
+@pytest.mark.parametrize("nvme", [True, False])
+def test_an_lp_solved_for_its_bound_without_crossover_bounds_as_the_vertex_does(nvme):
+    # HIGHS_IPM_BOUND stops IPX at its optimal primal-dual pair (no crossover, no vertex): the same optimum
+    # within IPX's tolerance, never above what the vertex LP proves by more than that
+    data = dataclasses.replace(synthetic(layers=4, device_mib=24, nvme=nvme), checkpoint_offload=True)
+    vertex = SparsePlacementModel(data, relax=True, lp_solver="HIGHS_IPM").solve()
+    solved = SparsePlacementModel(data, relax=True, lp_solver="HIGHS_IPM_BOUND").solve()
+    assert solved.bound_seconds > 0.0
+    assert solved.bound_seconds == pytest.approx(vertex.bound_seconds, rel=1e-7)
+    assert solved.bound_seconds <= vertex.bound_seconds * (1 + 1e-7)
