@@ -133,7 +133,11 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # session 15, 2-core box): GPT-3 175B (96 blocks) x rtx4090-768g-12ssd, two chunk sizes, 2.9 CPU s timed
 # alone (+1.5 in bench_solve, a noisy box) on a 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one
 # such LP costs 15-19 CPU s at 512 blocks (session 13), over issue 18's 60 s for the solve, so there the
-# header says its bound was checked only.
+# header says its bound was checked only, and `solve_report(prove_bound=True)` (`planner solve --prove-bound`)
+# proves it at any depth. These LPs give a bound only, so IPX stops without crossover (BOUND_LP_SOLVER; 256
+# blocks, chunk 67257720: 7.8 instead of 20.9 CPU s). Measured with it (bench/RESULTS.md, session 16, bench_solve
+# --prove-bound, hidden 4096 on a100-80g-12ssd): 256 blocks 68.8 CPU s (49.4 without), bound 30.947 s, true gap
+# 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound 64.067 s, true gap 3.75%.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
@@ -191,16 +195,18 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
-                 progress: Callable[[str], None] | None = None) -> SolveReport:
+                 prove_bound: bool = False, progress: Callable[[str], None] | None = None) -> SolveReport:
+    """`prove_bound`: the header's bound proven for every plan at any depth, not only up to PROVEN_BOUND_MAX_BLOCKS
+    blocks (Note [the proven bound up to 128 blocks]: one more LP per chunk size)."""
     with replay_memo():  # a plan replayed twice is replayed once (Note [replay memo] in planner.materialize)
         return _solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
                              device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
-                             checkpoint_offload=checkpoint_offload, progress=progress)
+                             checkpoint_offload=checkpoint_offload, prove_bound=prove_bound, progress=progress)
 
 
 def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float, exact: bool,
                   device_bytes: int | None, optimizer_overlap: bool, checkpoint_offload: bool,
-                  progress: Callable[[str], None] | None) -> SolveReport:
+                  prove_bound: bool, progress: Callable[[str], None] | None) -> SolveReport:
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     problem = build_problem(trace, hardware, trace_digest=trace_digest, device_bytes=device_bytes)
@@ -367,7 +373,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                     mixed_precision=problem.mixed_precision)
     priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
     adam_alone = ""
-    if lp_bounds and (not model_bound_valid or (priced_with_copies and len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)):
+    if lp_bounds and (not model_bound_valid or (priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS))):
         alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
                                   max(SAFETY_SECONDS, time_limit_s), say)
         if 0.0 < alone <= fastest_replay:
@@ -399,7 +405,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # above PROVEN_BOUND_MAX_BLOCKS blocks (Note [the proven bound up to 128 blocks]): say what it is
         notes = (f"the LP bound prices every CPU Adam step at its rate with copies beside it: below every replay of "
                  f"this solve (each checked), {UNPROVEN_BOUND}; the LP at the rate alone charged the time lost "
-                 "beside copies is the strict bound (bench/RESULTS.md, session 13)",) + notes
+                 "beside copies is the strict bound (`planner solve --prove-bound` solves it)",) + notes
     schedule = dataclasses.replace(chosen.schedule, header=dataclasses.replace(chosen.schedule.header, notes=notes))
     # one prediction: the header's time and the schedule's prediction are the simulator's replay
     schedule = with_simulated_prediction(schedule, chosen.replay)

@@ -51,6 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-checkpoint-offload", action="store_true",
                    help="keep recompute checkpoints (the inputs of RECOMPUTE blocks) on DEVICE instead of letting the "
                         "planner park them on HOST (the executor replays both)")
+    p.add_argument("--prove-bound", action="store_true",
+                   help="prove the header's lower bound for every plan at any depth: above 128 blocks the bound is "
+                        "otherwise only checked against the solve's replays, and proving it costs one more LP per "
+                        "chunk size (256 blocks x 4096: ~8 CPU s each)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_main)
 
@@ -81,7 +85,8 @@ def _main(args: argparse.Namespace) -> int:
     try:
         report = solve_report(trace, hardware, trace_digest=digest, time_limit_s=args.time_limit, exact=args.exact,
                               device_bytes=device_bytes, optimizer_overlap=not args.no_optimizer_overlap,
-                              checkpoint_offload=not args.no_checkpoint_offload, progress=progress)
+                              checkpoint_offload=not args.no_checkpoint_offload, prove_bound=args.prove_bound,
+                              progress=progress)
     finally:
         if status is not None:
             status.stop()

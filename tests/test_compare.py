@@ -217,3 +217,7 @@ def test_compare_says_when_tides_bound_holds_only_for_the_solves_replays(monkeyp
     assert alone.tide_bound_seconds <= min(r.result.iteration_seconds for r in alone.rows if r.feasible)
     print_comparison(checked)
     assert "no plan the solve replayed beats that bound" in capsys.readouterr().out.replace("\n", " ")
+    # `planner solve --prove-bound` proves it at any depth: the LP at the rate alone again, whatever the limit
+    forced = solve_mod.solve_report(small_trace(), hw, trace_digest=DIGEST, prove_bound=True).schedule.header
+    assert not any(solve_mod.UNPROVEN_BOUND in n for n in forced.notes)
+    assert forced.lower_bound_seconds == alone.tide_bound_seconds
