@@ -128,7 +128,10 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
 # "fuyou-like" and "fuyou-like, checkpoints only" are one plan; a replay is ~0.3-0.8 s there). Inside
 # `replay_memo()`, a call with the same problem (object), stats and decisions as an earlier successful
 # one, the decisions' name and notes aside (only the header carries them), returns that schedule with
-# its own name and notes in the header, and the same replay: what materializing it again gives.
+# its own name and notes in the header, and the same replay: what materializing it again gives. So do the
+# pacing switches where no chunk keeps its OS on NVME: they pace the SSD traffic of NVMe-homed OS only
+# (`planner.emit._paced_host_io` emits nothing else for them), so a paced plan without any is its unpaced
+# twin (GPT-3 13B x rtx4090-768g-12ssd: 6 of the solve's 13 MIP-plan replays; bench/RESULTS.md, session 16).
 _MEMO: contextvars.ContextVar[list | None] = contextvars.ContextVar("replay_memo", default=None)
 
 
@@ -149,6 +152,8 @@ def materialize_replayed(problem: Problem, decisions: Decisions, *,
     if memo is None:
         return _materialize_replayed(problem, decisions, stats)
     plan = dataclasses.replace(decisions, policy="", notes=())
+    if not any(p.os_tier is Tier.NVME for p in plan.chunk_plans):  # pacing changes nothing (Note [replay memo])
+        plan = dataclasses.replace(plan, pace_optimizer_io=False, pace_on_replay=False)
     for seen_problem, seen_stats, seen_plan, schedule, replay in memo:
         if seen_problem is problem and seen_stats == stats and seen_plan == plan:
             header = dataclasses.replace(schedule.header, policy=decisions.policy, notes=decisions.notes)
