@@ -20,6 +20,9 @@ from ortools.math_opt.python import bounded_expressions, mathopt, variables
 from ortools.math_opt.solvers import highs_pb2
 
 
+BOUND_ONLY = "HIGHS_IPM_BOUND"  # HiGHS's interior point without crossover: an LP solved for its bound alone
+
+
 class MathOptSolver:
     """The few calls the model makes, on an OR-Tools MathOpt model.
 
@@ -27,7 +30,7 @@ class MathOptSolver:
     no solution at all, while MathOpt returns the incumbent and the proven bound."""
 
     _TYPES = {"HIGHS": mathopt.SolverType.HIGHS, "HIGHS_IPM": mathopt.SolverType.HIGHS,
-              "HIGHS_IPM_BOUND": mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
+              BOUND_ONLY: mathopt.SolverType.HIGHS, "GLOP": mathopt.SolverType.GLOP, "PDLP": mathopt.SolverType.PDLP}
 
     def __init__(self, name: str) -> None:
         self.use(name)
@@ -140,7 +143,7 @@ class MathOptSolver:
             params.relative_gap_tolerance = relative_gap
             if node_limit is not None:
                 params.node_limit = node_limit
-        if self.name in ("HIGHS_IPM", "HIGHS_IPM_BOUND"):
+        if self.name in ("HIGHS_IPM", BOUND_ONLY):
             # Note [the placement LP on HiGHS's interior point]: the chunk-size search's LP, on the
             # sparse DEVICE rows (placement.SparsePlacementModel), by HiGHS's IPX with crossover (a
             # vertex, as LP-integral fixing needs). Measured on the 512-block LP (hidden 4096,
@@ -150,7 +153,7 @@ class MathOptSolver:
             # 0.6-0.8 s for every one. GLOP also stops IMPRECISE on gpt-small's 66220-element LP
             # (cpu-emulated, 0.05 GB), which HiGHS solves.
             params.lp_algorithm = mathopt.LPAlgorithm.BARRIER
-            if self.name == "HIGHS_IPM_BOUND":
+            if self.name == BOUND_ONLY:
                 # an LP solved for its bound alone needs no vertex: IPX stops at its optimal primal-dual pair,
                 # without crossover (the 256-block LP with CPU Adam alone, hidden 4096, a100-80g-12ssd: 7.8 s
                 # instead of 20.9 s CPU, the same objective to 1e-10; bench/RESULTS.md, session 16)

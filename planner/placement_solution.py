@@ -13,7 +13,7 @@ from ortools.math_opt.python import mathopt
 
 from schemas._base import frozen
 from schemas.schedule import ActivationMode, SolverStatus
-from planner.mathopt_solver import evaluate_linear
+from planner.mathopt_solver import BOUND_ONLY, evaluate_linear
 from planner.placement_terms import ACT_MODES, BYTE_UNIT, MIP_RELATIVE_GAP, SECONDARY_TERMS, SECONDARY_WEIGHT, TIME_UNIT
 
 
@@ -91,7 +91,7 @@ class SolutionExtraction:
         # an LP stopped before its optimum (time or iteration limit) proves nothing: its bound is 0
         if self.relax:
             raw_bound = self.result.objective_value() if optimal else 0.0
-            if optimal and self.solver_name == "HIGHS_IPM_BOUND":  # no vertex: the lesser of its primal and dual
+            if optimal and self.solver_name == BOUND_ONLY:  # no vertex: the lesser of its primal and dual
                 raw_bound = min(raw_bound, self.result.termination.objective_bounds.dual_bound)
         else:
             raw_bound = self.result.termination.objective_bounds.dual_bound

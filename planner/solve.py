@@ -24,6 +24,7 @@ from planner.exact import solve_exact_report
 from planner.policies.angel import decide as angel_decide
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
+from planner.mathopt_solver import BOUND_ONLY
 from planner.materialize import Decisions, SolverStats, materialize, materialize_replayed, replay_memo
 from planner.placement import (
     MIP_RELATIVE_GAP,
@@ -134,15 +135,15 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # alone (+1.5 in bench_solve, a noisy box) on a 21 CPU s solve, the bound 114.045 -> 113.113 s; deeper, one
 # such LP costs 15-19 CPU s at 512 blocks (session 13), over issue 18's 60 s for the solve, so there the
 # header says its bound was checked only, and `solve_report(prove_bound=True)` (`planner solve --prove-bound`)
-# proves it at any depth. These LPs give a bound only, so IPX stops without crossover (BOUND_LP_SOLVER; 256
-# blocks, chunk 67257720: 7.8 instead of 20.9 CPU s). Measured with it (bench/RESULTS.md, session 16, bench_solve
-# --prove-bound, hidden 4096 on a100-80g-12ssd): 256 blocks 68.8 CPU s (49.4 without), bound 30.947 s, true gap
-# 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound 64.067 s, true gap 3.75%.
+# proves it at any depth. These LPs give a bound only, so IPX stops without crossover
+# (planner.mathopt_solver.BOUND_ONLY; 256 blocks, chunk 67257720: 7.8 instead of 20.9 CPU s). Measured with it
+# (bench/RESULTS.md, session 16, bench_solve --prove-bound, hidden 4096 on a100-80g-12ssd): 256 blocks 68.8 CPU s
+# (49.4 without), bound 30.947 s, true gap 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound
+# 64.067 s, true gap 3.75%.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
 LP_SOLVER = "HIGHS_IPM"  # the chunk-size search's LP (planner.mathopt_solver)
-BOUND_LP_SOLVER = "HIGHS_IPM_BOUND"  # an LP solved for the header's bound alone: no crossover
 # every solver call's safety-net time limit (or --time-limit where larger): LPs stop at their optimum
 # and MIPs at their gap or node limit long before it (512 blocks: ~16 s of CPU per LP under load)
 SAFETY_SECONDS = 300.0
@@ -289,8 +290,8 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             if e.decisions.hold_write_backs else None, fastest=REPLAYED_AGAIN)
         # then the fastest with its two optimizer chains ending together (Note [the optimizer's two chains]):
         # only where the replay's chains end whole steps apart
-        _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=REPLAYED_AGAIN)
-        _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=1)  # and the fastest once more
+        for fastest in (REPLAYED_AGAIN, 1):  # and the fastest once more
+            _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=fastest)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
@@ -372,8 +373,9 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     beside = cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
                                     mixed_precision=problem.mixed_precision)
     priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
+    to_prove = priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
     adam_alone = ""
-    if lp_bounds and (not model_bound_valid or (priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS))):
+    if lp_bounds and (not model_bound_valid or to_prove):
         alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
                                   max(SAFETY_SECONDS, time_limit_s), say)
         if 0.0 < alone <= fastest_replay:
@@ -581,7 +583,7 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
         say(f"chunk size {size}: LP with CPU Adam alone")
         data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
         try:
-            value = SparsePlacementModel(data, relax=True, lp_solver=BOUND_LP_SOLVER).solve(time_limit_seconds=safety).bound_seconds
+            value = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety).bound_seconds
         except PlacementInfeasible:
             continue
         if value <= 0.0:
