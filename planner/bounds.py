@@ -142,4 +142,51 @@ def lower_bound(problem: Problem) -> LowerBound:
     return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
 
 
-__all__ = ["INFINITE_BYTES", "LowerBound", "explain_infeasible", "lower_bound"]
+
+# Note [the bound of a set of decisions]:
+# A set of decisions (planner.materialize.Decisions) fixes work that a server of the simulator must do whatever
+# materialize emits for it, and each server is a FIFO (Note [simulator channels] in planner/sim_actions.py), so
+# no replay of the decisions is shorter than the busiest server's share of it:
+# - COMPUTE (per rank): the moments' work, the recompute of every RECOMPUTE block at its first backward moment,
+#   and the Adam steps the decisions run on DEVICE (`device.optimizer_params_per_s`);
+# - CPU_OPTIMIZER (per node): the Adam steps run on HOST, each at its fastest price (alone, at either thread
+#   count a replay steps with: a step beside copies only runs slower, Note [CPU Adam beside copies]);
+# - the SSDs (per node): each chunk whose OS lives on NVME starts valid there only (planner.emit.
+#   initial_residency) and steps on DEVICE or HOST, so each of its OS lists is read at least once and written
+#   back at least once (its NVME copy is stale after the step), in the least time of the drives' rows
+#   (costmodel.nvme_seconds, which every replay satisfies: Note [two-way links in the simulator]).
+# Used elements only (an OS copy moves its whole chunk; a weaker bound never misleads). With several ranks the
+# ranks' (nodes') mean load, never above the busiest one's. solve uses it to leave a reference decision set
+# unreplayed where it cannot be faster than a replay it already has.
+def decisions_bound(problem: Problem, decisions) -> LowerBound:
+    """No replay of `decisions` on `problem` is faster than `seconds` (Note [the bound of a set of decisions])."""
+    hw = problem.hardware
+    ranks = problem.world_size
+    nodes = -(-ranks // problem.ranks_per_node)
+    layout = decisions.layout
+    stepped = {t.chunk for t in layout.tensors if t.trainable}
+    threads = {hw.host.cores, cpu_adam_threads(hw, overlapped=True)}
+    os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
+    cpu = device = 0.0
+    nvme_bytes = 0
+    for plan in decisions.chunk_plans:
+        if plan.chunk not in stepped:
+            continue
+        params = layout.chunks[plan.chunk].used_elements
+        if plan.optimizer_tier is Tier.HOST:
+            cpu += min(optimizer_step_price(hw, Tier.HOST, params, threads=t,
+                                            mixed_precision=problem.mixed_precision).seconds for t in threads)
+        else:
+            device += optimizer_step_price(hw, Tier.DEVICE, params).seconds
+        if plan.os_tier is Tier.NVME:
+            nvme_bytes += params * os_item
+    recompute = sum(b.recompute_seconds for b, mode in zip(problem.blocks, decisions.activation_modes)
+                    if mode is ActivationMode.RECOMPUTE)
+    per = {"COMPUTE": problem.compute_seconds + recompute + device / ranks, "CPU_OPTIMIZER": cpu / nodes}
+    if nvme_bytes:
+        per["NVME"] = nvme_seconds(hw, nvme_bytes / nodes, nvme_bytes / nodes)
+    resource = max(per, key=lambda k: per[k])
+    return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
+
+
+__all__ = ["INFINITE_BYTES", "LowerBound", "decisions_bound", "explain_infeasible", "lower_bound"]

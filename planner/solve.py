@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from planner.policies import policy_layout
 from planner.policies.patrickstar import patrickstar_layout
-from planner.bounds import explain_infeasible, lower_bound
+from planner.bounds import decisions_bound, explain_infeasible, lower_bound
 from planner.costmodel import cpu_adam_beside_copies, cpu_adam_threads, optimizer_step_price
 from planner.errors import InfeasibleError, PlannerError
 from planner.exact import solve_exact_report
@@ -292,7 +292,9 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # only where the replay's chains end whole steps apart
         for fastest in (REPLAYED_AGAIN, 1):  # and the fastest once more
             _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=fastest)
-    # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too
+    # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too; each
+    # replayed unless the work it fixes cannot end before the fastest replay so far (`unreplayed`)
+    unreplayed: list[tuple[str, float]] = []
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
     best_placed = min(evaluated, key=lambda e: (e.simulated_seconds, e.chunk_elements), default=None)
@@ -305,27 +307,22 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             if only is not None and not name.startswith(only):
                 continue
             if only is None and name == "patrickstar-like":  # and the same with the OS the DEVICE margin holds
-                found = _os_margin(problem, layout, optimizer_overlap=optimizer_overlap,
-                                   checkpoint_offload=checkpoint_offload)
-                if found is not None:
-                    evaluated.append(found)
+                margin = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
+                                             checkpoint_offload=checkpoint_offload)
+                if margin is not None:
+                    _replay_reference(problem, margin[1], evaluated, unreplayed,
+                                      what=f"{margin[0]} decisions, chunk size {size}")
             for paced in (False, True) if name.startswith("fuyou") else (False,):
-                found = _evaluate(problem, dataclasses.replace(decisions, pace_optimizer_io=paced),
-                                  what=f"{name} decisions, chunk size {size}{', paced' if paced else ''}",
-                                  chunk_elements=size, wasted=wasted_elements(layout))
-                if found is not None:
-                    evaluated.append(found)
+                _replay_reference(problem, dataclasses.replace(decisions, pace_optimizer_io=paced), evaluated,
+                                  unreplayed, what=f"{name} decisions, chunk size {size}{', paced' if paced else ''}")
     # the Angel-PTM-like decision sets (planner.policies.angel, on their own layout and eviction rule)
     # too: they are the strongest baseline on 13B x a100-80g-12ssd, where tide's materialization of the
     # same placement on its layout replayed 0.8% slower (bench/RESULTS.md l17); replayed here, tide is
     # never slower than what that baseline decides either
     for i, decisions in enumerate(angel_decide(problem) if optimizer_overlap else ()):
-        found = _evaluate(problem, dataclasses.replace(decisions, policy=POLICY,
-                                                       notes=tuple(f"angel-like reference set: {n}" for n in decisions.notes)),
-                          what=f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}",
-                          chunk_elements=decisions.layout.chunk_elements, wasted=wasted_elements(decisions.layout))
-        if found is not None:
-            evaluated.append(found)
+        _replay_reference(problem, dataclasses.replace(decisions, policy=POLICY, notes=tuple(
+            f"angel-like reference set: {n}" for n in decisions.notes)), evaluated, unreplayed,
+            what=f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}")
     if not evaluated and not solved:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     if not evaluated:
@@ -395,7 +392,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     if chosen.placement is not None and chosen.placement.objective_seconds > 0:
         own = bounds.get(chosen.chunk_elements, 0.0)
         mip_gap = (chosen.placement.objective_seconds - own) / chosen.placement.objective_seconds
-    notes = _notes(candidates, chosen, evaluated, relaxation_bound, physical)
+    notes = _notes(candidates, chosen, evaluated, unreplayed, relaxation_bound, physical)
     if root_above:
         notes = (root_above,) + notes
     if adam_alone:
@@ -560,15 +557,21 @@ def balanced_chains(decisions: Decisions, replay: SimResult) -> tuple[Decisions,
     return dataclasses.replace(decisions, chunk_plans=tuple(plans)), how
 
 
-def _os_margin(problem, layout, *, optimizer_overlap: bool, checkpoint_offload: bool) -> Evaluated | None:
-    """PatrickStar's margin (`planner.reference.os_margin_decisions`), materialized and replayed."""
-    found = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
-                                checkpoint_offload=checkpoint_offload)
-    if found is None:
-        return None
-    name, d = found
-    return _evaluate(problem, d, what=f"{name} decisions, chunk size {layout.chunk_elements}",
-                     chunk_elements=layout.chunk_elements, wasted=wasted_elements(layout))
+def _replay_reference(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
+                      *, what: str) -> None:
+    """A reference decision set materialized and replayed into `evaluated`, or, where the work it fixes cannot end
+    within TIE_TOLERANCE of the fastest replay so far (planner.bounds.decisions_bound), its bound into
+    `unreplayed`: it could be neither chosen nor the faster reference that a tie yields to. On the depth ladder's
+    256 blocks x 4096 (a100-80g-12ssd) 9 of its 10 replayable sets, ~1 s of CPU each (bench/RESULTS.md, session 17)."""
+    fastest = min((e.simulated_seconds for e in evaluated), default=math.inf)
+    bound = decisions_bound(problem, decisions).seconds
+    if bound > fastest * (1 + TIE_TOLERANCE):
+        unreplayed.append((what, bound))
+        return
+    found = _evaluate(problem, decisions, what=what, chunk_elements=decisions.layout.chunk_elements,
+                      wasted=wasted_elements(decisions.layout))
+    if found is not None:
+        evaluated.append(found)
 
 
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
@@ -911,14 +914,17 @@ def _least_demanding(inputs: dict[int, tuple[object, PlacementInput]]) -> Placem
     return inputs[min(sorted(inputs), key=need)][1]
 
 
-def _notes(candidates: list[Candidate], chosen: Evaluated, evaluated: list[Evaluated], relaxation: float,
-           physical: float) -> tuple[str, ...]:
+def _notes(candidates: list[Candidate], chosen: Evaluated, evaluated: list[Evaluated],
+           unreplayed: list[tuple[str, float]], relaxation: float, physical: float) -> tuple[str, ...]:
     sizes = ", ".join(f"{c.chunk_elements}: {c.relaxation_seconds:.6g} s" if math.isfinite(c.relaxation_seconds)
                       else f"{c.chunk_elements}: does not fit" for c in candidates)
     replays = ", ".join(f"{e.what}: {e.simulated_seconds:.6g} s" for e in evaluated)
     out = [f"placement LP per chunk size ({sizes}); LP bound {relaxation:.6g} s, physical bound {physical:.6g} s",
-           f"simulated plans ({replays})",
-           f"chosen: {chosen.what} (simulated {chosen.simulated_seconds:.6g} s)"]
+           f"simulated plans ({replays})"]
+    if unreplayed:
+        out.append("not replayed, the work they fix alone slower than a replay above (planner.bounds.decisions_bound): "
+                   + ", ".join(f"{what}: at least {bound:.6g} s" for what, bound in unreplayed))
+    out.append(f"chosen: {chosen.what} (simulated {chosen.simulated_seconds:.6g} s)")
     if chosen.placement is not None:
         sol = chosen.placement
         out.append(f"placement MIP ({sol.solver}): {sol.status.value}, model objective {sol.objective_seconds:.6g} s")
