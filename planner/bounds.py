@@ -17,7 +17,8 @@ same model with that tier's capacity as the objective (the other tiers as given,
 from __future__ import annotations
 
 
-from planner.costmodel import cpu_adam_threads, fastest_bytes_per_s, nvme_seconds, optimizer_step_price
+from planner.costmodel import (cpu_adam_beside_copies, cpu_adam_threads, fastest_bytes_per_s, nvme_seconds,
+                               optimizer_step_price)
 from planner.decisions import non_model_curve
 from planner.errors import InfeasibleError
 from planner.placement import INFINITE_BYTES, PlacementInput, minimal_capacity
@@ -142,19 +143,20 @@ def lower_bound(problem: Problem) -> LowerBound:
     return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
 
 
-
 # Note [the bound of a set of decisions]:
 # A set of decisions (planner.materialize.Decisions) fixes work that a server of the simulator must do whatever
 # materialize emits for it, and each server is a FIFO (Note [simulator channels] in planner/sim_actions.py), so
 # no replay of the decisions is shorter than the busiest server's share of it:
 # - COMPUTE (per rank): the moments' work, the recompute of every RECOMPUTE block at its first backward moment,
 #   and the Adam steps the decisions run on DEVICE (`device.optimizer_params_per_s`);
-# - CPU_OPTIMIZER (per node): the Adam steps run on HOST, each at its fastest price (alone, at either thread
-#   count a replay steps with: a step beside copies only runs slower, Note [CPU Adam beside copies]);
 # - the SSDs (per node): each chunk whose OS lives on NVME starts valid there only (planner.emit.
 #   initial_residency) and steps on DEVICE or HOST, so each of its OS lists is read at least once and written
-#   back at least once (its NVME copy is stale after the step), in the least time of the drives' rows
-#   (costmodel.nvme_seconds, which every replay satisfies: Note [two-way links in the simulator]).
+#   back at least once (its NVME copy is stale after the step), in V >= the least time of the drives' rows
+#   (costmodel.nvme_seconds, which every replay satisfies: Note [two-way links in the simulator]);
+# - CPU_OPTIMIZER (per node): the Adam steps run on HOST, W seconds of work at their fastest price (alone, at
+#   either thread count a replay steps with); while copies run (V seconds at least, the drives') a step keeps at
+#   most s of its speed (costmodel.cpu_adam_beside_copies, the largest over its steps), so in T seconds the CPU
+#   does at most (T - V) + s V of that work (Note [CPU Adam beside copies]): T >= W + (1 - s) V.
 # Used elements only (an OS copy moves its whole chunk; a weaker bound never misleads). With several ranks the
 # ranks' (nodes') mean load, never above the busiest one's. solve uses it to leave a reference decision set
 # unreplayed where it cannot be faster than a replay it already has.
@@ -166,25 +168,29 @@ def decisions_bound(problem: Problem, decisions) -> LowerBound:
     layout = decisions.layout
     stepped = {t.chunk for t in layout.tensors if t.trainable}
     threads = {hw.host.cores, cpu_adam_threads(hw, overlapped=True)}
+    mixed = problem.mixed_precision
     os_item = sum(problem.list_itemsize(x) for x in problem.os_lists)
     cpu = device = 0.0
+    kept = 0.0  # s: the largest share of its speed a CPU step keeps beside copies
     nvme_bytes = 0
     for plan in decisions.chunk_plans:
         if plan.chunk not in stepped:
             continue
         params = layout.chunks[plan.chunk].used_elements
         if plan.optimizer_tier is Tier.HOST:
-            cpu += min(optimizer_step_price(hw, Tier.HOST, params, threads=t,
-                                            mixed_precision=problem.mixed_precision).seconds for t in threads)
+            cpu += min(optimizer_step_price(hw, Tier.HOST, params, threads=t, mixed_precision=mixed).seconds for t in threads)
+            kept = max(kept, *(cpu_adam_beside_copies(hw, threads=t, mixed_precision=mixed, params=params) for t in threads))
         else:
             device += optimizer_step_price(hw, Tier.DEVICE, params).seconds
         if plan.os_tier is Tier.NVME:
             nvme_bytes += params * os_item
     recompute = sum(b.recompute_seconds for b, mode in zip(problem.blocks, decisions.activation_modes)
                     if mode is ActivationMode.RECOMPUTE)
-    per = {"COMPUTE": problem.compute_seconds + recompute + device / ranks, "CPU_OPTIMIZER": cpu / nodes}
+    nvme = nvme_seconds(hw, nvme_bytes / nodes, nvme_bytes / nodes) if nvme_bytes else 0.0
+    per = {"COMPUTE": problem.compute_seconds + recompute + device / ranks,
+           "CPU_OPTIMIZER": cpu / nodes + (1 - kept) * nvme if cpu else 0.0}
     if nvme_bytes:
-        per["NVME"] = nvme_seconds(hw, nvme_bytes / nodes, nvme_bytes / nodes)
+        per["NVME"] = nvme
     resource = max(per, key=lambda k: per[k])
     return LowerBound(seconds=per[resource], resource=resource, seconds_per_resource=per)
 

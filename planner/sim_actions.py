@@ -155,12 +155,18 @@ _COPY_CHANNELS = frozenset({Channel.H2D, Channel.D2H, Channel.NVME_READ, Channel
 # in which an H2D, D2H or NVMe copy runs. A step placed after the copies it overlaps is timed through
 # them (`Coverage.run`: 1 s alone per second outside, `slow` = rate with / rate alone inside); a copy
 # placed after a step it overlaps (issued at a later moment, while the step still runs) charges the
-# steps under the part of its interval no other copy covered yet `1 - slow` seconds per second of
-# overlap, which the node's CPU optimizer server pays before its next step (and the iteration's end):
-# the same totals, the step placed first keeping its own end, as the two-way links' calendars grant
-# the copy placed first (Note [two-way links in the simulator]). One rate with copies whatever their
-# number or direction: the profile measured one mix. Never faster than before for a step that ran
-# alone, never slower than the with-copies rate throughout. Before (session 5, sim17), a step took
+# steps under the part of its interval no other copy covered yet `1 - slow` seconds (at the rate alone) of
+# work per second of overlap, which the node's CPU optimizer server makes up before its next step (and the
+# iteration's end): the step placed first keeps its own end, as the two-way links' calendars grant the copy
+# placed first (Note [two-way links in the simulator]), and the make-up runs like a step, through the copies
+# (`Coverage.run`) and slowed by copies placed after it (`Coverage.place_step`). So the CPU does at most
+# (T - V) + slow x V of work at the rate alone in T seconds of which copies run V, the physics the placement
+# model's rows assume (Note [CPU Adam beside copies, in the model] in planner/placement_time.py). Until session
+# 17 the make-up ran at the rate alone even beside copies, a replay beating that row: a test box's Fuyou-like
+# set replayed 1.537 s against the row's 1.585 s (1.678 s now; GPT-3 13B x rtx4090-768g-12ssd's golden 8.126 ->
+# 8.245 s, 175B x a100-80g-12ssd's 112.533 -> 114.030 s; bench/RESULTS.md, session 17). One rate with copies
+# whatever their number or direction: the profile measured one mix. Never faster than before for a step that
+# ran alone, never slower than the with-copies rate throughout. Before (session 5, sim17), a step took
 # the with-copies rate for its whole duration if a copy server was busy as it started and the alone
 # rate otherwise: a step started alone ran at the alone rate under copies started later (97% of the
 # GPT-3 175B golden's CPU Adam time ran under copies), one started under a short copy at the slow rate
@@ -173,12 +179,14 @@ def _slow_steps(sim: SimState, node: int, start: float, end: float) -> None:
     pieces = cov.add(start, end)
     if not pieces or not cov.steps:
         return
-    lost = cov.lost_seconds(pieces)
-    if lost <= 0:
-        return
     server = sim.servers[(Channel.CPU_OPTIMIZER, sim.node_of.index(node))]
-    server.free_at += lost
-    sim.busy[Channel.CPU_OPTIMIZER] = sim.busy.get(Channel.CPU_OPTIMIZER, 0.0) + lost
+    for lost, slow in cov.lost_seconds(pieces):
+        # made up after the server's last work, at the rate alone outside copies and `slow` of it beside them,
+        # and slowed by copies placed later as a step is
+        begin = server.free_at
+        server.free_at = cov.run(begin, lost, slow)
+        cov.place_step(begin, server.free_at, slow)
+        sim.busy[Channel.CPU_OPTIMIZER] = sim.busy.get(Channel.CPU_OPTIMIZER, 0.0) + server.free_at - begin
     sim.last_end = max(sim.last_end, server.free_at)
 
 

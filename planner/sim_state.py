@@ -183,17 +183,19 @@ class Coverage:
         self.steps.append((start, end, slow))
         self.step_ends.append(end)
 
-    def lost_seconds(self, pieces: list[tuple[float, float]]) -> float:
-        """The CPU time the steps placed so far lose to newly busy `pieces`: per second of overlap,
-        1 - slow (what a step at the slower rate leaves undone, made up at its rate alone)."""
-        lost = 0.0
+    def lost_seconds(self, pieces: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The work the steps placed so far lose to newly busy `pieces`, as (seconds at the rate alone, the share
+        of it the step keeps beside copies) per step that loses some: per second of overlap 1 - slow (what a
+        step at the slower rate leaves undone)."""
+        lost: dict[int, float] = {}
         for a, b in pieces:
             k = bisect.bisect_right(self.step_ends, a)
             while k < len(self.steps) and self.steps[k][0] < b:
                 s, e, slow = self.steps[k]
-                lost += max(0.0, min(b, e) - max(a, s)) * (1.0 - slow)
+                if min(b, e) > max(a, s) and slow < 1.0:
+                    lost[k] = lost.get(k, 0.0) + (min(b, e) - max(a, s)) * (1.0 - slow)
                 k += 1
-        return lost
+        return [(seconds, self.steps[k][2]) for k, seconds in sorted(lost.items())]
 
 
 @dataclass(slots=True)

@@ -19,12 +19,20 @@ from planner.problem import build_problem
 from planner.reference import reference_decisions
 from planner.sim_result import ScheduleViolation
 from planner.solve import solve_report
+from schemas.hardware import AdamRate
 from schemas.schedule import Tier
 from test_baselines import DIGEST, box, ranks_box, small_trace
+
+def _slowed(hw, *, kept: float = 0.5):
+    """`hw` whose CPU Adam keeps `kept` of its speed while copies run (Note [CPU Adam beside copies])."""
+    rate = AdamRate(threads=hw.host.cores, params_per_s=1e8, params_per_s_with_copies=1e8 * kept)
+    return dataclasses.replace(hw, host=dataclasses.replace(hw.host, adam_chunk_params=1 << 22, adam_rates=(rate,)))
+
 
 HARDWARE = {
     "roomy": lambda: box(),
     "OS on NVME": lambda: box(device_gb=0.5, host_gb=1.0),  # 1.7 GB of model data: HOST holds no OS
+    "OS on NVME, CPU Adam slowed beside copies": lambda: _slowed(box(device_gb=0.5, host_gb=1.0)),
     "4 ranks": lambda: ranks_box(device_gb=0.5),
 }
 
@@ -50,7 +58,7 @@ def test_no_replay_beats_the_bound_of_its_decisions(name):
             resources |= {k for k, v in bound.seconds_per_resource.items() if v > 0}
     assert replayed >= 4
     assert {"COMPUTE", "CPU_OPTIMIZER"} <= resources
-    if name == "OS on NVME":  # a set with its OS on the SSDs is bounded by them too
+    if name.startswith("OS on NVME"):  # a set with its OS on the SSDs is bounded by them too
         assert any(p.os_tier is Tier.NVME for _, d in sets for p in d.chunk_plans)
         assert "NVME" in resources
 

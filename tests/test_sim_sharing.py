@@ -33,7 +33,8 @@ def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> No
     assert cov.run(1.5, 0.1, 0.5) == pytest.approx(1.7)  # inside the busy interval throughout
     assert cov.run(2.0, 1.0, 0.5) == pytest.approx(3.0)  # after it: alone
     cov.place_step(0.0, 2.5, 0.5)
-    assert cov.lost_seconds(cov.add(2.0, 3.0)) == pytest.approx(0.25)  # 0.5 s of new overlap x (1 - 0.5)
+    # 0.5 s of new overlap x (1 - 0.5): 0.25 s of work lost, by a step keeping 0.5 of its speed beside copies
+    assert cov.lost_seconds(cov.add(2.0, 3.0)) == [(pytest.approx(0.25), 0.5)]
 
 
 def _half_speed_with_copies():
@@ -69,6 +70,29 @@ def test_cpu_adam_runs_slower_exactly_while_a_copy_runs_beside_it(copy_first: bo
     assert r.bytes_per_channel[Channel.D2H] == 2 * ELEMENTS * 4
     assert r.iteration_seconds == pytest.approx(11.5)
     assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(2.5)
+
+
+def test_the_work_a_step_lost_is_made_up_at_the_slow_rate_beside_copies() -> None:
+    """The step of chunk 0 runs alone [9, 11] s (placed before the copies); the write-back of PARAM 1 then covers
+    [9, 10]: 0.5 s of work lost, made up after the step from 11 s; the fetch of the stepped PARAM 0 (11 -> 12 s,
+    placed last) runs beside that make-up, which loses 0.25 s more, made up at half speed beside the fetch until
+    12 s. The CPU is busy 2 + 0.5 + 0.5 s (until session 17 a make-up ran at the rate alone and nothing slowed
+    it: 2.5 s), and does at most (T - V) + V / 2 s of work in T s of which copies run V, as the placement model
+    assumes (Note [CPU Adam beside copies])."""
+    specs = [*host_step_prefix(),
+             (8, Op.OPTIMIZER_STEP, None, 1, None, D),
+             (8, Op.OPTIMIZER_STEP, None, 0, None, H),
+             (8, Op.WRITE_BACK, P, 1, D, H),
+             (8, Op.FETCH, P, 0, H, D),
+             (8, Op.EVICT, P, 0, D, None),
+             (8, Op.EVICT, G, 0, H, None),
+             (8, Op.EVICT, G, 1, D, None),
+             (8, Op.EVICT, P, 1, H, None)]
+    r = simulate(tiny_schedule(specs, {(P, 0): (H,), (P, 1): (D,)}), _half_speed_with_copies())
+    steps = [iv for iv in r.timeline if iv.channel is Channel.CPU_OPTIMIZER]
+    assert [(iv.start_seconds, iv.end_seconds) for iv in steps] == [(pytest.approx(9.0), pytest.approx(11.0))]
+    assert r.busy_seconds_per_channel[Channel.CPU_OPTIMIZER] == pytest.approx(3.0)
+    assert r.iteration_seconds == pytest.approx(12.0)
 
 
 def test_evicted_bytes_stay_on_device_until_the_copy_reading_them_lands() -> None:
