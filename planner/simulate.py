@@ -59,8 +59,8 @@ from planner.sim_actions import apply_action, blocks_host, check_end
 # are not counted, a copy runs at its rate alone and a two-way link's (or DRAM's) shared time goes to
 # the transfer placed first (Calendars: not re-shared as other traffic comes and goes; the totals are
 # the link's, Note [two-way links in the simulator]), a CPU Adam step slowed by a copy issued after it
-# keeps its own end and its node's CPU optimizer pays the time lost before its next step (Note [CPU Adam
-# beside copies] in planner/sim_actions.py), an allocation that needs DEVICE bytes still read by a copy
+# keeps its own end and its node's CPU optimizer makes up the work lost before its next step, at the
+# with-copies rate where copies still run (Note [CPU Adam beside copies] in planner/sim_actions.py), an allocation that needs DEVICE bytes still read by a copy
 # in flight waits for all such copies after it was placed, not before (Note [simulator evictions] in
 # planner/sim_actions.py).
 
