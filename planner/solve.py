@@ -310,8 +310,9 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                 margin = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
                                              checkpoint_offload=checkpoint_offload)
                 if margin is not None:
-                    _replay_reference(problem, margin[1], evaluated, unreplayed,
-                                      what=f"{margin[0]} decisions, chunk size {size}")
+                    margin_name, margin_decisions = margin
+                    _replay_reference(problem, margin_decisions, evaluated, unreplayed,
+                                      what=f"{margin_name} decisions, chunk size {size}")
             for paced in (False, True) if name.startswith("fuyou") else (False,):
                 _replay_reference(problem, dataclasses.replace(decisions, pace_optimizer_io=paced), evaluated,
                                   unreplayed, what=f"{name} decisions, chunk size {size}{', paced' if paced else ''}")
