@@ -102,6 +102,8 @@ class TimeRows:
                     h2d[s] += self.incoming[gi][i][k] * g.param_bytes
                     if self.nvme_incoming[gi][i]:
                         nvme_read[s] += scaled(self.nvme_incoming[gi][i][k] * g.param_bytes, fp)
+                    if gap.wraps and self.refresh[gi]:  # the kept chunks the CPU Adam rewrote, uploaded again
+                        h2d[s] += self.refresh[gi][k] * g.param_bytes
                 use = (gap.stages[-1] + 1) % n
                 h2d[use] += self.on_demand[gi][i] * g.param_bytes
                 on_demand[use] += self.on_demand[gi][i] * (g.param_bytes / d.h2d_bytes_per_s)
@@ -119,8 +121,6 @@ class TimeRows:
                 if not is_zero(self.nvme_on_demand[gi][i]):
                     nvme_read[use] += scaled(self.nvme_on_demand[gi][i] * g.param_bytes, fp)
                     on_demand[use] += self.nvme_on_demand[gi][i] * (g.param_bytes / rd)
-                    if gap.wraps and self.refresh[gi]:
-                        h2d[s] += self.refresh[gi][k] * g.param_bytes
             if not g.trainable:
                 continue
             release = g.last_backward_stage if (d.optimizer_overlap and g.last_backward_stage >= 0) else d.optimizer_stage

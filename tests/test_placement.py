@@ -120,6 +120,21 @@ def test_overlap_hides_the_cpu_optimizer():
     assert overlap.objective_seconds < serial.objective_seconds
 
 
+@pytest.mark.parametrize("relax", [False, True])
+@pytest.mark.parametrize("device_mib", [20, 28, 40])
+def test_every_chunk_the_cpu_steps_comes_back_up(device_mib, relax):
+    """A chunk stepped by CPU Adam is rewritten on HOST: whether it arrives for its next use or is kept on DEVICE
+    across the iteration's end and uploaded again in place (`refresh`), its PARAM crosses H2D at least once an
+    iteration. (Until session 18 the refresh uploads were priced only beside NVMe on-demand fetches: a plan
+    keeping every chunk and stepping them on the CPU moved 0 bytes H2D.)"""
+    data = synthetic(device_mib=device_mib)
+    sol = PlacementModel(data, relax=relax).solve()
+    cpu_stepped = sum((g.count - counts["DEVICE"]) * g.param_bytes
+                      for g, counts in zip(data.chunk_classes, sol.os_counts) if g.trainable)
+    assert cpu_stepped > 0
+    assert sol.channel_bytes["H2D"] >= cpu_stepped * (1 - 1e-9)
+
+
 def test_cpu_steps_beside_copies_are_charged_the_time_they_lose():
     """Note [CPU Adam beside copies, in the model]: with `cpu_adam_beside_copies` below 1 the CPU rows add
     (1 - beside) x the copy time of every suffix to its CPU work. Where the CPU optimizer sets the time and
@@ -131,7 +146,8 @@ def test_cpu_steps_beside_copies_are_charged_the_time_they_lose():
         PlacementModel(dataclasses.replace(slow, cpu_adam_beside_copies=1.0), relax=True).solve().objective_seconds, rel=1e-9)
     beside = PlacementModel(dataclasses.replace(slow, cpu_adam_beside_copies=0.5), relax=True).solve()
     copies_s = beside.channel_bytes["H2D"] / slow.h2d_bytes_per_s + beside.channel_bytes["D2H"] / slow.d2h_bytes_per_s
-    assert free.objective_seconds * 1.01 < beside.objective_seconds <= free.objective_seconds + 0.5 * copies_s * (1 + 1e-6)
+    # (+0.7% here since the refresh uploads are priced, session 18: the plan then moves fewer bytes beside the CPU)
+    assert free.objective_seconds * 1.002 < beside.objective_seconds <= free.objective_seconds + 0.5 * copies_s * (1 + 1e-6)
 
 
 def test_slow_cpu_streams_nvme_optimizer_state_to_the_device():
