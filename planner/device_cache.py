@@ -44,6 +44,8 @@ class CacheInterval:
     allocate: bool = False  # starts with ALLOCATE (a GRAD's first use), not a copy
     write_back: bool = False  # dirty when it ends: copy down before the EVICT
     pinned: bool = False  # a persistent PARAM: on DEVICE for the whole iteration
+    initial: bool = False  # on DEVICE when the iteration starts (a wrap-kept PARAM): no copy brings it
+    to_end: bool = False  # a wrap-kept PARAM after its last use: on DEVICE until the iteration ends
 
 
 @dataclass(slots=True)
@@ -60,6 +62,7 @@ class CachePlan:
     local_grad_bytes: np.ndarray  # per comm group: a rank's GRAD bytes after the reduce-scatter (its own chunk)
     chunk_bytes: dict[ChunkList, list[int]]
     persistent: list[bool]  # per comm group
+    wrap_kept: list[bool]  # per comm group: Note [PARAM kept across the iteration's end]
     optimizer_tier: list[Tier]  # per comm group
     os_tier: list[Tier]  # per chunk
     home: list[Tier]  # per chunk: HOST or NVME home of a non-persistent PARAM
@@ -107,6 +110,7 @@ def cache_plan(problem: Problem, d: Decisions) -> CachePlan:
         problem=problem, decisions=d, ws=ws, n_comm_groups=n_comm_groups, comm_group_chunks=comm_group_chunks,
         trainable_chunks=[[c for c in chunks if trainable[c]] for chunks in comm_group_chunks],
         entry_bytes=entry_bytes, local_grad_bytes=local_grad_bytes, chunk_bytes=chunk_bytes, persistent=persistent,
+        wrap_kept=[any(c in d.wrap_kept_chunks for c in chunks) for chunks in comm_group_chunks],
         optimizer_tier=[d.chunk_plans[chunks[0]].optimizer_tier for chunks in comm_group_chunks],
         os_tier=[p.os_tier for p in d.chunk_plans], home=home,
         slotted=[all(d.chunk_plans[c].grad_in_param_slot for c in chunks) for chunks in comm_group_chunks],
@@ -392,6 +396,22 @@ class _Victims:
         return None
 
 
+# Note [PARAM kept across the iteration's end]:
+# The placement model keeps `keep` chunks of a class on DEVICE through each gap between two uses, the wrap
+# gap too: from the last backward use, through the optimizer, to the next forward's first use, their CPU
+# step's update uploaded again in place (`refresh`, priced on H2D in the wrap gap's stages). Materialize
+# expresses it with `Decisions.wrap_kept_chunks`: such a PARAM entry is on DEVICE when the iteration starts
+# (an `initial` stay, no copy brings it; the demand pass may still evict it before its first use, like any
+# clean entry) and is never a victim after its last use (a `to_end` stay, not trimmed). A HOST step
+# re-uploads it (`planner.emit._host_step`, as a persistent chunk's); a DEVICE step with streamed OS, its last
+# use, writes it home and keeps it (`planner.emit._kept_param_write_back`). So the iteration ends where it
+# began (the steady state). Without it every such chunk was fetched again at the forward's start: on GPT-3 175B x
+# a100-80g-12ssd ~60 chunks (72 GB) queued on H2D ahead of the first activation offload, which then waited
+# 2.5 s for the link's both-ways facets (Note [two-way links in the simulator]) and started the D2H backlog
+# of its forward (bench/RESULTS.md, session 18). Where the cache cannot hold them to the end, materialize
+# drops them (`planner.materialize._materialize_replayed`).
+
+
 def demand_pass(plan: CachePlan) -> list[CacheInterval]:
     """Fetch on demand, evict by the rule: every entry's stays on DEVICE as tick intervals."""
     n_ticks = len(plan.tick_moment)
@@ -418,6 +438,14 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
     def next_use(e: int) -> int:
         i = ptr[e]
         return uses[e][i] if i < len(uses[e]) else NEVER
+
+    for g in range(plan.n_comm_groups):  # Note [PARAM kept across the iteration's end]
+        e = 2 * g + PARAM_ENTRY
+        if plan.wrap_kept[g] and e in uses:
+            resident[e] = iv = CacheInterval(entry=e, start=0, first_use=-1, last_use=-1, initial=True)
+            intervals.append(iv)
+            occupied += int(plan.entry_bytes[e])
+            victims.push(e, next_use=next_use(e), last_use=-1, dirty=False)
 
     scatters = grad_shrinks(plan)  # tick -> comm groups reduce-scattered there (emitted first in the tick)
     for tick in range(n_ticks):
@@ -460,7 +488,10 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
             dirty = kind == GRAD_ENTRY and ptr[e] < len(uses[e]) or e in dirty_param
             iv.write_back = dirty
             # with several ranks a GRAD waits for its reduce-scatter, which follows its last use
-            if not iv.pinned and (evictable[e] or ptr[e] >= len(uses[e])):
+            if kind == PARAM_ENTRY and plan.wrap_kept[g] and ptr[e] >= len(uses[e]):
+                iv.to_end = True  # Note [PARAM kept across the iteration's end]
+                victims.drop(e)
+            elif not iv.pinned and (evictable[e] or ptr[e] >= len(uses[e])):
                 victims.push(e, next_use=next_use(e), last_use=tick, dirty=dirty)
             else:
                 victims.drop(e)
@@ -504,7 +535,7 @@ def _stuck_message(plan: CachePlan, tick: int, short: int) -> str:
 def trim_intervals(intervals: list[CacheInterval], n_ticks: int) -> None:
     """Each stay ends right after its last use (never before it: the use is inside)."""
     for iv in intervals:
-        if iv.pinned:
+        if iv.pinned or iv.to_end:
             iv.end = -1
             continue
         iv.end = iv.last_use + 1 if iv.end < 0 else min(iv.end, iv.last_use + 1)
@@ -807,7 +838,7 @@ class _HeldRoom:
         n_ticks = len(plan.tick_moment)
         issued: list[list[tuple[int, float]]] = [[] for _ in range(n_ticks)]  # (first use, copy seconds)
         for iv in intervals:
-            if not iv.pinned and not iv.allocate and iv.start < n_ticks:
+            if not iv.pinned and not iv.allocate and not iv.initial and iv.start < n_ticks:
                 issued[iv.start].append((iv.first_use, self.copy_seconds(iv.entry)))
         problem = plan.problem
         for (t, secs), b in zip(self.reloads, self.reload_blocks):
@@ -927,7 +958,7 @@ def _place_prefetches(plan: CachePlan, intervals: list[CacheInterval], slack: np
     for iv in sorted(intervals, key=lambda x: (x.start, x.entry)):
         lower = previous_end.get(iv.entry, 0)
         previous_end[iv.entry] = n_ticks if iv.end < 0 else iv.end
-        if iv.pinned or iv.allocate:
+        if iv.pinned or iv.allocate or iv.initial:
             continue
         lower = max(lower, issued)
         if iv.start <= lower:

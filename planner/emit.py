@@ -83,7 +83,8 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
     for iv in intervals:
         if not iv.pinned:
             ends.setdefault(iv.end, []).append(iv)
-            starts.setdefault(iv.start, []).append(iv)
+            if not iv.initial:  # on DEVICE as the iteration starts (Note [PARAM kept across the iteration's end])
+                starts.setdefault(iv.start, []).append(iv)
             first_uses.setdefault(iv.first_use, []).append(iv)
     finals: dict[int, list[int]] = {}
     for g, tick in plan.grad_final_tick.items():
@@ -125,6 +126,7 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
     room = _streaming_room(plan) if device_order else None
     resident = _resident_bytes(plan, intervals) if room is not None else None
     tail_first = plan.decisions.tail_prefetches_first and plan.ws == 1
+    refreshes: list[int] = []  # wrap-kept PARAM stepped on HOST in backward, uploaded at the last tick
 
     for tick in range(n_ticks + 1):
         if tick in first_tick_of:
@@ -177,10 +179,21 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
                     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
         for g in sorted(os_reads_early.get(tick, ())):
             _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
+        if tick == n_ticks:
+            for g in refreshes:
+                for c in plan.trainable_chunks[g]:
+                    _refresh_param(out, plan, c, tick)
         for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
             paced = g in read_tick
             _host_step_reads(out, plan, g, tick, os_state=not paced)
-            _host_step(out, plan, g, tick)
+            # a wrap-kept PARAM stepped in backward is uploaded again after every other copy of the iteration is
+            # issued: its upload waits for the step, and on the H2D FIFO the copies issued after it would wait
+            # behind a CPU that lags (GPT-3 175B x a100-80g-12ssd, unpaced: 125.4 s without the keeps, 169.3 s
+            # with uploads at the step, 155.4 s at the OPTIMIZER moment, bench/RESULTS.md session 18)
+            late = plan.wrap_kept[g] and tick < optimizer_tick
+            _host_step(out, plan, g, tick, refresh=not late)
+            if late:
+                refreshes.append(g)
             if paced or not any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g]):
                 continue  # paced: written back at its tick below; no NVMe OS: nothing to write back
             if plan.decisions.serial_optimizer_swap:
@@ -224,10 +237,12 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
                 _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
             if not deferred_write_back and not defer:
                 _device_step(out, plan, g, tick)
+                _kept_param_write_back(out, plan, g, tick)
                 continue
             if not deferred_write_back:
                 _device_step_fetch(out, plan, g, tick)
             _device_step_run(out, plan, g, tick)
+            _kept_param_write_back(out, plan, g, tick)
             if defer:
                 deferred_write_back = [g]
             else:
@@ -417,6 +432,14 @@ def _param_write_back(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None
         out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
 
 
+def _kept_param_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
+    """A wrap-kept PARAM its DEVICE step updated stays on DEVICE to the iteration's end (its stay is not ended):
+    its home copy is updated now (Note [PARAM kept across the iteration's end] in planner/device_cache.py)."""
+    if plan.wrap_kept[g]:
+        for c in plan.trainable_chunks[g]:
+            _param_write_back(out, plan, c, tick)
+
+
 def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int, *, written: bool = False) -> None:
     """`written`: a dirty PARAM stay whose stepped chunks were written back at their step (a DEVICE step in
     backward, `emit_actions`; a chunk without trainable params was not updated, its HOST copy is valid)."""
@@ -495,8 +518,9 @@ def _grad_swap_out(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)
 
 
-def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
-    """CPU Adam on HOST, then everything updated goes back where the iteration started."""
+def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int, *, refresh: bool = True) -> None:
+    """CPU Adam on HOST, then everything updated goes back where the iteration started (`refresh`: a wrap-kept
+    PARAM's upload too; False: the caller issues it later, `_refresh_param`)."""
     for c in plan.trainable_chunks[g]:
         if g not in plan.grad_final_tick:  # trainable but never reached by backward: zero grads
             out.add(tick, op=Op.ALLOCATE, list=ChunkList.GRAD, chunk=c, dst=Tier.HOST)
@@ -504,15 +528,21 @@ def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
         out.evict(tick, ChunkList.GRAD, c, Tier.HOST)
         if _grad_swapped(plan, c) and g in plan.grad_final_tick:
             out.evict(tick, ChunkList.GRAD, c, Tier.NVME)  # the swapped grads are consumed
-        if plan.persistent[g]:
-            out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)  # stale now
-            # nothing this iteration needs it again: the work of this moment must not wait for it
-            out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
+        if plan.persistent[g] or (plan.wrap_kept[g] and refresh):
+            _refresh_param(out, plan, c, tick)
         elif plan.home[c] is Tier.NVME:
             out.copy(tick, Op.WRITE_BACK, ChunkList.PARAM, c, Tier.HOST, Tier.NVME)
             out.evict(tick, ChunkList.PARAM, c, Tier.HOST)
     if plan.persistent[g] and plan.ws > 1:
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
+
+
+def _refresh_param(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
+    """A PARAM kept on DEVICE (persistent, or wrap-kept: Note [PARAM kept across the iteration's end] in
+    planner/device_cache.py) that its CPU step made stale, uploaded again."""
+    out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)  # stale now
+    # nothing this iteration needs it again: the work of this moment must not wait for it
+    out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
 
 
 def _host_step_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
@@ -732,13 +762,15 @@ def _activation_actions(problem: Problem, modes: Sequence[ActivationMode],
 
 
 def initial_residency(plan: CachePlan) -> tuple[Residency, ...]:
-    """PARAM at home (DEVICE for persistent chunks, plus HOST when their step runs there), OS on
+    """PARAM at home (DEVICE for persistent and wrap-kept chunks, plus HOST when their step runs there), OS on
     its tier; GRAD is absent (it lives from its first backward use to its optimizer step)."""
     out = []
     for c, chunk in enumerate(plan.decisions.layout.chunks):
         g = c // plan.ws
         if plan.persistent[g]:
             tiers = (Tier.DEVICE, Tier.HOST) if plan.optimizer_tier[g] is Tier.HOST else (Tier.DEVICE,)
+        elif plan.wrap_kept[g]:
+            tiers = (Tier.DEVICE, plan.home[c])
         else:
             tiers = (plan.home[c],)
         out.append(Residency(list=ChunkList.PARAM, chunk=c, tiers=tiers))

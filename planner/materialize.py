@@ -168,6 +168,8 @@ def _materialize_replayed(problem: Problem, decisions: Decisions,
     try:
         return _materialize_replayed_once(problem, decisions, stats)
     except InfeasibleError:
+        if decisions.wrap_kept_chunks:  # the cache found no room to keep them to the end: the plan without them
+            return _materialize_replayed(problem, dataclasses.replace(decisions, wrap_kept_chunks=frozenset()), stats)
         plain = _without_offloads_in_flight(problem, decisions)
         if plain is None:
             raise
@@ -373,6 +375,14 @@ def _check_decisions(problem: Problem, d: Decisions) -> None:
     for c in d.persistent_chunks:
         if not 0 <= c < n_chunks:
             raise PlannerError(f"decisions of {d.policy!r}: persistent chunk {c} is not a chunk id (< {n_chunks})")
+    for c in sorted(d.wrap_kept_chunks):
+        p = d.chunk_plans[c] if 0 <= c < n_chunks else None
+        home = d.param_home_tiers[c] if p is not None and d.param_home_tiers else Tier.HOST
+        if p is None or c in d.persistent_chunks or p.os_tier is Tier.DEVICE or home is not Tier.HOST \
+                or problem.world_size > 1:
+            raise PlannerError(f"decisions of {d.policy!r}: wrap_kept_chunks holds chunk {c}, expected a chunk id "
+                               f"(< {n_chunks}) that is not persistent, keeps its OS off DEVICE and lives on HOST, "
+                               "with one rank")
     for b, mode in enumerate(d.activation_modes):
         if mode is not ActivationMode.KEEP and activation_moments(problem, b)[0] < 0:
             raise PlannerError(f"decisions of {d.policy!r}: block {b} has no forward or no backward moment, "

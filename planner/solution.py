@@ -130,6 +130,20 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
                     home[chunk] = Tier.NVME
                 left -= 1
     param_home_tiers = tuple(home[c.id] for c in layout.chunks)
+    # the chunks the model keeps on DEVICE across the iteration's end besides the persistent ones (Note [PARAM
+    # kept across the iteration's end] in planner/device_cache.py): the class's first HOST-homed chunks with
+    # their OS off DEVICE after its persistent ones (one rank: with several the kept comm groups are gathered
+    # again after their owners' steps, which materialize does for persistent ones only)
+    wrap_kept: set[int] = set()
+    if problem.world_size == 1:
+        for g, pers, kept in zip(data.chunk_classes, sol.persistent, sol.wrap_kept or sol.persistent):
+            left = int(kept) - int(pers)
+            for chunk in g.chunks:
+                if left <= 0:
+                    break
+                if chunk not in persistent and plans[chunk].os_tier is not Tier.DEVICE and home[chunk] is Tier.HOST:
+                    wrap_kept.add(chunk)
+                    left -= 1
     # comm groups reduce-scattered per bucket: the class's first ones (Note [reduce-scatter per bucket])
     buckets: set[int] = set()
     for g, n_bucket in zip(data.chunk_classes, sol.rs_buckets or (0.0,) * len(data.chunk_classes)):
@@ -153,7 +167,7 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
                                 moment_seconds=hint)
     return Decisions(
         policy=POLICY, layout=layout, chunk_plans=chunk_plans, activation_modes=modes,
-        param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent),
+        param_device_budget_bytes=budget, persistent_chunks=frozenset(persistent), wrap_kept_chunks=frozenset(wrap_kept),
         optimizer_overlap=data.optimizer_overlap, prefetch=True, eviction=EvictionRule.BELADY_CLEAN_FIRST,
         notes=notes, checkpoint_tier=checkpoint_tier, param_home_tiers=param_home_tiers,
         moment_seconds_hint=hint, pace_optimizer_io=any(x > 0 for x in sol.stage_seconds), pace_on_replay=True,

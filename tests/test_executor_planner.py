@@ -22,7 +22,7 @@ from planner.materialize import Decisions, EvictionRule, materialize
 from planner.presets import resolve_hardware
 from planner.problem import build_problem
 from schemas._base import digest_bytes
-from schemas.schedule import ActivationMode, Channel, ChunkPlan, Op, Tier
+from schemas.schedule import ActivationMode, Channel, ChunkList, ChunkPlan, Op, Tier
 from test_executor import (
     LR, STEPS, WD, Unusual, assert_same, bytes_checker, engine_run, gpt_batches, plain_run,
 )
@@ -85,8 +85,9 @@ def recorded(name: str, device: str = "cpu"):
 
 
 def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chunks: int = 8, recompute: bool = False,
-         swap: bool = False, nvme: bool = False, swap_tier: Tier = Tier.HOST, device: str = "cpu"):
-    """A schedule forcing eviction: PARAM+GRAD on DEVICE capped at `budget_chunks` chunks."""
+         swap: bool = False, nvme: bool = False, swap_tier: Tier = Tier.HOST, device: str = "cpu", wrap: bool = False):
+    """A schedule forcing eviction: PARAM+GRAD on DEVICE capped at `budget_chunks` chunks. `wrap`: every other
+    chunk whose OS lives off DEVICE kept on DEVICE across the iteration's end (Decisions.wrap_kept_chunks)."""
     _, problem = recorded(name, device)
     layout = build_layout(problem, chunk_elements=CHUNK_ELEMENTS)
     cap = max(c.elements for c in layout.chunks) * 4
@@ -116,16 +117,22 @@ def plan(name: str, *, os_split: bool = False, overlap: bool = False, budget_chu
                               persistent_chunks=frozenset(), optimizer_overlap=overlap, prefetch=True,
                               eviction=EvictionRule.BELADY_CLEAN_FIRST,
                               param_home_tiers=tuple(Tier.NVME if nvme and c.id % 3 else Tier.HOST
-                                                     for c in layout.chunks) if nvme else ())
+                                                     for c in layout.chunks) if nvme else (),
+                              wrap_kept_chunks=frozenset(c.id for c in layout.chunks if wrap and c.id % 2 == 0
+                                                         and plan_of(c.id).os_tier is not Tier.DEVICE))
         try:
-            return materialize(problem, decisions)
+            schedule = materialize(problem, decisions)
         except Exception:  # noqa: BLE001 - too small a budget: try one chunk more
             continue
+        # (materialize drops the keeps where the budget cannot hold them to the end: one chunk more)
+        if not wrap or any(r.list is ChunkList.PARAM and Tier.DEVICE in r.tiers for r in schedule.initial_residency):
+            return schedule
     raise AssertionError("no feasible budget")
 
 
 CASES = [("gpt", v) for v in ("os-host", "os-split", "cpu-overlap", "recompute", "swap-host", "recompute+swap",
-                              "nvme", "nvme+overlap", "swap-nvme", "recompute+swap-nvme", "nvme+swap-nvme")] + [
+                              "nvme", "nvme+overlap", "swap-nvme", "recompute+swap-nvme", "nvme+swap-nvme",
+                              "os-split+wrap", "cpu-overlap+wrap")] + [
     ("hf-gpt2", "os-split"), ("hf-gpt2", "swap-host"), ("hf-gpt2", "swap-nvme"), ("unusual", "cpu-overlap"),
     ("unusual", "recompute+swap")]
 
@@ -133,11 +140,13 @@ CASES = [("gpt", v) for v in ("os-host", "os-split", "cpu-overlap", "recompute",
 @pytest.mark.parametrize(("name", "variant"), CASES, ids=[f"{n}-{v}" for n, v in CASES])
 def test_recorded_and_planned_models_train_like_plain_pytorch(name, variant, tmp_path):
     build, _, loss_fn, vocab = MODELS[name]
-    schedule = plan(name, os_split=variant == "os-split", overlap="overlap" in variant,
+    schedule = plan(name, os_split="os-split" in variant, overlap="overlap" in variant,
                     recompute="recompute" in variant, swap="swap" in variant,
                     nvme="nvme" in variant.replace("swap-nvme", ""),
-                    swap_tier=Tier.NVME if "swap-nvme" in variant else Tier.HOST)
+                    swap_tier=Tier.NVME if "swap-nvme" in variant else Tier.HOST, wrap="wrap" in variant)
     evicted = [a for a in schedule.actions if a.op is Op.EVICT and a.src is Tier.DEVICE]
+    if "wrap" in variant:  # some chunk starts (and ends) the iteration on DEVICE without being persistent
+        assert any(r.list is ChunkList.PARAM and Tier.DEVICE in r.tiers for r in schedule.initial_residency)
     assert evicted and schedule.prediction.bytes_per_channel.get(Channel.H2D, 0) > 0
     model, ref = build(), build()
     batches = gpt_batches(STEPS, vocab=vocab)

