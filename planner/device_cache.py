@@ -399,16 +399,19 @@ class _Victims:
 # Note [PARAM kept across the iteration's end]:
 # The placement model keeps `keep` chunks of a class on DEVICE through each gap between two uses, the wrap
 # gap too: from the last backward use, through the optimizer, to the next forward's first use, their CPU
-# step's update uploaded again in place (`refresh`, priced on H2D in the wrap gap's stages). Materialize
-# expresses it with `Decisions.wrap_kept_chunks`: such a PARAM entry is on DEVICE when the iteration starts
-# (an `initial` stay, no copy brings it; the demand pass may still evict it before its first use, like any
-# clean entry) and is never a victim after its last use (a `to_end` stay, not trimmed). A HOST step
-# re-uploads it (`planner.emit._host_step`, as a persistent chunk's); a DEVICE step with streamed OS, its last
-# use, writes it home and keeps it (`planner.emit._kept_param_write_back`). So the iteration ends where it
-# began (the steady state). Without it every such chunk was fetched again at the forward's start: on GPT-3 175B x
+# step's update uploaded again in place (`refresh`, priced on H2D in the wrap gap's stages); others arrive in
+# that gap's stages after the optimizer. Materialize expresses both with `Decisions.wrap_kept_chunks` (the
+# chunks the model has on DEVICE when the iteration ends): such a PARAM entry is on DEVICE when the iteration
+# starts (an `initial` stay, no copy brings it; the demand pass may evict it before its first use, like any
+# clean entry), and after its last use its next use is the iteration's end (Belady evicts it after every
+# entry used again in this iteration). Still resident at the end, it stays (a `to_end` stay, not trimmed): a
+# HOST step uploads its update again (`planner.emit._host_step`, as a persistent chunk's), a DEVICE step with
+# streamed OS, its last use, writes it home (`planner.emit._kept_param_write_back`). Evicted, it is fetched
+# again once every other copy of the iteration is issued. So the iteration ends where it began (the steady
+# state). Without it every such chunk was fetched again at the forward's start: on GPT-3 175B x
 # a100-80g-12ssd ~60 chunks (72 GB) queued on H2D ahead of the first activation offload, which then waited
 # 2.5 s for the link's both-ways facets (Note [two-way links in the simulator]) and started the D2H backlog
-# of its forward (bench/RESULTS.md, session 18). Where the cache cannot hold them to the end, materialize
+# of its forward (bench/RESULTS.md, session 18). Where the DEVICE cannot hold them at the end, materialize
 # drops them (`planner.materialize._materialize_replayed`).
 
 
@@ -489,8 +492,8 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
             iv.write_back = dirty
             # with several ranks a GRAD waits for its reduce-scatter, which follows its last use
             if kind == PARAM_ENTRY and plan.wrap_kept[g] and ptr[e] >= len(uses[e]):
-                iv.to_end = True  # Note [PARAM kept across the iteration's end]
-                victims.drop(e)
+                # its next use is the next iteration's (Note [PARAM kept across the iteration's end])
+                victims.push(e, next_use=n_ticks, last_use=tick, dirty=dirty)
             elif not iv.pinned and (evictable[e] or ptr[e] >= len(uses[e])):
                 victims.push(e, next_use=next_use(e), last_use=tick, dirty=dirty)
             else:
@@ -501,6 +504,9 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
                 resident[e].write_back = True
         if plan.decisions.release_between_phases:
             occupied -= _release_at_phase_end(plan, tick, needs, resident, victims, next_use)
+    for e, iv in resident.items():  # still there at the end: stays to the end, not trimmed
+        if e & 1 == PARAM_ENTRY and plan.wrap_kept[e >> 1] and iv.first_use >= 0 and uses[e][-1] <= iv.last_use:
+            iv.to_end = True
     return intervals
 
 

@@ -126,7 +126,10 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
     room = _streaming_room(plan) if device_order else None
     resident = _resident_bytes(plan, intervals) if room is not None else None
     tail_first = plan.decisions.tail_prefetches_first and plan.ws == 1
-    refreshes: list[int] = []  # wrap-kept PARAM stepped on HOST in backward, uploaded at the last tick
+    # Note [PARAM kept across the iteration's end] (planner/device_cache.py): the wrap-kept PARAM still on DEVICE
+    # at the end, and those stepped on HOST whose update goes up at the last tick
+    kept_to_end = {iv.entry >> 1 for iv in intervals if iv.to_end}
+    refreshes: set[int] = set()
 
     for tick in range(n_ticks + 1):
         if tick in first_tick_of:
@@ -179,10 +182,6 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
                     out.evict(tick, ChunkList.GRAD, c, Tier.HOST)  # back on DEVICE, where it changes next
         for g in sorted(os_reads_early.get(tick, ())):
             _host_step_reads(out, plan, g, tick, params=False, deadline=plan.tick_moment[plan.host_step_tick[g]])
-        if tick == n_ticks:
-            for g in refreshes:
-                for c in plan.trainable_chunks[g]:
-                    _refresh_param(out, plan, c, tick)
         for g in sorted(host_steps.get(tick, ()), key=lambda g: (plan.host_step_tick[g], g)):
             paced = g in read_tick
             _host_step_reads(out, plan, g, tick, os_state=not paced)
@@ -190,10 +189,10 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
             # issued: its upload waits for the step, and on the H2D FIFO the copies issued after it would wait
             # behind a CPU that lags (GPT-3 175B x a100-80g-12ssd, unpaced: 125.4 s without the keeps, 169.3 s
             # with uploads at the step, 155.4 s at the OPTIMIZER moment, bench/RESULTS.md session 18)
-            late = plan.wrap_kept[g] and tick < optimizer_tick
+            late = plan.wrap_kept[g] and (tick < optimizer_tick or g not in kept_to_end)
             _host_step(out, plan, g, tick, refresh=not late)
             if late:
-                refreshes.append(g)
+                refreshes.add(g)
             if paced or not any(plan.os_tier[c] is Tier.NVME for c in plan.trainable_chunks[g]):
                 continue  # paced: written back at its tick below; no NVMe OS: nothing to write back
             if plan.decisions.serial_optimizer_swap:
@@ -237,17 +236,23 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
                 _device_step_nvme_reads(out, plan, device_order[k + 1], tick)
             if not deferred_write_back and not defer:
                 _device_step(out, plan, g, tick)
-                _kept_param_write_back(out, plan, g, tick)
+                if g in kept_to_end:
+                    _kept_param_write_back(out, plan, g, tick)
                 continue
             if not deferred_write_back:
                 _device_step_fetch(out, plan, g, tick)
             _device_step_run(out, plan, g, tick)
-            _kept_param_write_back(out, plan, g, tick)
+            if g in kept_to_end:
+                _kept_param_write_back(out, plan, g, tick)
             if defer:
                 deferred_write_back = [g]
             else:
                 _device_step_write_back(out, plan, g, tick)
                 deferred_write_back = []
+        if tick == n_ticks:  # back on DEVICE for the next iteration (Note [PARAM kept across the iteration's end])
+            for g in range(plan.n_comm_groups):
+                if plan.wrap_kept[g] and (g in refreshes or g not in kept_to_end):
+                    _wrap_kept_back(out, plan, g, tick, kept=g in kept_to_end)
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
 
@@ -435,9 +440,19 @@ def _param_write_back(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None
 def _kept_param_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) -> None:
     """A wrap-kept PARAM its DEVICE step updated stays on DEVICE to the iteration's end (its stay is not ended):
     its home copy is updated now (Note [PARAM kept across the iteration's end] in planner/device_cache.py)."""
-    if plan.wrap_kept[g]:
-        for c in plan.trainable_chunks[g]:
-            _param_write_back(out, plan, c, tick)
+    for c in plan.trainable_chunks[g]:
+        _param_write_back(out, plan, c, tick)
+
+
+def _wrap_kept_back(out: _Emitter, plan: CachePlan, g: int, tick: int, *, kept: bool) -> None:
+    """A wrap-kept PARAM on DEVICE again for the next iteration, issued after every other copy: `kept` (still on
+    DEVICE, stepped on HOST) its update uploaded in place, else fetched again (Note [PARAM kept across the
+    iteration's end] in planner/device_cache.py)."""
+    for c in plan.trainable_chunks[g] if kept else plan.comm_group_chunks[g]:
+        if kept:
+            _refresh_param(out, plan, c, tick)
+        else:
+            out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
 
 
 def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int, *, written: bool = False) -> None:

@@ -44,8 +44,8 @@ class PlacementSolution:
     solver: str
     param_nvme: tuple[float, ...] = ()  # [chunk class] PARAM chunks homed on NVME (materialize's param_home_tiers)
     rs_buckets: tuple[float, ...] = ()  # [chunk class] comm groups reduce-scattered per bucket (Decisions.reduce_scatter_buckets)
-    # [chunk class] chunks kept on DEVICE through the wrap gap (the iteration's end), the persistent ones included
-    wrap_kept: tuple[float, ...] = ()
+    # [chunk class] kept chunks uploaded again (`refresh`) in a stage of the next iteration's forward, not before it ends
+    refreshed_in_forward: tuple[float, ...] = ()
 
     @property
     def gap(self) -> float:
@@ -107,10 +107,12 @@ class SolutionExtraction:
             x = self._value(v)
             return x if self.relax else float(round(x))
 
-        resident, incoming, wrap_kept = [], [], []
+        resident, incoming, refreshed_in_forward = [], [], []
         for gi, g in enumerate(d.chunk_classes):
-            wrap_kept.append(next((val(self.keep[gi][i]) for i, gap in enumerate(self.gaps[gi]) if gap.wraps),
-                                  val(self.persistent[gi])))
+            wrap = next((gap for gap in self.gaps[gi] if gap.wraps), None)
+            after_end = wrap.stages.index(d.optimizer_stage) + 1 if wrap is not None else 0
+            refreshed_in_forward.append(sum(val(r) for s, r in zip(wrap.lookahead, self.refresh[gi])
+                                            if s in wrap.stages[after_end:]) if wrap is not None and self.refresh[gi] else 0.0)
             res = [0.0] * n
             inc = [0.0] * n
             for s in g.use_stages:
@@ -143,7 +145,7 @@ class SolutionExtraction:
             incoming=tuple(incoming),
             persistent=tuple(val(v) for v in self.persistent),
             param_nvme=tuple(val(v) for v in self.param_nvme),
-            wrap_kept=tuple(wrap_kept),
+            refreshed_in_forward=tuple(refreshed_in_forward),
             rs_buckets=tuple(self._value(v) if self.relax else float(math.ceil(self._value(v) - 1e-6)) for v in self.rs_bucket),
             os_counts=tuple({"DEVICE": val(a), "HOST": val(h), "NVME": val(c), "STREAM": val(x), "NVME_STREAM": val(y)}
                             for a, h, c, x, y in zip(self.os_device, self.os_host, self.os_nvme, self.os_stream,

@@ -130,14 +130,16 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
                     home[chunk] = Tier.NVME
                 left -= 1
     param_home_tiers = tuple(home[c.id] for c in layout.chunks)
-    # the chunks the model keeps on DEVICE across the iteration's end besides the persistent ones (Note [PARAM
-    # kept across the iteration's end] in planner/device_cache.py): the class's first HOST-homed chunks with
-    # their OS off DEVICE after its persistent ones (one rank: with several the kept comm groups are gathered
-    # again after their owners' steps, which materialize does for persistent ones only)
+    # the chunks the model has on DEVICE and current when the iteration ends besides the persistent ones: kept or
+    # arrived by the optimizer stage, less the kept ones it uploads again only in the next forward (materialize
+    # fetches those there) (Note [PARAM kept across the iteration's end] in planner/device_cache.py): the class's
+    # first HOST-homed chunks with their OS off DEVICE after its persistent ones (one rank: with several the kept
+    # comm groups are gathered again after their owners' steps, which materialize does for persistent ones only)
     wrap_kept: set[int] = set()
     if problem.world_size == 1:
-        for g, pers, kept in zip(data.chunk_classes, sol.persistent, sol.wrap_kept or sol.persistent):
-            left = int(kept) - int(pers)
+        late = sol.refreshed_in_forward or (0.0,) * len(data.chunk_classes)
+        for g, pers, resident, later in zip(data.chunk_classes, sol.persistent, sol.resident, late):
+            left = int(round(resident[data.optimizer_stage] - later)) - int(pers)
             for chunk in g.chunks:
                 if left <= 0:
                     break

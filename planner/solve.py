@@ -243,11 +243,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         decisions = decisions_from_placement(problem, layout, data, solved[size])
         # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
         own = _own_budget(problem, decisions, solved[size])
-        # the whole DEVICE's budget is materialize's own cache (Belady fills the room): without the model's keeps
-        # across the iteration's end, which take that room through the end of backward (GPT-3 175B x
-        # rtx4090-768g-12ssd: 120.49 -> 125.89 s with them; Note [PARAM kept across the iteration's end])
-        full = dataclasses.replace(decisions, wrap_kept_chunks=frozenset())
-        budgets = ((own, ""), (full, ", full budget")) if own is not decisions else ((decisions, ""),)
+        budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
         both = len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS
         for paced in (True, False):  # the optimizer's SSD traffic at the CPU's pace, or at once
             found = []

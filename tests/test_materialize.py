@@ -675,14 +675,16 @@ def test_paced_plans_are_paced_again_on_their_replays_clock_and_the_faster_kept(
     assert not m.paces_host_io(cache_plan(p, plain))
 
 
+@pytest.mark.parametrize("budget", [None, 450_000], ids=["loose", "tight"])
 @pytest.mark.parametrize("kw", [dict(), dict(optimizer_tier=Tier.DEVICE, os_tier=Tier.NVME)], ids=["cpu adam", "streamed os"])
-def test_chunks_kept_across_the_iteration_end_start_and_end_on_device(kw) -> None:
+def test_chunks_kept_across_the_iteration_end_start_and_end_on_device(kw, budget) -> None:
     """Note [PARAM kept across the iteration's end]: a wrap-kept chunk is on DEVICE when the iteration starts (no
-    copy brings it), its PARAM is current again after its step (the CPU's update uploaded, or the DEVICE step's
-    written home), and the schedule is steady (`check` replays it)."""
+    copy brings it), its PARAM is current on DEVICE again at the end (the CPU's update uploaded after its step, the
+    DEVICE step's written home and kept, or, evicted after its last use where the budget is tight, fetched again
+    after every other copy), and the schedule is steady (`check` replays it)."""
     p = problem()
     layout = layout_of(p)
-    base = uniform_decisions(p, layout, **kw)
+    base = uniform_decisions(p, layout, **kw, **({"param_budget": budget} if budget else {}))
     kept = frozenset(range(2, len(layout.chunks), 3))
     decisions = dataclasses.replace(base, wrap_kept_chunks=kept)
     schedule = materialize(p, decisions)
@@ -691,13 +693,16 @@ def test_chunks_kept_across_the_iteration_end_start_and_end_on_device(kw) -> Non
     assert all(start[c] == (Tier.DEVICE, Tier.HOST) for c in kept)
     assert all(Tier.DEVICE not in start[c] for c in set(range(len(layout.chunks))) - kept)
     steps = {a.chunk: i for i, a in enumerate(schedule.actions) if a.op is Op.OPTIMIZER_STEP}
+    fetched_again = 0
     for c in kept:
-        ups = [i for i, a in enumerate(schedule.actions) if a.list is ChunkList.PARAM and a.chunk == c
-               and a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK)]
-        assert ups, c
-        if kw:  # a DEVICE step: written home after it
-            assert any(schedule.actions[i].op is Op.WRITE_BACK and i > steps[c] for i in ups), c
-        else:  # a HOST step: uploaded after it, and the last PARAM copy of the iteration
-            assert schedule.actions[ups[-1]].op is Op.PREFETCH and ups[-1] > steps[c], c
-    # fewer H2D bytes than the same decisions fetching those chunks at the forward's start (a budget that holds them)
-    assert h2d_bytes(schedule) <= h2d_bytes(materialize(p, base))
+        last = max(i for i, a in enumerate(schedule.actions) if a.list is ChunkList.PARAM and a.chunk == c
+                   and a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.EVICT))
+        a = schedule.actions[last]
+        assert last > steps[c], c
+        assert (a.op, a.dst) in ((Op.PREFETCH, Tier.DEVICE), (Op.WRITE_BACK, Tier.HOST)), (c, a)
+        fetched_again += a.op is Op.PREFETCH and not any(
+            b.op is Op.EVICT and b.list is ChunkList.PARAM and b.chunk == c for b in schedule.actions[last - 1:last])
+    if budget is None:  # fewer H2D bytes than the same decisions fetching those chunks at the forward's start
+        assert h2d_bytes(schedule) <= h2d_bytes(materialize(p, base))
+    elif not kw:  # the tight budget evicts some after their last backward use: fetched again at the end (streamed
+        assert fetched_again > 0  # OS: the last use is the OPTIMIZER moment's step, and they stay)
