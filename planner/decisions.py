@@ -64,9 +64,9 @@ class Decisions:
     # replay (Note [pacing by the replay] in planner/materialize.py); False: paced on the estimate only (every
     # baseline policy and reference decision set: one emission each, as solve's CPU-time targets need)
     pace_on_replay: bool = False
-    # PARAM chunks on DEVICE across the iteration's end (Note [PARAM kept across the iteration's end] in
-    # planner/device_cache.py): kept after their last backward use, uploaded again in place after their CPU
-    # step, and on DEVICE when the next forward needs them (the placement model's keep of the wrap gap)
+    # PARAM chunks on DEVICE when the iteration starts and ends (Note [PARAM kept across the iteration's end] in
+    # planner/device_cache.py): kept after their last use where the cache has room, else fetched again at the
+    # end; a CPU step's update uploaded (tide: the placement's residency at the end of the optimizer stage)
     wrap_kept_chunks: frozenset[int] = frozenset()
     # -- what a real system needs (planner/policies/): defaults are tide's behaviour --
     # DDP: every rank holds every chunk (layout built for one rank), grads all-reduced when final

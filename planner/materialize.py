@@ -168,7 +168,7 @@ def _materialize_replayed(problem: Problem, decisions: Decisions,
     try:
         return _materialize_replayed_once(problem, decisions, stats)
     except InfeasibleError:
-        if decisions.wrap_kept_chunks:  # the cache found no room to keep them to the end: the plan without them
+        if decisions.wrap_kept_chunks:  # the DEVICE cannot hold them at the end: the plan without them
             return _materialize_replayed(problem, dataclasses.replace(decisions, wrap_kept_chunks=frozenset()), stats)
         plain = _without_offloads_in_flight(problem, decisions)
         if plain is None:

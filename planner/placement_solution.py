@@ -109,10 +109,12 @@ class SolutionExtraction:
 
         resident, incoming, refreshed_in_forward = [], [], []
         for gi, g in enumerate(d.chunk_classes):
-            wrap = next((gap for gap in self.gaps[gi] if gap.wraps), None)
-            after_end = wrap.stages.index(d.optimizer_stage) + 1 if wrap is not None else 0
-            refreshed_in_forward.append(sum(val(r) for s, r in zip(wrap.lookahead, self.refresh[gi])
-                                            if s in wrap.stages[after_end:]) if wrap is not None and self.refresh[gi] else 0.0)
+            late = 0.0  # refreshes in the wrap gap's stages after the optimizer stage: the next forward's
+            for gap in self.gaps[gi]:
+                if gap.wraps and self.refresh[gi] and d.optimizer_stage in gap.stages:
+                    forward = gap.stages[gap.stages.index(d.optimizer_stage) + 1:]
+                    late = sum(val(r) for s, r in zip(gap.lookahead, self.refresh[gi]) if s in forward)
+            refreshed_in_forward.append(late)
             res = [0.0] * n
             inc = [0.0] * n
             for s in g.use_stages:
