@@ -259,9 +259,10 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
                 ndems.append(ndem)
                 if gap.wraps and g.trainable:
                     # the CPU Adam rewrote the HOST copy: kept chunks without GPU Adam are stale and
-                    # are uploaded again in place before the next forward uses them
+                    # are uploaded again in place before the next forward uses them. A GPU step (OS on
+                    # DEVICE or streamed) updates the DEVICE copy itself: at least keep - (GPU-stepped) are stale
                     refresh = [self._int(0, g.count, f"refresh[{g.id},{k}]") for k in range(len(gap.lookahead))]
-                    self.solver.Add(sum(refresh) >= keep - od, f"stale_after_step[{g.id}]")
+                    self.solver.Add(sum(refresh) >= keep - od - st - sn, f"stale_after_step[{g.id}]")
                 keeps.append(keep)
                 incs.append(inc)
             if not gaps:  # never touched by forward/backward work: only the persistent ones are on DEVICE

@@ -133,14 +133,15 @@ def decisions_from_placement(problem: Problem, layout: ChunkLayout, data: Placem
     # the chunks the model has on DEVICE and current when the iteration ends besides the persistent ones: kept or
     # arrived by the optimizer stage, less the kept ones it uploads again only in the next forward (materialize
     # fetches those there) (Note [PARAM kept across the iteration's end] in planner/device_cache.py): the class's
-    # first HOST-homed chunks with their OS off DEVICE after its persistent ones (one rank: with several the kept
+    # HOST-homed chunks with their OS off DEVICE besides its persistent ones (one rank: with several the kept
     # comm groups are gathered again after their owners' steps, which materialize does for persistent ones only)
     wrap_kept: set[int] = set()
     if problem.world_size == 1:
         late = sol.refreshed_in_forward or (0.0,) * len(data.chunk_classes)
         for g, pers, resident, later in zip(data.chunk_classes, sol.persistent, sol.resident, late):
             left = int(round(resident[data.optimizer_stage] - later)) - int(pers)
-            for chunk in g.chunks:
+            # GPU-stepped (streamed OS) ones first: the model's stale_after_step row counts them first
+            for chunk in sorted(g.chunks, key=lambda c: (plans[c].optimizer_tier is not Tier.DEVICE, c)):
                 if left <= 0:
                     break
                 if chunk not in persistent and plans[chunk].os_tier is not Tier.DEVICE and home[chunk] is Tier.HOST:
