@@ -143,7 +143,7 @@ def summary_dict(report: SolveReport, out: Path, check: dict | None) -> dict:
         "predicted_seconds": s.prediction.iteration_seconds,
         "chunk_elements": report.chunk_elements,
         "chunks": len(s.layout.chunks),
-        "persistent_chunks": sum(1 for c in s.initial_residency if c.list.value == "PARAM" and Tier.DEVICE in c.tiers),
+        "param_chunks_on_device_at_start": sum(1 for c in s.initial_residency if c.list.value == "PARAM" and Tier.DEVICE in c.tiers),
         "os_tier/optimizer_tier": dict(sorted(plans.items())),
         "activation_modes": {m.value: modes.get(m.value, 0) for m in ActivationMode},
         "bytes_per_channel": {k.value: v for k, v in sorted(s.prediction.bytes_per_channel.items())},
@@ -166,7 +166,7 @@ def print_summary(report: SolveReport, out: Path, check: dict | None) -> None:
            if d["mip_gap"] is not None else "- (a reference decision set won)"),
         f"chunks     {d['chunks']} x {d['chunk_elements']} elements  "
         f"(candidates: {', '.join(str(c.chunk_elements) for c in report.candidates)})",
-        f"residency  {d['persistent_chunks']} PARAM chunks on DEVICE at the start of the iteration; OS/optimizer: "
+        f"residency  {d['param_chunks_on_device_at_start']} PARAM chunks on DEVICE at the start of the iteration; OS/optimizer: "
         + ", ".join(f"{k} {v}" for k, v in d["os_tier/optimizer_tier"].items()),
         "activations " + ", ".join(f"{k} {v}" for k, v in d["activation_modes"].items()),
         "bytes      " + (", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_per_channel"].items() if v)
