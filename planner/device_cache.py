@@ -504,8 +504,8 @@ def demand_pass(plan: CachePlan) -> list[CacheInterval]:
                 resident[e].write_back = True
         if plan.decisions.release_between_phases:
             occupied -= _release_at_phase_end(plan, tick, needs, resident, victims, next_use)
-    for e, iv in resident.items():  # still there at the end: stays to the end, not trimmed
-        if e & 1 == PARAM_ENTRY and plan.wrap_kept[e >> 1] and iv.first_use >= 0 and uses[e][-1] <= iv.last_use:
+    for e, iv in resident.items():  # still there at the end (its stay holds its last use): to the end, not trimmed
+        if e & 1 == PARAM_ENTRY and plan.wrap_kept[e >> 1]:
             iv.to_end = True
     return intervals
 

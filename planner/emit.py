@@ -252,7 +252,9 @@ def emit_actions(plan: CachePlan, intervals: list[CacheInterval], *, clock: Sequ
         if tick == n_ticks:  # back on DEVICE for the next iteration (Note [PARAM kept across the iteration's end])
             for g in range(plan.n_comm_groups):
                 if plan.wrap_kept[g] and (g in refreshes or g not in kept_to_end):
-                    _wrap_kept_back(out, plan, g, tick, kept=g in kept_to_end)
+                    kept = g in kept_to_end  # stepped on HOST: its update goes up; else evicted: fetched again
+                    for c in plan.trainable_chunks[g] if kept else plan.comm_group_chunks[g]:
+                        _refresh_param(out, plan, c, tick, stale=kept)
     flat = [item for items in out.per_tick for item in items]
     return tuple(a for a, _ in flat), tuple(d for _, d in flat)
 
@@ -444,17 +446,6 @@ def _kept_param_write_back(out: _Emitter, plan: CachePlan, g: int, tick: int) ->
         _param_write_back(out, plan, c, tick)
 
 
-def _wrap_kept_back(out: _Emitter, plan: CachePlan, g: int, tick: int, *, kept: bool) -> None:
-    """A wrap-kept PARAM on DEVICE again for the next iteration, issued after every other copy: `kept` (still on
-    DEVICE, stepped on HOST) its update uploaded in place, else fetched again (Note [PARAM kept across the
-    iteration's end] in planner/device_cache.py)."""
-    for c in plan.trainable_chunks[g] if kept else plan.comm_group_chunks[g]:
-        if kept:
-            _refresh_param(out, plan, c, tick)
-        else:
-            out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
-
-
 def _emit_end(out: _Emitter, plan: CachePlan, iv: CacheInterval, tick: int, *, written: bool = False) -> None:
     """`written`: a dirty PARAM stay whose stepped chunks were written back at their step (a DEVICE step in
     backward, `emit_actions`; a chunk without trainable params was not updated, its HOST copy is valid)."""
@@ -552,10 +543,12 @@ def _host_step(out: _Emitter, plan: CachePlan, g: int, tick: int, *, refresh: bo
         out.collective(tick, Op.ALL_GATHER, ChunkList.PARAM, g)
 
 
-def _refresh_param(out: _Emitter, plan: CachePlan, c: int, tick: int) -> None:
-    """A PARAM kept on DEVICE (persistent, or wrap-kept: Note [PARAM kept across the iteration's end] in
-    planner/device_cache.py) that its CPU step made stale, uploaded again."""
-    out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)  # stale now
+def _refresh_param(out: _Emitter, plan: CachePlan, c: int, tick: int, *, stale: bool = True) -> None:
+    """A PARAM on DEVICE for the next iteration (persistent, or wrap-kept: Note [PARAM kept across the iteration's
+    end] in planner/device_cache.py): `stale`, still there after its CPU step rewrote HOST, uploaded again;
+    else evicted earlier, fetched again."""
+    if stale:
+        out.evict(tick, ChunkList.PARAM, c, Tier.DEVICE)
     # nothing this iteration needs it again: the work of this moment must not wait for it
     out.copy(tick, Op.PREFETCH, ChunkList.PARAM, c, Tier.HOST, Tier.DEVICE, deadline=plan.problem.moments[-1].id)
 
