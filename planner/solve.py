@@ -237,10 +237,19 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # tide Decisions and materialized by tide's engine), so that tide can express everything a
     # baseline does and is never slower than one by construction; the fastest replay wins.
     evaluated: list[Evaluated] = []
+    unreplayed: list[tuple[str, float]] = []  # (what, its bound): sets whose work cannot end before the fastest replay
     for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
         layout, data = inputs[size]
-        say(f"chunk size {size}: materialize and simulate")
         decisions = decisions_from_placement(problem, layout, data, solved[size])
+        # as a reference decision set (`_replay_reference`): no variant below changes the work the placement
+        # fixes, so none is replayed where that work cannot end within TIE_TOLERANCE of the fastest replay so far
+        # (GPT-3 175B x rtx4090-768g-12ssd: chunk 1812099072's plan at least 132.04 s, the fastest replay then
+        # 128.24 s; its 4 replays took 1.4 of the solve's CPU s, bench/RESULTS.md session 19)
+        bound = decisions_bound(problem, decisions).seconds
+        if bound > min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE):
+            unreplayed.append((f"placement MIP, chunk size {size}", bound))
+            continue
+        say(f"chunk size {size}: materialize and simulate")
         # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
         own = _own_budget(problem, decisions, solved[size])
         budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
@@ -294,7 +303,6 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             _replay_fastest_again(problem, evaluated, lambda e: balanced_chains(e.decisions, e.replay), fastest=fastest)
     # on the baselines' own layout every reference set; on the best placement's layout Fuyou's too; each
     # replayed unless the work it fixes cannot end before the fastest replay so far (`unreplayed`)
-    unreplayed: list[tuple[str, float]] = []
     reference = policy_layout(problem)
     layouts = {reference.chunk_elements: (reference, None)}
     best_placed = min(evaluated, key=lambda e: (e.simulated_seconds, e.chunk_elements), default=None)
