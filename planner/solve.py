@@ -247,7 +247,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # 128.24 s; its 4 replays took 1.4 of the solve's CPU s, bench/RESULTS.md session 19)
         bound = decisions_bound(problem, decisions).seconds
         if bound > min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE):
-            unreplayed.append((f"placement MIP, chunk size {size}", bound))
+            unreplayed.append((f"placement MIP, chunk size {size} (every variant)", bound))
             continue
         say(f"chunk size {size}: materialize and simulate")
         # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
