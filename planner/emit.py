@@ -6,6 +6,7 @@ initial residency the iteration returns to, and the activation plan per block (s
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -405,7 +406,12 @@ def _paced_host_io(plan: CachePlan, optimizer_tick: int,
                                                mixed_precision=problem.mixed_precision).seconds
     lead = max(os_bytes.values()) / (problem.hardware.nvme_read_bytes_per_s or math.inf)
 
+    ordered = all(a <= b for a, b in zip(est, est[1:]))  # a clock: on an ordered one a bisection finds the same tick
+
     def first_tick_at(seconds: float, lo: int, hi: int) -> int:
+        """The first tick in [lo, hi) whose clock reaches `seconds` (hi if none)."""
+        if ordered:
+            return bisect.bisect_left(est, seconds, lo, max(lo, hi))
         t = lo
         while t < hi and est[t] < seconds:
             t += 1
