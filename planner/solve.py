@@ -876,6 +876,10 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 # (100 nodes on the dense rows, stopped by POLISH_NODE_LIMIT) for 6.665 s, still 4.9% behind; without it
 # the solve took 9.9 s for the same plan (6.3824 s replayed). Several ranks keep every polish: there the
 # polish is also the switch releases, which gained 4.5% in the model (PatrickStar's 4B, v100-32g-240g-8gpu).
+# What it gives up: a trailing size's polished plan can still replay fastest. On the GPT-3 1.3B golden
+# (rtx4090-768g-12ssd) chunk 50358272's polished plan had won at 0.557554 s; unpolished it replays 0.609 s, and
+# chunk 16818876's plan with its replay variants wins at 0.553960 s (bench/RESULTS.md, session 19).
+
 
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
            budget: float, *, lp_model: SparsePlacementModel | None = None) -> PlacementSolution | None:
