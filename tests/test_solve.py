@@ -513,7 +513,6 @@ def test_no_polish_where_the_fixed_plan_is_within_the_mip_gap_of_the_lp(monkeypa
         assert built == [None] and sol.objective_seconds == 1.0
 
 
-
 @pytest.mark.parametrize(("ranks", "leader"), [(1, 1.9), (1, 2.0), (1, float("inf")), (2, 1.9)])
 def test_one_rank_polishes_only_the_chunk_size_that_leads_the_model(monkeypatch, ranks, leader):
     """Note [the polish refines the leader]: with one rank a fixed plan (2.0 s) that trails the best model
@@ -548,6 +547,7 @@ def test_a_placement_plan_whose_work_ends_after_the_fastest_replay_is_not_replay
     replayed = {re.search(r"chunk size (\d+)", w).group(1) for w, _ in report.evaluated if w.startswith("placement MIP")}
     skipped = re.findall(r"placement MIP, chunk size (\d+) \(every variant\): at least 1e\+09 s", " ".join(report.schedule.header.notes))
     assert len(replayed) == 1 and len(skipped) == 1 and not replayed & set(skipped), (replayed, skipped)
+
 
 def test_gpt3_13b_on_a100_is_won_by_the_mip_with_a_true_gap_within_5_percent():
     """Issue 17 item 5, GPT-3 13B x a100-80g-12ssd: with CPU steps at CPU Adam's rate alone, charged the time
