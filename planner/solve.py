@@ -245,9 +245,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # fixes, so none is replayed where that work cannot end within TIE_TOLERANCE of the fastest replay so far
         # (GPT-3 175B x rtx4090-768g-12ssd: chunk 1812099072's plan at least 132.04 s, the fastest replay then
         # 128.24 s; its 4 replays took 1.4 of the solve's CPU s, bench/RESULTS.md session 19)
-        bound = decisions_bound(problem, decisions).seconds
-        if bound > min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE):
-            unreplayed.append((f"placement MIP, chunk size {size} (every variant)", bound))
+        if _cannot_win(problem, decisions, evaluated, unreplayed, what=f"placement MIP, chunk size {size} (every variant)"):
             continue
         say(f"chunk size {size}: materialize and simulate")
         # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
@@ -566,16 +564,24 @@ def balanced_chains(decisions: Decisions, replay: SimResult) -> tuple[Decisions,
     return dataclasses.replace(decisions, chunk_plans=tuple(plans)), how
 
 
+def _cannot_win(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
+                *, what: str) -> bool:
+    """Whether the work `decisions` fix cannot end within TIE_TOLERANCE of the fastest replay so far
+    (planner.bounds.decisions_bound); if so, (`what`, that bound) goes into `unreplayed`."""
+    bound = decisions_bound(problem, decisions).seconds
+    if bound <= min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE):
+        return False
+    unreplayed.append((what, bound))
+    return True
+
+
 def _replay_reference(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
                       *, what: str) -> None:
     """A reference decision set materialized and replayed into `evaluated`, or, where the work it fixes cannot end
     within TIE_TOLERANCE of the fastest replay so far (planner.bounds.decisions_bound), its bound into
     `unreplayed`: it could be neither chosen nor the faster reference that a tie yields to. On the depth ladder's
     256 blocks x 4096 (a100-80g-12ssd) 9 of its 10 replayable sets, ~1 s of CPU each (bench/RESULTS.md, session 17)."""
-    fastest = min((e.simulated_seconds for e in evaluated), default=math.inf)
-    bound = decisions_bound(problem, decisions).seconds
-    if bound > fastest * (1 + TIE_TOLERANCE):
-        unreplayed.append((what, bound))
+    if _cannot_win(problem, decisions, evaluated, unreplayed, what=what):
         return
     found = _evaluate(problem, decisions, what=what, chunk_elements=decisions.layout.chunk_elements,
                       wasted=wasted_elements(decisions.layout))
