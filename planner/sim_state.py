@@ -180,6 +180,16 @@ class Coverage:
         return t
 
     def place_step(self, start: float, end: float, slow: float) -> None:
+        # a step starting where the last one ends, at the same `slow`, extends it: what a copy's piece takes from
+        # two such steps (overlap x (1 - slow) each) is what it takes from their union, and making up the two
+        # losses one after the other ends where making up their sum does (`run` is additive). The node's CPU
+        # optimizer runs its steps and make-ups back to back, so without this a 512-block replay kept ~138k
+        # steps here, each a make-up of a few microseconds, and `lost_seconds` walked them (bench/RESULTS.md,
+        # session 20)
+        if self.steps and self.steps[-1][1] == start and self.steps[-1][2] == slow:
+            self.steps[-1] = (self.steps[-1][0], end, slow)
+            self.step_ends[-1] = end
+            return
         self.steps.append((start, end, slow))
         self.step_ends.append(end)
 

@@ -37,6 +37,21 @@ def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> No
     assert cov.lost_seconds(cov.add(2.0, 3.0)) == [(pytest.approx(0.25), 0.5)]
 
 
+def test_back_to_back_steps_at_one_speed_are_one_interval_losing_what_both_would() -> None:
+    """Steps placed end to end at the same `slow` (the CPU optimizer's queue and its make-ups) are kept as one
+    interval: a copy over both takes the sum of what it would take from each; a gap or another speed starts a new one."""
+    cov = Coverage()
+    cov.place_step(0.0, 1.0, 0.5)
+    cov.place_step(1.0, 3.0, 0.5)  # back to back, same speed: merged
+    cov.place_step(3.0, 4.0, 0.25)  # another speed: its own
+    cov.place_step(5.0, 6.0, 0.25)  # after a gap: its own
+    assert cov.steps == [(0.0, 3.0, 0.5), (3.0, 4.0, 0.25), (5.0, 6.0, 0.25)]
+    assert cov.step_ends == [3.0, 4.0, 6.0]
+    # [0.5, 5.5]: 2.5 s over the merged step (x 0.5 = 0.5 s + 0.75 s of its two parts), 1 s at 0.25, 0.5 s at 0.25
+    assert cov.lost_seconds(cov.add(0.5, 5.5)) == [(pytest.approx(1.25), 0.5), (pytest.approx(0.75), 0.25),
+                                                    (pytest.approx(0.375), 0.25)]
+
+
 def _half_speed_with_copies():
     """The tiny machine, its CPU Adam measured at half its rate alone with copies beside it."""
     hw = tiny_hardware()
