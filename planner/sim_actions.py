@@ -28,8 +28,8 @@ from schemas.trace import Phase
 from planner.costmodel import (channel_bytes_per_s, cpu_adam_beside_copies, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
                                optimizer_step_price, pcie_two_way_facets)
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold, resync_slot,
-                               scatter, tier_bit)
+from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold, hold_until_landed,
+                               resync_slot, scatter, tier_bit)
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per
@@ -329,7 +329,7 @@ def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[Bl
         drop(sim, li, c, s)
         sim.read_until[li][c][s] = 0.0
         if lands > issue and s == DEVICE_INDEX:
-            sim.landing.append((lands, sim.chunk_bytes[li][c], ranks))
+            hold_until_landed(sim, lands, sim.chunk_bytes[li][c], ranks)
         return issue
     if a.op is Op.ALLOCATE:
         li = _list(sim, a, i)
@@ -464,7 +464,7 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
         freed = blk.device_bytes()
         act_bytes[DEVICE_INDEX] -= freed
         if freed and end > issue:
-            sim.landing.append((end, freed, None))  # held on DEVICE until the copy lands (Note [simulator evictions])
+            hold_until_landed(sim, end, freed, None)  # held on DEVICE until the copy lands (Note [simulator evictions])
         blk.state, blk.tier = ActState.OFFLOADED, a.dst
         act_bytes[TIER_INDEX[a.dst]] += moved
         blk.ready_at = end  # a reload cannot start before the offload is done

@@ -245,6 +245,10 @@ class SimState:
     # (end, bytes, ranks holding them or None for every rank) of each copy still reading bytes that were
     # evicted or offloaded from DEVICE: held until it lands (Note [simulator evictions])
     landing: list[tuple[float, int, tuple[int, ...] | None]] = field(default_factory=list)
+    # (kept with `landing` by `hold_until_landed`, `land_oldest` and `land`: used_bytes and land run once per
+    # action) the bytes of every entry, and the earliest end among them
+    landing_bytes_total: int = 0
+    landing_next_end: float = math.inf
     # per node: when copies run there, and its CPU Adam steps (Note [CPU Adam beside copies])
     coverage: list[Coverage] = field(default_factory=list)
     dram_rate: float = float("inf")
@@ -444,7 +448,7 @@ def used_bytes(sim: SimState, t: int, act_bytes: list[int]) -> int:
         if not sim.landing:
             return max(totals) + act_bytes[t]
         if len(totals) == 1:  # one rank holds every landing copy's bytes
-            return totals[0] + sum(b for _, b, _ in sim.landing) + act_bytes[t]
+            return totals[0] + sim.landing_bytes_total + act_bytes[t]
         return max(total + landing_bytes(sim, r) for r, total in enumerate(totals)) + act_bytes[t]
     if len(totals) == 1:
         return totals[0] + act_bytes[t] * sim.ranks_in_node[0]
@@ -462,15 +466,31 @@ def land_oldest(sim: SimState, t: float, fits: Callable[[], bool]) -> float:
     rule (executor/store.py `Pool.make_room`: the oldest retiring buffer or activation offload, until the
     allocation fits; Note [simulator evictions])."""
     end = t
+    waited = False
     while sim.landing and not fits():
-        end = max(end, sim.landing.pop(0)[0])
+        lands, nbytes, _ = sim.landing.pop(0)
+        sim.landing_bytes_total -= nbytes
+        end = max(end, lands)
+        waited = True
+    if waited:
+        sim.landing_next_end = min((x[0] for x in sim.landing), default=math.inf)
     return end
+
+
+def hold_until_landed(sim: SimState, lands: float, nbytes: int, ranks: tuple[int, ...] | None) -> None:
+    """`nbytes` of DEVICE stay held (on `ranks`, None: every rank) until a copy landing at `lands` (Note
+    [simulator evictions])."""
+    sim.landing.append((lands, nbytes, ranks))
+    sim.landing_bytes_total += nbytes
+    sim.landing_next_end = min(sim.landing_next_end, lands)
 
 
 def land(sim: SimState, t: float) -> None:
     """The copies that have landed by `t` give their DEVICE bytes back."""
-    if sim.landing:
+    if sim.landing and sim.landing_next_end <= t:
         sim.landing[:] = [x for x in sim.landing if x[0] > t]
+        sim.landing_bytes_total = sum(x[1] for x in sim.landing)
+        sim.landing_next_end = min((x[0] for x in sim.landing), default=math.inf)
 
 
 def place_name(sim: SimState, t: int, place: int) -> str:
