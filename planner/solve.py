@@ -51,7 +51,7 @@ from planner.solution import (
 )
 from schemas._base import frozen
 from schemas.hardware import Hardware
-from schemas.schedule import Channel, Schedule, SolverStatus, Tier
+from schemas.schedule import Channel, ChunkLayout, Schedule, SolverStatus, Tier
 from schemas.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -642,28 +642,50 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         for lay in (policy_layout(problem), patrickstar_layout(problem)):
             if lay.chunk_elements not in sizes and lay.chunk_elements not in extra:
                 extra[lay.chunk_elements] = lay
-    for size in sizes + list(extra):
+    layouts = {size: extra[size] if size in extra else
+               build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
+               for size in sizes + list(extra)}
+    # Note [the LP of an unlikely chunk size, for its value]: every size's LP is solved first (the search's
+    # order and the bound), but only the sizes whose MIP is solved need its vertex (LP-integral fixing, the
+    # switches and modes to pin); the crossover to it is a third of IPX's time (the 512-block LP of chunk
+    # 268435456, hidden 4096, a100-80g-12ssd: 11.1 CPU s with it, 8.8 without; HiGHS 1.15, session 20). The
+    # MIN_MIPS sizes that waste the fewest elements are solved with it; the others without (their value and
+    # bound), and again with it only where the search then reaches their MIP (`vertex`): the same plans.
+    likely = _vertex_first(layouts)
+
+    def vertex(size: int) -> float:
+        """Solve `size`'s LP to a vertex (HiGHS's interior point with crossover, on the sparse DEVICE rows: Note
+        [the placement LP on HiGHS's interior point] in planner/mathopt_solver.py) and keep what its MIP reads;
+        its value (inf where no plan fits)."""
+        try:
+            lp_model = SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER)
+            lp = lp_model.solve(time_limit_seconds=safety)
+        except PlacementInfeasible:
+            bounds[size] = math.inf
+            return math.inf
+        # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
+        # charges both ways on a link in the rows this LP charges (Note [two-way links in the
+        # simulator] in planner/sim_actions.py)
+        bounds[size] = lp.bound_seconds
+        flags[size] = lp_model.flag_values()
+        lp_modes[size] = lp.activation_modes
+        lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+        lp_models[size] = lp_model
+        return lp.objective_seconds
+
+    for size, layout in layouts.items():
         say(f"chunk size {size}: LP relaxation")
-        layout = extra[size] if size in extra else build_layout(problem, chunk_elements=size, groups_span_blocks=problem.world_size > 1)
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
-        try:
-            # the sparse DEVICE rows on HiGHS's interior point with crossover: Note [the placement
-            # LP on HiGHS's interior point] in planner/mathopt_solver.py
-            lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
-            lp = lp_model.solve(time_limit_seconds=safety)
-            value = lp.objective_seconds
-            # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
-            # charges both ways on a link in the rows this LP charges (Note [two-way links in the
-            # simulator] in planner/sim_actions.py)
-            bounds[size] = lp.bound_seconds
-            flags[size] = lp_model.flag_values()
-            lp_modes[size] = lp.activation_modes
-            lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
-            lp_models[size] = lp_model
-        except PlacementInfeasible:
-            value = bounds[size] = math.inf
+        if size in likely:
+            value = vertex(size)
+        else:
+            try:
+                lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
+                value, bounds[size] = lp.objective_seconds, lp.bound_seconds
+            except PlacementInfeasible:
+                value = bounds[size] = math.inf
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
                                     chunks=len(layout.chunks)))
     feasible = [c for c in candidates if math.isfinite(c.relaxation_seconds)]
@@ -679,6 +701,8 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         if cand.relaxation_seconds >= best * (1 - TIE_TOLERANCE) and len(solved) >= MIN_MIPS:
             break
         say(f"chunk size {cand.chunk_elements}: placement MIP")
+        if cand.chunk_elements not in likely and not math.isfinite(vertex(cand.chunk_elements)):
+            continue
         try:
             sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
                              lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
@@ -702,6 +726,12 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     if math.isfinite(best):
         _root_bounds(problem, inputs, bounds, rooted, best, safety, say)
     return candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted
+
+
+def _vertex_first(layouts: dict[int, ChunkLayout]) -> set[int]:
+    """The chunk sizes whose LP is solved to a vertex at once: the MIN_MIPS that waste the fewest elements (Note
+    [the LP of an unlikely chunk size, for its value])."""
+    return set(sorted(layouts, key=lambda x: (wasted_elements(layouts[x]), x))[:MIN_MIPS])
 
 
 def _root_bounds(problem, inputs, bounds: dict[int, float], rooted: set[int], target: float, safety: float,

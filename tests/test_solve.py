@@ -325,6 +325,47 @@ def test_every_chunk_size_that_fits_gets_its_lp_value():
     assert report.relaxation_bound_seconds <= report.simulated_seconds
 
 
+@pytest.mark.parametrize("vertex_first", ["least waste", "most waste"])
+def test_only_the_chunk_sizes_whose_mip_is_solved_get_an_lp_vertex(monkeypatch, vertex_first):
+    """Note [the LP of an unlikely chunk size, for its value]: gpt-small on a 0.05 GB emulated DEVICE has three
+    chunk sizes; the one wasting the most elements is solved without crossover and never MIP'd. Where the sizes
+    solved first are the wrong ones (`most waste`), the search solves the others' LPs to a vertex before their
+    MIPs, and the schedule is the same bytes."""
+    import planner.placement_solution as solution_mod
+    import planner.solve as solve_mod
+
+    raw = (TRACES / "gpt-small.msgpack").read_bytes()
+    trace = Trace.from_msgpack(raw)
+
+    def plan() -> tuple[bytes, list[tuple[str, bool]]]:
+        calls: list[tuple[str, bool]] = []  # (solver, relaxation) of every placement solve, in order
+        real = solution_mod.SolutionExtraction.solve
+
+        def solve_recorded(self, **kw):
+            calls.append((self.solver_name, self.relax))
+            return real(self, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(solution_mod.SolutionExtraction, "solve", solve_recorded)
+            schedule = solve(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(raw), device_bytes=50_000_000)
+        return schedule.to_msgpack(), calls
+
+    default_bytes, default_calls = plan()
+    if vertex_first == "most waste":
+        real_first = solve_mod._vertex_first
+        monkeypatch.setattr(solve_mod, "_vertex_first", lambda layouts: set(layouts) - real_first(layouts))
+    got, calls = plan()
+    first_pass = calls[:3]  # the three sizes' LPs, before any MIP
+    mips = sum(not relax for _, relax in calls)
+    vertices = sum(name == solve_mod.LP_SOLVER for name, relax in calls if relax)
+    assert got == default_bytes and mips == solve_mod.MIN_MIPS
+    assert all(relax for _, relax in first_pass)
+    if vertex_first == "least waste":  # the two sizes MIP'd had their vertex in the first pass, the third none
+        assert [name for name, _ in first_pass].count(solve_mod.BOUND_ONLY) == 1 and vertices == mips
+    else:  # the most wasteful size's vertex in the first pass, unused; the two MIP'd sizes' just before their MIPs
+        assert [name for name, _ in first_pass].count(solve_mod.BOUND_ONLY) == 2 and vertices == mips + 1
+        assert calls != default_calls
+
+
 def test_a_root_bound_above_a_replay_falls_back_to_the_lp_not_the_physical_limit(hw, monkeypatch):
     """32 blocks x 4096 on a100-80g-12ssd: the root node proved 2.5092 s, a MIP plan replays 2.4987 s,
     and the header fell back to the physical limit (1.875 s, true gap 25%); the LPs (2.4004 s) are below
