@@ -822,8 +822,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
     model's: no bound of the placement model (planner.solve takes the LP's or the root's)."""
     tries = _pin_tries(data, lp_flags, lp_modes) if lp_flags else []
     for flags, modes in tries:
-        sol = _fixed(data, flags, modes, lp_values, budget,
-                     lp_model=lp_model if lp_values is not None and (flags, modes) == tries[0] else None)
+        # the first pin set's MIP is the solved LP (`as_mip`), each next one that MIP pinned anew (`repin`)
+        sol = _fixed(data, flags, modes, lp_values, budget, lp_model=lp_model if lp_values is not None else None)
         if sol is None:
             continue
         if len(data.blocks) >= POLISH_MAX_BLOCKS:
@@ -920,8 +920,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
 def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_values: dict[str, float] | None,
            budget: float, *, lp_model: SparsePlacementModel | None = None) -> PlacementSolution | None:
     """One pin set: fix to the LP's integral values, then release the chunk classes near the fractional
-    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`), or else the
-    pinned LP solved here, becomes the MIP."""
+    ones; None when neither leaves a plan. `lp_model` (the unpinned LP of `lp_values`, or the MIP an earlier pin
+    set made of it), or else the pinned LP solved here, becomes the MIP."""
     values = lp_values
     if values is None:
         try:
@@ -930,9 +930,14 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
         except PlacementInfeasible:
             return None
         values = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
-    # the solved LP becomes the MIP (PlacementModel.as_mip: the model the constructor builds, not built again)
-    model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes) if lp_model is not None else \
-        SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    # the solved LP becomes the MIP, or the MIP of the previous pin set is pinned anew (PlacementModel.as_mip,
+    # .repin: the model the constructor builds, not built again)
+    if lp_model is None:
+        model = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)
+    elif lp_model.relax:
+        model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes)
+    else:
+        model = lp_model.repin(fixed_flags=flags, fixed_modes=modes)
     integer = [v for v in model.solver.model.variables() if v.integer]
     original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
     fractional = [v.name for v in integer

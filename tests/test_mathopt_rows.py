@@ -99,6 +99,26 @@ def test_a_solved_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme):
 
 
 @pytest.mark.parametrize("nvme", [True, False])
+def test_a_mip_pinned_anew_is_the_mip_built_with_those_pins_bit_for_bit(nvme):
+    """`PlacementModel.repin`: the MIP of one pin set, its counts fixed since (planner.solve's LP-integral fixing),
+    pinned to other switches and no modes is the model a fresh build with those pins makes."""
+    data = dataclasses.replace(synthetic(layers=4, device_mib=24, nvme=nvme), checkpoint_offload=True)
+    lp = SparsePlacementModel(data, relax=True, lp_solver="HIGHS_IPM")
+    lp.solve()
+    names = sorted(lp.flags)
+    modes = (ActivationMode.RECOMPUTE, ActivationMode.KEEP, ActivationMode.SWAP_HOST, ActivationMode.KEEP)
+    mip = lp.as_mip(fixed_flags={name: 1 for name in names}, fixed_modes=modes)
+    for v in mip.integral[:20]:  # fixed as a failed pin set leaves them
+        v.lower_bound = v.upper_bound = max(v.lower_bound, min(v.upper_bound, 1.0))
+    flags = {name: int(k % 2 == 0) for k, name in enumerate(names)}
+    again = mip.repin(fixed_flags=flags)
+    built = SparsePlacementModel(data, fixed_flags=flags)
+    assert again.fixed_flags == flags and again.fixed_modes is None
+    assert (again.solver.model.export_model().SerializeToString(deterministic=True)
+            == built.solver.model.export_model().SerializeToString(deterministic=True))
+
+
+@pytest.mark.parametrize("nvme", [True, False])
 def test_an_lp_solved_for_its_bound_without_crossover_bounds_as_the_vertex_does(nvme):
     # HIGHS_IPM_BOUND stops IPX at its optimal primal-dual pair (no crossover, no vertex): the same optimum
     # within IPX's tolerance, never above what the vertex LP proves by more than that
