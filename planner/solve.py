@@ -163,7 +163,8 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 
 # Note [solve steps]:
 # 1. Chunk size: every candidate of `planner.layout.candidate_chunk_sizes` is laid out and its
-#    placement LP relaxation solved (HiGHS's interior point with crossover, on the sparse rows).
+#    placement LP relaxation solved (HiGHS's interior point on the sparse rows; with crossover for the sizes
+#    whose MIP is likely: Note [the LP of an unlikely chunk size, for its value]).
 # 2. Placement: the aggregated MIP of `planner.placement` (HiGHS, mechanism switches pinned to the
 #    rounded LP and every count the LP has integral fixed, see `_solve_mip`) for at least the MIN_MIPS best candidates by LP, and further
 #    ones while their LP can beat the best MIP (branch and bound over chunk sizes).
@@ -813,7 +814,7 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes
        are free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more (the free-mode dense MIP). `lp_model`,
        the solved unpinned LP of `lp_values`, becomes the first pin set's MIP (`PlacementModel.as_mip`:
-       the same model, not built again). No polish where the fixed plan is already within the MIP's own
+       the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`). No polish where the fixed plan is already within the MIP's own
        gap (MIP_RELATIVE_GAP) of `lp_bound_seconds`, the unpinned LP's bound: Note [no polish within the gap];
        with one rank, none where the fixed plan trails `leader_seconds`, the best model objective of the chunk
        sizes solved before: Note [the polish refines the leader].
