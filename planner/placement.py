@@ -126,7 +126,8 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         self.solver_name = self.solver.name
         for v in self.integral:
             v.integer = True
-        if not self.fixed_flags and self.fixed_modes is None:  # the integer variables' bounds as built, unpinned: what `repin` restores
+        if not self.fixed_flags and self.fixed_modes is None:
+            # the integer variables' bounds as built, unpinned: what `repin` restores
             self._built_bounds = [(v.lower_bound, v.upper_bound) for v in self.integral]
         self.fixed_flags = dict(fixed_flags or {})
         for name, v in self.flags.items():

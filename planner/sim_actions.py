@@ -28,8 +28,8 @@ from schemas.trace import Phase
 from planner.costmodel import (channel_bytes_per_s, cpu_adam_beside_copies, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
                                optimizer_step_price, pcie_two_way_facets)
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold, hold_until_landed,
-                               resync_slot, scatter, tier_bit)
+from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold,
+                               hold_until_landed, resync_slot, scatter, tier_bit)
 
 # Note [simulator channels]:
 # H2D, D2H, INTER_GPU and COMPUTE are independent servers. NVMe is ONE simplex server per

@@ -648,8 +648,9 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                for size in sizes + list(extra)}
     # Note [the LP of an unlikely chunk size, for its value]: every size's LP is solved first (the search's
     # order and the bound), but only the sizes whose MIP is solved need its vertex (LP-integral fixing, the
-    # switches and modes to pin); the crossover to it is a third of IPX's time (the 512-block LP of chunk
-    # 268435456, hidden 4096, a100-80g-12ssd: 11.1 CPU s with it, 8.8 without; HiGHS 1.15, session 20). The
+    # switches and modes to pin), and the crossover to it costs (the depth ladder's chunk 268435456, hidden 4096,
+    # a100-80g-12ssd, timed alone: 512 blocks 11.5 CPU s with it, 8.9-10.0 without; 256 blocks 3.6-4.9 against
+    # 3.0-3.1 s; bench/RESULTS.md, session 20). The
     # MIN_MIPS sizes that waste the fewest elements are solved with it; the others without (their value and
     # bound), and again with it only where the search then reaches their MIP (`vertex`): the same plans.
     likely = _vertex_first(layouts)
@@ -814,8 +815,9 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes
        are free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more (the free-mode dense MIP). `lp_model`,
        the solved unpinned LP of `lp_values`, becomes the first pin set's MIP (`PlacementModel.as_mip`:
-       the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`). No polish where the fixed plan is already within the MIP's own
-       gap (MIP_RELATIVE_GAP) of `lp_bound_seconds`, the unpinned LP's bound: Note [no polish within the gap];
+       the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`).
+       No polish where the fixed plan is already within the MIP's own gap (MIP_RELATIVE_GAP) of
+       `lp_bound_seconds`, the unpinned LP's bound: Note [no polish within the gap];
        with one rank, none where the fixed plan trails `leader_seconds`, the best model objective of the chunk
        sizes solved before: Note [the polish refines the leader].
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),

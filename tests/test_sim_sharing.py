@@ -39,7 +39,8 @@ def test_coverage_adds_only_the_new_pieces_and_times_a_step_through_them() -> No
 
 def test_back_to_back_steps_at_one_speed_are_one_interval_losing_what_both_would() -> None:
     """Steps placed end to end at the same `slow` (the CPU optimizer's queue and its make-ups) are kept as one
-    interval: a copy over both takes the sum of what it would take from each; a gap or another speed starts a new one."""
+    interval: a copy over both takes the sum of what it would take from each; a gap or another speed starts a new
+    one."""
     cov = Coverage()
     cov.place_step(0.0, 1.0, 0.5)
     cov.place_step(1.0, 3.0, 0.5)  # back to back, same speed: merged

@@ -346,7 +346,8 @@ def test_only_the_chunk_sizes_whose_mip_is_solved_get_an_lp_vertex(monkeypatch, 
             return real(self, **kw)
         with monkeypatch.context() as m:
             m.setattr(solution_mod.SolutionExtraction, "solve", solve_recorded)
-            schedule = solve(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(raw), device_bytes=50_000_000)
+            schedule = solve(trace, resolve_hardware("cpu-emulated"), trace_digest=digest_bytes(raw),
+                             device_bytes=50_000_000)
         return schedule.to_msgpack(), calls
 
     default_bytes, default_calls = plan()
