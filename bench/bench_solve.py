@@ -16,8 +16,9 @@ Columns: wall and process CPU seconds of the whole solve (layout candidates, LPs
 simulate every plan and the reference decision sets; the target is checked on CPU seconds, which a
 loaded machine inflates less than wall), the simulated time (= the header's objective), the header's
 valid bound, the true gap (simulated - bound) / simulated, the chosen MIP's own gap, and the winner.
-Wall clock on a shared machine: ratios from one run, not absolutes. The last line times a fixed piece of the
-solve's own work (`machine_reference`), so that CPU seconds measured on two boxes at the same tree compare.
+Wall clock on a shared machine: ratios from one run, not absolutes. The last line times two fixed workloads that
+do not change with tide's code (`machine_reference`: interpreted Python, and one MathOpt + HiGHS LP), so that CPU
+seconds measured on two boxes, or at two trees, compare.
 `--twice` solves every case a second time and says whether the schedule's bytes are the same (determinism).
 A row whose header bound was checked against the solve's replays only (above 128 blocks) says so; `--prove-bound`
 proves it at every depth (`planner solve --prove-bound`).
