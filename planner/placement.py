@@ -129,14 +129,7 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         if not self.fixed_flags and self.fixed_modes is None:
             # the integer variables' bounds as built, unpinned: what `repin` restores
             self._built_bounds = [(v.lower_bound, v.upper_bound) for v in self.integral]
-        self.fixed_flags = dict(fixed_flags or {})
-        for name, v in self.flags.items():
-            self._pin_flag(name, v)
-        if modes is not None:
-            self.fixed_modes = modes
-            for i, (b, choice) in enumerate(zip(self.data.blocks, self.act)):
-                self._pin_modes(i, b, choice)
-        return self
+        return self._pin(fixed_flags, modes if modes is not None else self.fixed_modes)
 
     def repin(self, *, fixed_flags: dict[str, int] | None = None,
               fixed_modes: Sequence[ActivationMode] | None = None) -> PlacementModel:
@@ -147,6 +140,10 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
         assert not self.relax and hasattr(self, "_built_bounds"), "repin a MIP made by as_mip"
         for v, (lo, hi) in zip(self.integral, self._built_bounds):
             v.lower_bound, v.upper_bound = lo, hi
+        return self._pin(fixed_flags, fixed_modes)
+
+    def _pin(self, fixed_flags: dict[str, int] | None, fixed_modes: Sequence[ActivationMode] | None) -> PlacementModel:
+        """Pin the switches and the modes (the bounds the constructor gives them with these pins)."""
         self.fixed_flags = dict(fixed_flags or {})
         for name, v in self.flags.items():
             self._pin_flag(name, v)

@@ -650,17 +650,17 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # order and the bound), but only the sizes whose MIP is solved need its vertex (LP-integral fixing, the
     # switches and modes to pin), and the crossover to it costs (the depth ladder's chunk 268435456, hidden 4096,
     # a100-80g-12ssd, timed alone: 512 blocks 11.5 CPU s with it, 8.9-10.0 without; 256 blocks 3.6-4.9 against
-    # 3.0-3.1 s; bench/RESULTS.md, session 20). The
-    # MIN_MIPS sizes that waste the fewest elements are solved with it; the others without (their value and
-    # bound), and again with it only where the search then reaches their MIP (`vertex`): the same plans.
+    # 3.0-3.1 s; bench/RESULTS.md, session 20). The MIN_MIPS sizes that waste the fewest elements are solved
+    # with it; the others without (their value and bound), and again with it only where the search then
+    # reaches their MIP: the same plans.
     likely = _vertex_first(layouts)
 
-    def vertex(size: int) -> float:
-        """Solve `size`'s LP to a vertex (HiGHS's interior point with crossover, on the sparse DEVICE rows: Note
-        [the placement LP on HiGHS's interior point] in planner/mathopt_solver.py) and keep what its MIP reads;
-        its value (inf where no plan fits)."""
+    def solve_lp(size: int, *, vertex: bool) -> float:
+        """Solve `size`'s LP on the sparse DEVICE rows by HiGHS's interior point (Note [the placement LP on
+        HiGHS's interior point] in planner/mathopt_solver.py), to a vertex (with crossover) keeping what its MIP
+        reads, or for its value and bound alone; its value (inf where no plan fits)."""
         try:
-            lp_model = SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER)
+            lp_model = SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER if vertex else BOUND_ONLY)
             lp = lp_model.solve(time_limit_seconds=safety)
         except PlacementInfeasible:
             bounds[size] = math.inf
@@ -669,6 +669,8 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         # charges both ways on a link in the rows this LP charges (Note [two-way links in the
         # simulator] in planner/sim_actions.py)
         bounds[size] = lp.bound_seconds
+        if not vertex:
+            return lp.objective_seconds
         flags[size] = lp_model.flag_values()
         lp_modes[size] = lp.activation_modes
         lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
@@ -680,14 +682,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
-        if size in likely:
-            value = vertex(size)
-        else:
-            try:
-                lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
-                value, bounds[size] = lp.objective_seconds, lp.bound_seconds
-            except PlacementInfeasible:
-                value = bounds[size] = math.inf
+        value = solve_lp(size, vertex=size in likely)
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
                                     chunks=len(layout.chunks)))
     feasible = [c for c in candidates if math.isfinite(c.relaxation_seconds)]
@@ -703,7 +698,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         if cand.relaxation_seconds >= best * (1 - TIE_TOLERANCE) and len(solved) >= MIN_MIPS:
             break
         say(f"chunk size {cand.chunk_elements}: placement MIP")
-        if cand.chunk_elements not in likely and not math.isfinite(vertex(cand.chunk_elements)):
+        if cand.chunk_elements not in likely and not math.isfinite(solve_lp(cand.chunk_elements, vertex=True)):
             continue
         try:
             sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
