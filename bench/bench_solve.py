@@ -34,12 +34,18 @@ prints the rank ladder alone.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
+import datetime
+import heapq
 import math
 import os
+import random
 import sys
 import time
 from pathlib import Path
+
+from ortools.math_opt.python import mathopt
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -182,10 +188,6 @@ def _timed(work) -> float:
 
 def _python_workload() -> float:
     """A fixed discrete-event loop: 100k events through a heap, a calendar searched by bisection, a dict of totals."""
-    import bisect
-    import heapq
-    import random
-
     rng = random.Random(0)
     events = [(rng.random() * 100.0, i) for i in range(100_000)]
     heapq.heapify(events)
@@ -205,10 +207,6 @@ def _python_workload() -> float:
 
 def _lp_workload() -> float:
     """A fixed LP shaped like the placement's: 600 stages of running sums and capacity rows over 300 item classes."""
-    import datetime
-
-    from ortools.math_opt.python import mathopt
-
     stages, classes = 600, 300
     model = mathopt.Model(name="reference")
     t = [model.add_variable(lb=0.0, name=f"t{s}") for s in range(stages)]
