@@ -20,14 +20,13 @@ How, step by step: Note [materialize steps]; several ranks: Note [materialize ra
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 import planner
+from planner import replays
 from planner.decisions import (
     Decisions,
     EvictionRule,
@@ -126,41 +125,48 @@ def materialize(problem: Problem, decisions: Decisions, *, stats: SolverStats | 
 # materializes the count it returns, which solve then replays again, and two reference sets may decide
 # the same under two names (at 256 blocks x 4096 Fuyou's activation swap is all RECOMPUTE, so
 # "fuyou-like" and "fuyou-like, checkpoints only" are one plan; a replay is ~0.3-0.8 s there). Inside
-# `replay_memo()`, a call with the same problem (object), stats and decisions as an earlier successful
-# one, the decisions' name and notes aside (only the header carries them), returns that schedule with
-# its own name and notes in the header, and the same replay: what materializing it again gives. So do the
-# pacing switches where no chunk keeps its OS on NVME: they pace the SSD traffic of NVMe-homed OS only
+# `planner.replays.replay_memo()`, a call with the same problem (object), stats and decisions as an earlier one,
+# the decisions' name and notes aside (only the header carries them), returns that schedule with its own name and
+# notes in the header, and the same replay (or raises the same error): what materializing it again gives. So do
+# the pacing switches where no chunk keeps its OS on NVME: they pace the SSD traffic of NVMe-homed OS only
 # (`planner.emit._paced_host_io` emits nothing else for them), so a paced plan without any is its unpaced
 # twin (GPT-3 13B x rtx4090-768g-12ssd: 6 of the solve's 13 MIP-plan replays; bench/RESULTS.md, session 16).
-_MEMO: contextvars.ContextVar[list | None] = contextvars.ContextVar("replay_memo", default=None)
-
-
-@contextlib.contextmanager
-def replay_memo() -> Iterator[None]:
-    """Within it, `materialize_replayed` replays each plan once (Note [replay memo])."""
-    token = _MEMO.set([])
-    try:
-        yield
-    finally:
-        _MEMO.reset(token)
-
-
+# The memo also replays ahead of need the plans the solve names (`replay_ahead`; Note [replays ahead] in
+# planner/replays.py).
 def materialize_replayed(problem: Problem, decisions: Decisions, *,
                          stats: SolverStats | None = None) -> tuple[Schedule, SimResult]:
     """`materialize`, and the simulator's replay of the schedule (what its prediction is)."""
-    memo = _MEMO.get()
+    memo = replays.current()
     if memo is None:
         return _materialize_replayed(problem, decisions, stats)
+    schedule, replay = memo.replayed(problem, _memo_plan(decisions), stats, _materialize_replayed, decisions, stats)
+    header = dataclasses.replace(schedule.header, policy=decisions.policy, notes=decisions.notes)
+    return dataclasses.replace(schedule, header=header), replay
+
+
+def replay_ahead(problem: Problem, plans: Sequence[tuple[Decisions, SolverStats | None]]) -> None:
+    """Start `materialize_replayed(problem, decisions, stats=stats)` for each (decisions, stats) of `plans`, one
+    batch, in the workers of the open memo where it has workers, for the solve to read later (Note [replays
+    ahead] in planner/replays.py)."""
+    memo = replays.current()
+    if memo is not None:
+        memo.ahead(problem, _materialize_replayed, [(_memo_plan(d), s, (d, s)) for d, s in plans])
+
+
+def drop_ahead(problem: Problem, plans: Sequence[tuple[Decisions, SolverStats | None]]) -> None:
+    """The solve will not read these after all: not started where no worker has started them."""
+    memo = replays.current()
+    if memo is not None:
+        memo.drop(problem, [(_memo_plan(d), s) for d, s in plans])
+
+
+def _memo_plan(decisions: Decisions) -> Decisions:
+    """The decisions as the memo compares them: name and notes aside, and the pacing switches where they pace
+    nothing (Note [replay memo])."""
     plan = dataclasses.replace(decisions, policy="", notes=())
     if not any(p.os_tier is Tier.NVME for p in plan.chunk_plans):  # pacing changes nothing (Note [replay memo])
         plan = dataclasses.replace(plan, pace_optimizer_io=False, pace_on_replay=False)
-    for seen_problem, seen_stats, seen_plan, schedule, replay in memo:
-        if seen_problem is problem and seen_stats == stats and seen_plan == plan:
-            header = dataclasses.replace(schedule.header, policy=decisions.policy, notes=decisions.notes)
-            return dataclasses.replace(schedule, header=header), replay
-    schedule, replay = _materialize_replayed(problem, decisions, stats)
-    memo.append((problem, stats, plan, schedule, replay))
-    return schedule, replay
+    return plan
 
 
 def _materialize_replayed(problem: Problem, decisions: Decisions,
@@ -448,5 +454,5 @@ def _header(problem: Problem, d: Decisions, stats: SolverStats | None, predicted
 
 __all__ = [
     "Decisions", "EvictionRule", "ReplayError", "Reservation", "ResidencyReplay", "SolverStats", "activation_moments", "materialize",
-    "non_model_curve", "os_device_bytes", "param_budget_bytes", "replay_memo", "replay_residency", "uniform_decisions",
+    "non_model_curve", "os_device_bytes", "param_budget_bytes", "drop_ahead", "replay_ahead", "replay_residency", "uniform_decisions",
 ]

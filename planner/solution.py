@@ -50,6 +50,7 @@ class SolveReport:
     evaluated: tuple[tuple[str, float], ...] = ()  # (plan, simulated seconds) of every plan replayed
     chosen: str = ""  # which of them won
     mip_gap: float = math.nan  # the chosen placement MIP's own gap (to its restricted model's dual bound)
+    worker_cpu_seconds: float = 0.0  # CPU seconds of the solve's replay workers (Note [replays ahead])
 
     @property
     def true_gap(self) -> float:

@@ -9,11 +9,14 @@ Note [solve determinism], both above `solve_report`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from planner.policies import policy_layout
 from planner.policies.patrickstar import patrickstar_layout
@@ -25,7 +28,7 @@ from planner.policies.angel import decide as angel_decide
 from planner.reference import os_margin_decisions, reference_decisions
 from planner.layout import build_layout, candidate_chunk_sizes, wasted_elements
 from planner.mathopt_solver import BOUND_ONLY
-from planner.materialize import Decisions, SolverStats, materialize, materialize_replayed, replay_memo
+from planner.materialize import Decisions, SolverStats, drop_ahead, materialize, materialize_replayed, replay_ahead
 from planner.placement import (
     MIP_RELATIVE_GAP,
     PlacementInfeasible,
@@ -38,6 +41,7 @@ from planner.placement import (
     root_bound_seconds,
 )
 from planner.problem import build_problem
+from planner.replays import replay_memo
 from planner.sim_result import SimResult
 from planner.simulate import ScheduleViolation
 from planner.solution import (
@@ -55,6 +59,7 @@ from schemas.schedule import Channel, ChunkLayout, Schedule, SolverStatus, Tier
 from schemas.trace import Trace
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_TIME_LIMIT_SECONDS = 60.0
 TIE_TOLERANCE = 1e-3  # candidates within 0.1% of the best predicted time count as a tie
@@ -151,14 +156,15 @@ SAFETY_SECONDS = 300.0
 
 def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS,
           exact: bool = False, device_bytes: int | None = None, optimizer_overlap: bool = True,
-          checkpoint_offload: bool = True) -> Schedule:
+          checkpoint_offload: bool = True, jobs: int = 1) -> Schedule:
     """Plan `trace` on `hardware` and return the schedule (raises InfeasibleError / PlannerError).
 
     `checkpoint_offload=False` keeps every RECOMPUTE block's input on DEVICE (by default the planner
-    may park it on HOST; the executor replays either)."""
+    may park it on HOST; the executor replays either). `jobs`: processes that replay candidate plans (Note
+    [replays ahead] in planner/replays.py); the same schedule with any number."""
     return solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
                         device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
-                        checkpoint_offload=checkpoint_offload).schedule
+                        checkpoint_offload=checkpoint_offload, jobs=jobs).schedule
 
 
 # Note [solve steps]:
@@ -191,24 +197,31 @@ def solve(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: 
 # Determinism: one solver thread, fixed seeds, LPs to their optimum, MIPs that stop at their gap or
 # their node limit (the wall-clock limit is only a safety net), no clock read to decide anything,
 # sorted iteration everywhere, and no wall-clock time in the file (solve seconds are printed, never
-# written): the same inputs give the same bytes.
+# written): the same inputs give the same bytes. With several jobs too: the workers compute outcomes the solve
+# reads in the one-job order, and HiGHS solves one model at a time (Note [replays ahead] in planner/replays.py).
 
 
 def solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_SECONDS, exact: bool = False,
                  device_bytes: int | None = None, optimizer_overlap: bool = True, checkpoint_offload: bool = True,
-                 prove_bound: bool = False, progress: Callable[[str], None] | None = None) -> SolveReport:
+                 prove_bound: bool = False, progress: Callable[[str], None] | None = None,
+                 jobs: int = 1) -> SolveReport:
     """`prove_bound`: the header's bound proven for every plan at any depth, not only up to PROVEN_BOUND_MAX_BLOCKS
-    blocks (Note [the proven bound up to 128 blocks]: one more LP per chunk size)."""
-    with replay_memo():  # a plan replayed twice is replayed once (Note [replay memo] in planner.materialize)
-        return _solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
-                             device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
-                             checkpoint_offload=checkpoint_offload, prove_bound=prove_bound, progress=progress)
+    blocks (Note [the proven bound up to 128 blocks]: one more LP per chunk size). `jobs`: processes that replay
+    candidate plans, this one included (Note [replays ahead] in planner/replays.py); the same bytes with any number."""
+    # a plan replayed twice is replayed once (Note [replay memo] in planner.materialize), and ahead of need in
+    # jobs - 1 workers
+    with replay_memo(jobs=jobs) as memo:
+        report = _solve_report(trace, hardware, trace_digest=trace_digest, time_limit_s=time_limit_s, exact=exact,
+                               device_bytes=device_bytes, optimizer_overlap=optimizer_overlap,
+                               checkpoint_offload=checkpoint_offload, prove_bound=prove_bound, progress=progress,
+                               jobs=jobs)
+        return dataclasses.replace(report, worker_cpu_seconds=memo.worker_cpu_seconds)
 
 
 def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_limit_s: float, exact: bool,
                   device_bytes: int | None, optimizer_overlap: bool, checkpoint_offload: bool,
-                  prove_bound: bool, progress: Callable[[str], None] | None) -> SolveReport:
+                  prove_bound: bool, progress: Callable[[str], None] | None, jobs: int) -> SolveReport:
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     problem = build_problem(trace, hardware, trace_digest=trace_digest, device_bytes=device_bytes)
@@ -221,12 +234,18 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # queue behind the optimizer state's traffic (measured on 175B / a100-80g-12ssd: model 106 s,
     # simulator 191 s, against 118.5 s for the HOST-homed plan). It is what lets the largest
     # models fit (Fuyou's layout), where HOST cannot hold a copy of every PARAM.
+    def ahead(layout, data: PlacementInput, sol: PlacementSolution) -> None:
+        """A solved MIP's plan replayed ahead in its budget and pacing variants (Note [replays ahead]), while the
+        search goes on: the stage loop below replays them in this order."""
+        replay_ahead(problem, [(d, _stats(sol)) for d in _mip_plan_replays(
+            problem, decisions_from_placement(problem, layout, data, sol), sol)])
+
     search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
-                     checkpoint_offload=checkpoint_offload, nvme_home=False, say=say)
+                     checkpoint_offload=checkpoint_offload, nvme_home=False, say=say, jobs=jobs, solved_mip=ahead)
     if not search[2] and problem.nvme_bytes > 0 and hardware.nvme_read_bytes_per_s > 0:
         say("no plan with every PARAM on HOST: PARAM may live on NVME")
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
-                         checkpoint_offload=checkpoint_offload, nvme_home=True, say=say)
+                         checkpoint_offload=checkpoint_offload, nvme_home=True, say=say, jobs=jobs, solved_mip=ahead)
     candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted = search
     # With several ranks the placement model is rank-aware (issue 18 item 1) but keeps no local-only
     # chunk (docs/rank-aware-placement.md §7): the reference decision sets run even where it finds no plan
@@ -237,6 +256,19 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # replayed, and so are the reference decision sets (what the baselines decide, expressed as
     # tide Decisions and materialized by tide's engine), so that tide can express everything a
     # baseline does and is never slower than one by construction; the fastest replay wins.
+    # Above BESIDE_COPIES_MAX_BLOCKS blocks, on a profile whose copies slow CPU Adam, the model prices every
+    # step at its rate with copies, a replay at its rate alone while no copy runs (planner.sim_actions.
+    # _optimizer_step): its LP is then no bound of every plan. The LPs at the rate alone, charged what a step
+    # loses beside copies (every other price the model's, the two-way rows included), are: solved where the
+    # model's bound is above a replay, and up to PROVEN_BOUND_MAX_BLOCKS for the header's bound (Note [the
+    # proven bound up to 128 blocks]); those from here on, in a thread beside the replays with several jobs
+    beside = cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
+                                    mixed_precision=problem.mixed_precision)
+    priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
+    to_prove = priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
+    alone_inputs = {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)}
+    alone_bound = _beside(jobs, lambda: _adam_alone_bound(problem, alone_inputs, max(SAFETY_SECONDS, time_limit_s), say)) \
+        if to_prove and lp_bounds else None
     evaluated: list[Evaluated] = []
     unreplayed: list[tuple[str, float]] = []  # (what, its bound): sets whose work cannot end before the fastest replay
     for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
@@ -247,11 +279,11 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         # (GPT-3 175B x rtx4090-768g-12ssd: chunk 1812099072's plan at least 132.04 s, the fastest replay then
         # 128.24 s; its 4 replays took 1.4 of the solve's CPU s, bench/RESULTS.md session 19)
         if _cannot_win(problem, decisions, evaluated, unreplayed, what=f"placement MIP, chunk size {size} (every variant)"):
+            drop_ahead(problem, [(d, _stats(solved[size])) for d in _mip_plan_replays(problem, decisions, solved[size])])
             continue
         say(f"chunk size {size}: materialize and simulate")
         # the plan's own budget, the whole DEVICE's only where that does not survive (Note [the plan's own budget])
-        own = _own_budget(problem, decisions, solved[size])
-        budgets = ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
+        budgets = _mip_plan_budgets(problem, decisions, solved[size])
         both = len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS
         for paced in (True, False):  # the optimizer's SSD traffic at the CPU's pace, or at once
             found = []
@@ -307,6 +339,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     best_placed = min(evaluated, key=lambda e: (e.simulated_seconds, e.chunk_elements), default=None)
     if best_placed is not None and best_placed.chunk_elements not in layouts:
         layouts[best_placed.chunk_elements] = (best_placed.decisions.layout, "fuyou")
+    references: list[tuple[Decisions, str]] = []  # (decisions, what), replayed in this order
     for size, (layout, only) in sorted(layouts.items()):
         say(f"chunk size {size}: reference decision sets")
         for name, decisions in reference_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
@@ -318,19 +351,22 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                              checkpoint_offload=checkpoint_offload)
                 if margin is not None:
                     margin_name, margin_decisions = margin
-                    _replay_reference(problem, margin_decisions, evaluated, unreplayed,
-                                      what=f"{margin_name} decisions, chunk size {size}")
+                    references.append((margin_decisions, f"{margin_name} decisions, chunk size {size}"))
             for paced in (False, True) if name.startswith("fuyou") else (False,):
-                _replay_reference(problem, dataclasses.replace(decisions, pace_optimizer_io=paced), evaluated,
-                                  unreplayed, what=f"{name} decisions, chunk size {size}{', paced' if paced else ''}")
+                references.append((dataclasses.replace(decisions, pace_optimizer_io=paced),
+                                   f"{name} decisions, chunk size {size}{', paced' if paced else ''}"))
     # the Angel-PTM-like decision sets (planner.policies.angel, on their own layout and eviction rule)
     # too: they are the strongest baseline on 13B x a100-80g-12ssd, where tide's materialization of the
     # same placement on its layout replayed 0.8% slower (bench/RESULTS.md l17); replayed here, tide is
     # never slower than what that baseline decides either
     for i, decisions in enumerate(angel_decide(problem) if optimizer_overlap else ()):
-        _replay_reference(problem, dataclasses.replace(decisions, policy=POLICY, notes=tuple(
-            f"angel-like reference set: {n}" for n in decisions.notes)), evaluated, unreplayed,
-            what=f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}")
+        references.append((dataclasses.replace(decisions, policy=POLICY, notes=tuple(
+            f"angel-like reference set: {n}" for n in decisions.notes)),
+            f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}"))
+    # those that can still win, ahead (Note [replays ahead])
+    replay_ahead(problem, [(d, None) for d, _ in references if _work_bound_loses(problem, d, evaluated) is None])
+    for decisions, what in references:
+        _replay_reference(problem, decisions, evaluated, unreplayed, what=what)
     if not evaluated and not solved:
         raise explain_infeasible(_least_demanding(inputs), what=f"{trace.meta.model_name} on {hardware.name}")
     if not evaluated:
@@ -369,20 +405,11 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
             root_above = (f"the root node's bound {relaxation_bound:.6g} s is above a replay ({fastest_replay:.6g} s): "
                           f"the model's bound is its LP's, {lp_only:.6g} s")
             relaxation_bound, model_bound_valid = lp_only, True
-    # Above BESIDE_COPIES_MAX_BLOCKS blocks, on a profile whose copies slow CPU Adam, the model prices every
-    # step at its rate with copies, a replay at its rate alone while no copy runs (planner.sim_actions.
-    # _optimizer_step): its LP is then no bound of every plan. The LPs at the rate alone, charged what a step
-    # loses beside copies (every other price the model's, the two-way rows included), are: solved where the
-    # model's bound is above a replay, and up to PROVEN_BOUND_MAX_BLOCKS for the header's bound (Note [the
-    # proven bound up to 128 blocks])
-    beside = cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
-                                    mixed_precision=problem.mixed_precision)
-    priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
-    to_prove = priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
+    # the LPs at CPU Adam's rate alone (above), or only now where the model's bound is above a replay
     adam_alone = ""
     if lp_bounds and (not model_bound_valid or to_prove):
-        alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
-                                  max(SAFETY_SECONDS, time_limit_s), say)
+        alone = alone_bound() if alone_bound is not None else \
+            _adam_alone_bound(problem, alone_inputs, max(SAFETY_SECONDS, time_limit_s), say)
         if 0.0 < alone <= fastest_replay:
             adam_alone = (f"the header's bound is the LP with CPU Adam at its rate alone charged the time lost beside "
                           f"copies, {alone:.6g} s, proven for every plan (the model's LP at the rate with copies, "
@@ -469,16 +496,41 @@ def _own_budget(problem, decisions, sol: PlacementSolution):
     return dataclasses.replace(decisions, param_device_budget_bytes=tuple(budget))
 
 
+def _stats(placement: PlacementSolution | None) -> SolverStats | None:
+    """What a schedule's header says of the placement MIP it comes from (None: a reference decision set)."""
+    if placement is None:
+        return None
+    return SolverStats(status=placement.status, objective_seconds=placement.objective_seconds,
+                       lower_bound_seconds=placement.bound_seconds, gap=placement.gap)
+
+
+def _mip_plan_budgets(problem, decisions: Decisions, sol: PlacementSolution) -> tuple[tuple[Decisions, str], ...]:
+    """(decisions, label) per PARAM+GRAD budget a MIP plan is replayed with, in order: its own, and the whole
+    DEVICE's (Note [the plan's own budget])."""
+    own = _own_budget(problem, decisions, sol)
+    return ((own, ""), (decisions, ", full budget")) if own is not decisions else ((decisions, ""),)
+
+
+def _mip_plan_replays(problem, decisions: Decisions, sol: PlacementSolution) -> list[Decisions]:
+    """The decisions a MIP plan is replayed with, in the order `_solve_report` replays them where each survives:
+    per pacing its budgets (the whole DEVICE's only below BOTH_BUDGETS_MAX_BLOCKS blocks) and, where it steps
+    on DEVICE in backward, every GPU step after backward (Note [replays ahead])."""
+    budgets = _mip_plan_budgets(problem, decisions, sol)
+    out = []
+    for paced in (True, False):
+        out += [dataclasses.replace(d, pace_optimizer_io=paced)
+                for d, _ in budgets[:None if len(problem.blocks) < BOTH_BUDGETS_MAX_BLOCKS else 1]]
+        if decisions.device_steps_in_backward:
+            out.append(dataclasses.replace(decisions, pace_optimizer_io=paced, device_steps_in_backward=False))
+    return out
+
+
 def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int,
               placement: PlacementSolution | None = None, data: PlacementInput | None = None) -> Evaluated | None:
     """Materialize and simulate; None when the plan does not survive either (it runs out of a tier
     once every action is placed, or breaks a rule of the simulator)."""
-    stats = None
-    if placement is not None:
-        stats = SolverStats(status=placement.status, objective_seconds=placement.objective_seconds,
-                            lower_bound_seconds=placement.bound_seconds, gap=placement.gap)
     try:
-        schedule, replay = materialize_replayed(problem, decisions, stats=stats)
+        schedule, replay = materialize_replayed(problem, decisions, stats=_stats(placement))
     except (InfeasibleError, ScheduleViolation, PlannerError) as exc:
         log.info("%s: dropped (%s)", what, exc)
         return None
@@ -492,11 +544,9 @@ def _replay_fastest_again(problem, evaluated: list[Evaluated],
     """The `fastest` fastest MIP replays once more each with `variant`'s decisions (None: nothing to try),
     appended to `evaluated` where they survive; the simulator judges them with the others."""
     placed = sorted((e for e in evaluated if e.placement is not None), key=lambda e: (e.simulated_seconds, e.what))
-    for best in placed[:fastest]:
-        found = variant(best)
-        if found is None:
-            continue
-        decisions, how = found
+    variants = [(best, found) for best in placed[:fastest] if (found := variant(best)) is not None]
+    replay_ahead(problem, [(decisions, _stats(best.placement)) for best, (decisions, _) in variants])
+    for best, (decisions, how) in variants:
         again = _evaluate(problem, decisions, what=f"{best.what}, {how}", chunk_elements=best.chunk_elements,
                           wasted=best.wasted_elements, placement=best.placement, data=best.data)
         if again is not None:
@@ -569,11 +619,18 @@ def _cannot_win(problem, decisions: Decisions, evaluated: list[Evaluated], unrep
                 *, what: str) -> bool:
     """Whether the work `decisions` fix cannot end within TIE_TOLERANCE of the fastest replay so far
     (planner.bounds.decisions_bound); if so, (`what`, that bound) goes into `unreplayed`."""
-    bound = decisions_bound(problem, decisions).seconds
-    if bound <= min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE):
+    bound = _work_bound_loses(problem, decisions, evaluated)
+    if bound is None:
         return False
     unreplayed.append((what, bound))
     return True
+
+
+def _work_bound_loses(problem, decisions: Decisions, evaluated: list[Evaluated]) -> float | None:
+    """The least time of the work `decisions` fix (planner.bounds.decisions_bound) where it cannot end within
+    TIE_TOLERANCE of the fastest replay so far, else None."""
+    bound = decisions_bound(problem, decisions).seconds
+    return None if bound <= min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE) else bound
 
 
 def _replay_reference(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
@@ -588,6 +645,18 @@ def _replay_reference(problem, decisions: Decisions, evaluated: list[Evaluated],
                       wasted=wasted_elements(decisions.layout))
     if found is not None:
         evaluated.append(found)
+
+
+def _beside(jobs: int, fn: Callable[[], T]) -> Callable[[], T]:
+    """A call (made once) that returns `fn()`: computed from now on in a thread where `jobs` > 1 (HiGHS, which
+    releases the GIL, beside the solve's Python: Note [one HiGHS solve at a time] in planner/mathopt_solver.py), the
+    call waiting for it; with one job `fn` itself, computed when called."""
+    if jobs < 2:
+        return fn
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-highs")
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future.result
 
 
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
@@ -612,8 +681,10 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
 
 
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
-            checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None]):
-    """LP per chunk size, then branch and bound over chunk sizes with the MIP.
+            checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None], jobs: int = 1,
+            solved_mip: Callable[[ChunkLayout, PlacementInput, PlacementSolution], None] = lambda *_: None):
+    """LP per chunk size, then branch and bound over chunk sizes with the MIP; `solved_mip(layout, data, solution)`
+    as each MIP is solved.
 
     Returns (candidates, inputs, solved MIPs, valid bounds per chunk size, LP switch values, LP
     modes, the LPs alone); `solved` is empty when none fits. Nothing here reads the clock to decide: the solver
@@ -655,13 +726,28 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # reaches their MIP: the same plans.
     likely = _vertex_first(layouts)
 
-    def solve_lp(size: int, *, vertex: bool) -> float:
-        """Solve `size`'s LP on the sparse DEVICE rows by HiGHS's interior point (Note [the placement LP on
-        HiGHS's interior point] in planner/mathopt_solver.py), to a vertex (with crossover) keeping what its MIP
-        reads, or for its value and bound alone; its value (inf where no plan fits)."""
+    def lp_built(size: int, *, vertex: bool) -> SparsePlacementModel | None:
+        """`size`'s LP on the sparse DEVICE rows, for HiGHS's interior point (Note [the placement LP on HiGHS's
+        interior point] in planner/mathopt_solver.py): to a vertex (with crossover) keeping what its MIP reads, or
+        for its value and bound alone; None where no plan fits."""
         try:
-            lp_model = SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER if vertex else BOUND_ONLY)
-            lp = lp_model.solve(time_limit_seconds=safety)
+            return SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER if vertex else BOUND_ONLY)
+        except PlacementInfeasible:
+            return None
+
+    def solve_lp(size: int, *, vertex: bool) -> float:
+        """Build and solve `size`'s LP: its value (inf where no plan fits)."""
+        lp_model = lp_built(size, vertex=vertex)
+        return lp_solved(size, lp_model, lp_model and functools.partial(lp_model.solve, time_limit_seconds=safety),
+                         vertex=vertex)
+
+    def lp_solved(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], PlacementSolution] | None,
+                  *, vertex: bool) -> float:
+        """Record `size`'s LP, solved by `solution()`; its value (inf where no plan fits)."""
+        try:
+            if lp_model is None:
+                raise PlacementInfeasible("no plan fits")
+            lp = solution()
         except PlacementInfeasible:
             bounds[size] = math.inf
             return math.inf
@@ -677,14 +763,25 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         lp_models[size] = lp_model
         return lp.objective_seconds
 
+    def settle(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], PlacementSolution] | None) -> None:
+        value = lp_solved(size, lp_model, solution, vertex=size in likely)
+        layout = layouts[size]
+        candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
+                                    chunks=len(layout.chunks)))
+
+    # with several jobs each size's LP is built while HiGHS solves the previous one in a thread (`_beside`)
+    solving: tuple | None = None
     for size, layout in layouts.items():
         say(f"chunk size {size}: LP relaxation")
         data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
         inputs[size] = (layout, data)
-        value = solve_lp(size, vertex=size in likely)
-        candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
-                                    chunks=len(layout.chunks)))
+        lp_model = lp_built(size, vertex=size in likely)
+        if solving is not None:
+            settle(*solving)
+        solving = (size, lp_model, lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety)))
+    if solving is not None:
+        settle(*solving)
     feasible = [c for c in candidates if math.isfinite(c.relaxation_seconds)]
     # Branch and bound over chunk sizes: solve the MIP of the candidates in LP order until the next
     # LP value cannot beat the best plan found; every candidate then has a valid bound (its LP, or
@@ -714,6 +811,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                 bounds[cand.chunk_elements] = math.inf
             continue
         solved[cand.chunk_elements] = sol
+        solved_mip(*inputs[cand.chunk_elements], sol)
     # where the LP is loose: the root node of the unpinned MIP (deterministic, node limit 1); only
     # for chunk sizes whose bound can set the header's (the least one), and only where the
     # physical limit does not already close the gap

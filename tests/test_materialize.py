@@ -404,6 +404,7 @@ def test_an_idle_embedding_grad_is_spilled_over_a_crowded_gap_only_when_faster()
 
 def test_replay_memo_replays_a_plan_once_under_any_name(monkeypatch) -> None:
     import planner.materialize as mat
+    from planner.replays import replay_memo
     p = problem()
     d = uniform_decisions(p, layout_of(p), param_budget=450_000, os_tier=Tier.NVME)
     twin = dataclasses.replace(d, policy="twin", notes=("another name, the same plan",))
@@ -412,7 +413,7 @@ def test_replay_memo_replays_a_plan_once_under_any_name(monkeypatch) -> None:
     calls = []
     real = mat._materialize_replayed
     monkeypatch.setattr(mat, "_materialize_replayed", lambda *a: calls.append(a[1].policy) or real(*a))
-    with mat.replay_memo():
+    with replay_memo():
         got = [mat.materialize_replayed(p, x) for x in (d, twin, other, d)]
         # another problem object (planner.solve's HOST-shortfall probe) is not the same plan
         mat.materialize_replayed(dataclasses.replace(p), d)

@@ -1,0 +1,352 @@
+"""The replays of one solve: each plan materialized and simulated once (Note [replay memo] in
+planner/materialize.py), and the plans the solve reads next replayed ahead of need on the machine's
+other cores (Note [replays ahead]).
+
+`planner.solve` opens `replay_memo(jobs=...)`; `planner.materialize.materialize_replayed` looks each plan up
+in it (`ReplayMemo.replayed`); the solve names what it will read next (`ReplayMemo.ahead`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import enum
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from planner.errors import PlannerError
+
+# Note [replays ahead]:
+# A solve replays its candidate plans one after another and reads each replay in that order: which plans
+# cannot win (`_cannot_win`), which two are the bases of the replay variants, which is chosen. Materializing
+# and simulating a plan is a pure function of the problem, the decisions and the solver stats (no clock, no
+# state kept between calls), so it can run before it is read, anywhere. With `jobs` > 1 a solve names the
+# plans it will read next (the MIP plan's budget and pacing variants as soon as its MIP is solved, the
+# variants of the fastest replays, the reference decision sets that can still win) and jobs - 1 worker
+# processes, forked from the solve with the problem in their memory, replay them in that order while the
+# solve goes on: HiGHS solving the next MIP or the bound's LPs, or replaying a plan itself. When the solve
+# reads a plan no worker has taken yet, it replays it itself (and hands the next ones to idle workers); when
+# a worker is replaying the plan it reads, it replays the next plan no worker has taken meanwhile. The solve
+# reads every outcome in the order it does with one job, so the schedule is the same bytes with any number
+# of jobs (tests/test_replays.py compares them); a plan named ahead that the solve then does not read (a
+# plan that cannot win after all) costs a worker's time, never the result. A worker that fails to return an
+# outcome (it died, or its outcome does not pickle) has its plan replayed by the solve itself.
+# Only where the OS can fork (the workers get the problem without pickling it; Linux, macOS): elsewhere a
+# solve replays every plan itself. The forked workers never call HiGHS (whose idle worker thread a fork does
+# not copy); they materialize and simulate, which is Python and numpy alone.
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _State(enum.Enum):
+    HERE = "here"  # the solve replays it itself (no worker has it)
+    PENDING = "pending"  # named ahead, no worker has started it
+    RUNNING = "running"  # a worker replays it
+    REPLIED = "replied"  # a worker's reply is in
+    LOST = "lost"  # its worker died: the solve replays it itself
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Entry:
+    """One plan of the memo: what replays it, and its outcome once known (mutable: it settles once)."""
+
+    problem: object
+    stats: object
+    plan: object  # the decisions as the memo compares them (planner.materialize._memo_plan)
+    run: Callable[..., Any]  # run(problem, *args): the replay (schedule, SimResult), or raises
+    args: tuple
+    batch: int = -1  # the `ahead` call that named it (-1: none)
+    state: _State = _State.HERE
+    reply: tuple | None = None  # a worker's (kind, value, CPU seconds): `_in_worker`
+    outcome: tuple[bool, Any] | None = None  # (True, value) or (False, the PlannerError run raised)
+
+
+def _in_worker(problem: object, run: Callable[..., Any], args: tuple) -> tuple[str, Any, float]:
+    """One replay in a worker: ("ok", value), ("raised", a PlannerError) or ("again", None) where the outcome
+    cannot travel back whole (the solve replays it itself), with the worker's CPU seconds."""
+    started = time.process_time()
+    try:
+        out: tuple[str, Any] = ("ok", run(problem, *args))
+    except PlannerError as exc:  # the outcomes a solve reads (a plan that does not survive)
+        out = ("raised", exc)
+    except Exception:  # a bug: replayed by the solve, where its traceback is the solve's own
+        out = ("again", None)
+    if out[0] == "raised":
+        try:
+            pickle.loads(pickle.dumps(out[1]))
+        except Exception:  # an exception whose constructor takes other arguments than its args
+            out = ("again", None)
+    return (*out, time.process_time() - started)
+
+
+def _serve(conn: Connection, problem: object) -> None:
+    """A worker: replays what it is sent, one at a time, until its pipe closes."""
+    while True:
+        try:
+            run, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        conn.send(_in_worker(problem, run, args))
+
+
+class _Workers:
+    """Worker processes forked with the problem, each replaying one plan at a time, fed by a thread as each
+    becomes idle: a plan no worker has started waits here, where the solve can take it back (`take`)."""
+
+    def __init__(self, count: int, problem: object) -> None:
+        self._ctx = multiprocessing.get_context("fork")
+        self._problem = problem
+        self._cv = threading.Condition()
+        self._pending: list[_Entry] = []
+        self._busy: dict[Connection, _Entry] = {}
+        self._idle: list[Connection] = []
+        self._processes: dict[Connection, multiprocessing.Process] = {}  # every worker started, by its pipe
+        self.broken = False
+        self._closed = False
+        for _ in range(count):
+            self._start_one()
+        self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
+        self._thread = threading.Thread(target=self._feed, name="tide-replays", daemon=True)
+        self._thread.start()
+
+    def _start_one(self) -> None:
+        """One more idle worker, forked now with the problem in its memory."""
+        mine, theirs = self._ctx.Pipe()
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns that forking a process with threads (HiGHS's idle worker thread) may
+            # deadlock the child in a lock such a thread held: the workers never call HiGHS (Note [replays ahead])
+            warnings.simplefilter("ignore", DeprecationWarning)
+            process = self._ctx.Process(target=_serve, args=(theirs, self._problem), daemon=True, name="tide-replay")
+            process.start()
+        theirs.close()
+        self._processes[mine] = process
+        self._idle.append(mine)
+
+    def abandon(self, entry: _Entry) -> None:
+        """`entry` will not be read: not started where it is pending, and where a worker replays it, that worker
+        killed and a fresh one forked in its place (a replay of a few seconds, against a fork's milliseconds)."""
+        with self._cv:
+            if entry.state is _State.PENDING:
+                self._pending.remove(entry)
+            elif entry.state is _State.RUNNING and not self.broken:
+                conn = next(c for c, e in self._busy.items() if e is entry)
+                del self._busy[conn]  # the feeding thread drops its reply (none comes: its end of the pipe closes)
+                self._processes[conn].kill()
+                self._start_one()
+            else:
+                return
+            entry.state = _State.HERE
+        self._wake_w.send_bytes(b"")
+
+    def submit(self, entry: _Entry) -> None:
+        with self._cv:
+            entry.state = _State.PENDING
+            self._pending.append(entry)
+        self._wake_w.send_bytes(b"")
+
+    def take(self, entry: _Entry) -> bool:
+        """Whether `entry` was pending (it is the solve's now)."""
+        with self._cv:
+            if entry.state is not _State.PENDING:
+                return False
+            self._pending.remove(entry)
+            entry.state = _State.HERE
+            return True
+
+    def take_next(self, batch: int) -> _Entry | None:
+        """The first pending entry of `batch`, taken (None: none)."""
+        with self._cv:
+            entry = next((e for e in self._pending if e.batch == batch), None)
+            if entry is not None:
+                self._pending.remove(entry)
+                entry.state = _State.HERE
+            return entry
+
+    def wait(self, entry: _Entry) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: entry.state is not _State.RUNNING)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+        self._wake_w.send_bytes(b"")
+        for process in self._processes.values():  # now, not after the plans they replay for nobody
+            process.kill()
+        self._thread.join()
+        for conn, process in self._processes.items():
+            process.join()
+            conn.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _feed(self) -> None:
+        try:
+            while self._feed_once():
+                pass
+        except BaseException:  # whatever stops the feeding: every plan a worker had is the solve's to replay
+            with self._cv:
+                self.broken = True
+                for entry in self._busy.values():
+                    entry.state = _State.LOST
+                self._cv.notify_all()
+            raise
+
+    def _feed_once(self) -> bool:
+        """Hand pending plans to idle workers, then wait for a reply or a wake-up; False once closed."""
+        with self._cv:
+            if self._closed:
+                return False
+            while self._idle and self._pending and not self.broken:
+                entry, conn = self._pending.pop(0), self._idle.pop()
+                entry.state = _State.RUNNING
+                self._busy[conn] = entry
+                conn.send((entry.run, entry.args))
+            conns = list(self._busy)
+        for conn in multiprocessing.connection.wait([*conns, self._wake_r]):
+            if conn is self._wake_r:
+                self._wake_r.recv_bytes()
+                continue
+            try:
+                reply = conn.recv()
+            except (EOFError, OSError):  # the worker died (or was killed by `close`)
+                reply = None
+            with self._cv:
+                entry = self._busy.pop(conn, None)
+                if entry is None:  # its worker was killed (`abandon`)
+                    continue
+                if reply is None:
+                    self.broken = True
+                    entry.state = _State.LOST
+                else:
+                    entry.reply, entry.state = reply, _State.REPLIED
+                    self._idle.append(conn)
+                self._cv.notify_all()
+        return True
+
+
+class ReplayMemo:
+    """The replays of one solve (Note [replay memo] in planner/materialize.py, Note [replays ahead])."""
+
+    def __init__(self, *, jobs: int) -> None:
+        self.jobs = jobs
+        self.worker_cpu_seconds = 0.0  # the workers' CPU seconds (the solve's own process does not count them)
+        self._entries: list[_Entry] = []
+        self._batches = 0
+        self._workers: _Workers | None = None
+        self._workers_problem: object = None
+
+    def ahead(self, problem: object, run: Callable[..., Any], plans: list[tuple[object, object, tuple]]) -> None:
+        """For each (plan, stats, args) of `plans`, in order, `run(problem, *args)` (the replay of `plan`) started
+        in a worker, for `replayed` to read later. One call names one batch: while the solve waits for a plan of
+        the batch that a worker replays, it replays the batch's next plans itself, never those of another batch
+        (which it may never read: a chunk size whose plans cannot win)."""
+        workers = self._pool(problem)
+        if workers is None:
+            return
+        self._batches += 1
+        for plan, stats, args in plans:
+            if self._find(problem, plan, stats) is None:
+                entry = _Entry(problem=problem, stats=stats, plan=plan, run=run, args=args, batch=self._batches)
+                self._entries.append(entry)
+                workers.submit(entry)
+
+    def drop(self, problem: object, plans: list[tuple[object, object]]) -> None:
+        """The (plan, stats) of `plans` will not be read: those no worker has started are not started."""
+        for plan, stats in plans:
+            entry = self._find(problem, plan, stats)
+            if entry is not None and entry.outcome is None and entry.state in (_State.PENDING, _State.RUNNING):
+                self._workers.abandon(entry)
+                self._entries.remove(entry)
+
+    def replayed(self, problem: object, plan: object, stats: object, run: Callable[..., Any], *args: Any) -> Any:
+        """`run(problem, *args)`'s value (or its exception), computed once per plan."""
+        entry = self._find(problem, plan, stats)
+        if entry is None:
+            entry = _Entry(problem=problem, stats=stats, plan=plan, run=run, args=args)
+            self._entries.append(entry)
+        workers = self._workers
+        while entry.outcome is None:
+            if entry.state in (_State.HERE, _State.LOST) or workers.take(entry):
+                self._here(entry)  # no worker has it: replayed here
+            elif entry.state is _State.REPLIED:
+                kind, value, cpu_seconds = entry.reply
+                self.worker_cpu_seconds += cpu_seconds
+                if kind == "again":
+                    self._here(entry)
+                else:
+                    entry.outcome = (kind == "ok", value)
+            elif (other := workers.take_next(entry.batch)) is not None:
+                self._here(other)  # a worker replays it: meanwhile the next one of its batch, here
+            else:
+                workers.wait(entry)
+        ok, value = entry.outcome
+        if not ok:
+            raise value
+        return value
+
+    def close(self) -> None:
+        """Stop the workers (a plan named ahead and never read is dropped unfinished)."""
+        if self._workers is not None:
+            self._workers.close()
+
+    def _find(self, problem: object, plan: object, stats: object) -> _Entry | None:
+        return next((e for e in self._entries if e.problem is problem and e.stats == stats and e.plan == plan), None)
+
+    @staticmethod
+    def _here(entry: _Entry) -> None:
+        try:
+            entry.outcome = (True, entry.run(entry.problem, *entry.args))
+        except PlannerError as exc:
+            entry.outcome = (False, exc)
+
+    def _pool(self, problem: object) -> _Workers | None:
+        """The workers for `problem` (started at its first plan named ahead); None with one job, where the OS
+        cannot fork, after a worker died, or for another problem than the workers' (a solve's side problems are
+        replayed by the solve itself)."""
+        if self._workers is None:
+            if self.jobs < 2 or self._workers_problem is not None or "fork" not in multiprocessing.get_all_start_methods():
+                return None
+            self._workers_problem = problem
+            try:
+                self._workers = _Workers(self.jobs - 1, problem)
+            except (OSError, AssertionError):  # no processes to be had (a daemonic process may start none)
+                return None
+        if problem is not self._workers_problem or self._workers.broken:
+            return None
+        return self._workers
+
+
+_MEMO: contextvars.ContextVar[ReplayMemo | None] = contextvars.ContextVar("replay_memo", default=None)
+
+
+@contextlib.contextmanager
+def replay_memo(*, jobs: int = 1) -> Iterator[ReplayMemo]:
+    """Within it, `planner.materialize.materialize_replayed` replays each plan once, and with `jobs` > 1 the plans
+    named by `ahead` in jobs - 1 worker processes (Note [replays ahead])."""
+    memo = ReplayMemo(jobs=jobs)
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+        memo.close()
+
+
+def current() -> ReplayMemo | None:
+    """The open memo, if any."""
+    return _MEMO.get()

@@ -1,0 +1,168 @@
+"""`planner.replays`: plans replayed ahead in worker processes (Note [replays ahead]) give the solve the outcomes it
+would compute itself, whatever the workers do, and a solve with several jobs writes the same bytes as with one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from planner.cli import main
+from planner.errors import PlannerError
+from planner.presets import resolve_hardware
+from planner.replays import ReplayMemo, replay_memo
+from planner.solve import solve_report
+from schemas import Trace
+from schemas._base import digest_bytes, read_bytes
+
+from conftest import TRACES
+
+pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="workers are forked")
+
+PROBLEM = ("the problem",)  # what a run receives: the workers get the memo's problem object by fork
+SOLVE = os.getpid()  # the test's own process: a worker is any other
+
+
+def square(problem, x: int) -> tuple[int, int, int]:
+    """The value, and the process that computed it."""
+    assert problem == PROBLEM
+    return x * x, os.getpid(), x
+
+
+def slow(problem, x: int, seconds: float) -> tuple[int, int]:
+    time.sleep(seconds)
+    return x, os.getpid()
+
+
+def fails(problem, x: int):
+    raise PlannerError(f"plan {x} does not survive")
+
+
+class Unpicklable(PlannerError):
+    def __init__(self, x: int, why: str) -> None:  # pickle calls it with one argument: it cannot come back whole
+        super().__init__(f"{why} {x}")
+
+
+def fails_oddly(problem, x: int):
+    raise Unpicklable(x, "odd")
+
+
+def dies_in_a_worker(problem, x: int) -> tuple[int, int]:
+    if os.getpid() != SOLVE:
+        os._exit(3)
+    return x, os.getpid()
+
+
+def test_a_plan_read_after_a_worker_replayed_it_is_the_workers_outcome():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, square, [("a", None, (3,))])
+        time.sleep(0.5)  # the worker replays it meanwhile
+        value, pid, _ = memo.replayed(PROBLEM, "a", None, square, 3)
+        assert value == 9 and pid != SOLVE
+        assert memo.worker_cpu_seconds > 0.0
+        assert memo.replayed(PROBLEM, "a", None, square, 3)[1] == pid  # read once more: the same outcome
+    finally:
+        memo.close()
+
+
+def test_one_job_replays_every_plan_in_the_solve_and_names_nothing_ahead():
+    with replay_memo(jobs=1) as memo:
+        memo.ahead(PROBLEM, square, [("a", None, (4,))])
+        assert memo.replayed(PROBLEM, "a", None, square, 4)[:2] == (16, SOLVE)
+        assert memo.worker_cpu_seconds == 0.0
+
+
+def test_while_a_worker_replays_the_plan_read_the_solve_replays_the_next_ones_of_its_batch():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, slow, [(k, None, (k, 1.0 if k == 0 else 0.0)) for k in range(3)])
+        time.sleep(0.3)  # the worker has started plan 0 (1 s)
+        assert memo.replayed(PROBLEM, 0, None, slow, 0, 1.0)[1] != SOLVE
+        # plans 1 and 2 were pending while the solve waited: it replayed them itself
+        assert memo.replayed(PROBLEM, 1, None, slow, 1, 0.0) == (1, SOLVE)
+        assert memo.replayed(PROBLEM, 2, None, slow, 2, 0.0) == (2, SOLVE)
+    finally:
+        memo.close()
+
+
+def test_a_plan_that_does_not_survive_raises_the_same_error_from_a_worker():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, fails, [("x", None, (7,))])
+        time.sleep(0.3)
+        with pytest.raises(PlannerError, match="plan 7 does not survive"):
+            memo.replayed(PROBLEM, "x", None, fails, 7)
+        # an error that cannot travel back whole is raised by the solve's own replay
+        memo.ahead(PROBLEM, fails_oddly, [("y", None, (8,))])
+        time.sleep(0.3)
+        with pytest.raises(Unpicklable, match="odd 8"):
+            memo.replayed(PROBLEM, "y", None, fails_oddly, 8)
+    finally:
+        memo.close()
+
+
+def test_a_worker_that_dies_leaves_its_plan_to_the_solve():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, dies_in_a_worker, [("d", None, (5,))])
+        time.sleep(0.3)
+        assert memo.replayed(PROBLEM, "d", None, dies_in_a_worker, 5) == (5, SOLVE)
+        memo.ahead(PROBLEM, square, [("after", None, (2,))])  # no workers from then on: the solve replays
+        assert memo.replayed(PROBLEM, "after", None, square, 2)[:2] == (4, SOLVE)
+    finally:
+        memo.close()
+
+
+def test_a_plan_dropped_while_a_worker_replays_it_costs_that_worker_not_the_next_plans():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, slow, [("long", None, ("long", 30.0))])
+        time.sleep(0.3)  # the worker is in its 30 s
+        started = time.perf_counter()
+        memo.drop(PROBLEM, [("long", None)])
+        memo.ahead(PROBLEM, square, [("next", None, (6,))])
+        time.sleep(0.5)
+        value, pid, _ = memo.replayed(PROBLEM, "next", None, square, 6)
+        assert value == 36 and pid != SOLVE  # a fresh worker replayed it, long before the dropped plan's 30 s
+        assert time.perf_counter() - started < 10.0
+        # a dropped plan read after all is replayed by the solve
+        assert memo.replayed(PROBLEM, "long", None, slow, "long", 0.0) == ("long", SOLVE)
+    finally:
+        memo.close()
+
+
+def test_another_problem_than_the_workers_is_replayed_by_the_solve():
+    memo = ReplayMemo(jobs=2)
+    try:
+        memo.ahead(PROBLEM, square, [("a", None, (3,))])
+        other = ("the problem",)  # equal, but another object: a solve's side problem
+        memo.ahead(other, square, [("a", None, (3,))])
+        assert memo.replayed(other, "a", None, square, 3)[1] == SOLVE
+    finally:
+        memo.close()
+
+
+def _solve(path: str, preset: str, jobs: int):
+    raw = read_bytes("trace", path)
+    return solve_report(Trace.from_msgpack(raw, source=path), resolve_hardware(preset), trace_digest=digest_bytes(raw),
+                        jobs=jobs)
+
+
+def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one():
+    # PatrickStar's 1B on its V100 node: 4 MIP-plan replays named ahead, several reference sets
+    one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=1)
+    two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=2)
+    assert two.worker_cpu_seconds > 0.0  # the workers replayed some
+    assert one.worker_cpu_seconds == 0.0
+    assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
+    assert two.evaluated == one.evaluated and two.chosen == one.chosen
+
+
+def test_cli_refuses_fewer_than_one_job(tmp_path, capsys):
+    code = main(["solve", str(TRACES / "pstar-gpt-1b.msgpack"), "--jobs", "0", "-o", str(tmp_path / "s.msgpack")])
+    assert code == 2
+    assert "--jobs must be at least 1, found 0" in capsys.readouterr().err
+    assert not (tmp_path / "s.msgpack").exists()
