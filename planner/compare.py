@@ -24,6 +24,7 @@ from planner.problem import Problem, build_problem
 from planner.presets import resolve_hardware
 from planner.simulate import ScheduleViolation, SimResult, simulate
 from planner.solution import SolveReport
+from planner.replays import available_cpus
 from planner.solve import UNPROVEN_BOUND, solve_report
 from schemas import Hardware, Schedule, Trace
 from schemas._base import digest_bytes, frozen, read_bytes
@@ -116,8 +117,9 @@ def _reserved(problem: Problem, schedule: Schedule) -> dict[Tier, int]:
 
 
 def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Sequence[str] | None = None,
-            problem: Problem | None = None) -> Comparison:
-    """Every policy's schedule for `trace` on `hardware`, simulated; tide's from planner.solve."""
+            problem: Problem | None = None, jobs: int = 1) -> Comparison:
+    """Every policy's schedule for `trace` on `hardware`, simulated; tide's from planner.solve (with `jobs`: Note
+    [replays ahead] in planner/replays.py)."""
     problem = problem or build_problem(trace, hardware, trace_digest=trace_digest)
     names = list(policies) if policies else [TIDE, *POLICIES]
     for name in names:
@@ -128,7 +130,7 @@ def compare(trace: Trace, hardware: Hardware, *, trace_digest: str, policies: Se
     for name in names:
         try:
             if name == TIDE:
-                report = _tide(trace, hardware, trace_digest)
+                report = _tide(trace, hardware, trace_digest, jobs)
                 schedule, mip_gap = report.schedule, None if math.isnan(report.mip_gap) else report.mip_gap
             else:
                 schedule = baseline(name, problem)
@@ -168,9 +170,9 @@ class _Unavailable(Exception):
     pass
 
 
-def _tide(trace: Trace, hardware: Hardware, trace_digest: str) -> SolveReport:
+def _tide(trace: Trace, hardware: Hardware, trace_digest: str, jobs: int) -> SolveReport:
     try:
-        return solve_report(trace, hardware, trace_digest=trace_digest)
+        return solve_report(trace, hardware, trace_digest=trace_digest, jobs=jobs)
     except (InfeasibleError, ScheduleViolation):
         raise
     except PlannerError as exc:  # e.g. no integral plan within the time limit: a row that says so
@@ -189,6 +191,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", metavar="NAME|FILE", help="hardware preset or TOML (default: cpu-emulated)")
     p.add_argument("--policies", nargs="+", metavar="POLICY", choices=[TIDE, *POLICIES],
                    help=f"policies to compare (default: all of {', '.join([TIDE, *POLICIES])})")
+    p.add_argument("--jobs", metavar="N", type=int, default=available_cpus(),
+                   help="jobs of tide's solve, as `planner solve --jobs` (default: the CPUs this process may use)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=_main)
 
@@ -197,7 +201,9 @@ def _main(args: argparse.Namespace) -> int:
     payload = read_bytes("trace", args.trace)
     trace = Trace.from_msgpack(payload, source=args.trace)
     hardware = resolve_hardware(args.hardware)
-    result = compare(trace, hardware, trace_digest=digest_bytes(payload), policies=args.policies)
+    if args.jobs < 1:
+        raise PlannerError(f"--jobs must be at least 1, found {args.jobs}")
+    result = compare(trace, hardware, trace_digest=digest_bytes(payload), policies=args.policies, jobs=args.jobs)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

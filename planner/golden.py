@@ -28,6 +28,7 @@ from planner.cli import run_reporting_errors
 from planner.diff import diff_schedules, render_text
 from planner.errors import PlannerError
 from planner.presets import resolve_hardware
+from planner.replays import available_cpus
 from planner.solve import solve
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +103,8 @@ def regenerate(case: GoldenCase) -> bytes:
     trace = Trace.from_msgpack(payload, source=str(case.trace_path))
     hardware = resolve_hardware(case.hardware)
     device_bytes = None if case.device_memory_gb is None else int(case.device_memory_gb * 1e9)
-    schedule = solve(trace, hardware, trace_digest=trace_digest(payload), device_bytes=device_bytes)
+    # with the jobs `planner solve` takes by default: the committed bytes are those of any number of jobs
+    schedule = solve(trace, hardware, trace_digest=trace_digest(payload), device_bytes=device_bytes, jobs=available_cpus())
     return schedule.to_msgpack()
 
 

@@ -139,18 +139,18 @@ def materialize_replayed(problem: Problem, decisions: Decisions, *,
     memo = replays.current()
     if memo is None:
         return _materialize_replayed(problem, decisions, stats)
-    schedule, replay = memo.replayed(problem, _memo_plan(decisions), stats, _materialize_replayed, decisions, stats)
+    schedule, replay = memo.outcome(problem, _memo_plan(decisions), stats, _materialize_replayed, decisions, stats)
     header = dataclasses.replace(schedule.header, policy=decisions.policy, notes=decisions.notes)
     return dataclasses.replace(schedule, header=header), replay
 
 
-def replay_ahead(problem: Problem, plans: Sequence[tuple[Decisions, SolverStats | None]]) -> None:
+def replay_ahead(problem: Problem, plans: Sequence[tuple[Decisions, SolverStats | None]], *, spare: bool = False) -> None:
     """Start `materialize_replayed(problem, decisions, stats=stats)` for each (decisions, stats) of `plans`, one
-    batch, in the workers of the open memo where it has workers, for the solve to read later (Note [replays
-    ahead] in planner/replays.py)."""
+    batch, in the workers of the open memo where it has workers (with `spare`, only in a worker with nothing else
+    to do), for the solve to read later (Note [replays ahead] in planner/replays.py)."""
     memo = replays.current()
     if memo is not None:
-        memo.ahead(problem, _materialize_replayed, [(_memo_plan(d), s, (d, s)) for d, s in plans])
+        memo.ahead(problem, _materialize_replayed, [(_memo_plan(d), s, (d, s)) for d, s in plans], spare=spare)
 
 
 def drop_ahead(problem: Problem, plans: Sequence[tuple[Decisions, SolverStats | None]]) -> None:

@@ -24,11 +24,22 @@ from ortools.math_opt.solvers import highs_pb2
 BOUND_ONLY = "HIGHS_IPM_BOUND"  # HiGHS's interior point without crossover: an LP solved for its bound alone
 
 # Note [one HiGHS solve at a time]:
-# A solve with several jobs runs HiGHS in a thread beside its Python work (planner.solve: the LPs that prove the
-# bound; MathOpt's solve call releases the GIL, measured: the other thread ran at 96% of its speed alone). Two
-# HiGHS instances solving at once in one process have crashed (HiGHS issues #810 and #3141, its task scheduler),
-# so every solve call takes this lock: HiGHS solves one model at a time here, from any thread.
-_ONE_SOLVE = threading.Lock()
+# A solve with several jobs runs HiGHS in a thread beside its Python work (planner.solve: the next chunk size's LP,
+# the LPs that prove the bound; MathOpt's solve call releases the GIL, measured: the other thread ran at 96% of its
+# speed alone). Two HiGHS instances solving at once in one process have crashed (HiGHS issues #810 and #3141, its
+# task scheduler), so every solve call takes this lock: HiGHS solves one model at a time here, from any thread.
+# planner.replays forks its workers only while holding it, so a worker never starts inside a HiGHS solve (whose
+# locks and half-done state the fork would copy); a child starts with the lock free.
+ONE_HIGHS_SOLVE = threading.Lock()
+
+
+def _free_in_child() -> None:
+    global ONE_HIGHS_SOLVE
+    ONE_HIGHS_SOLVE = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_free_in_child)
 
 
 class MathOptSolver:
@@ -170,7 +181,7 @@ class MathOptSolver:
             # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
         model = self.model
         # one HiGHS solve at a time in this process (Note [one HiGHS solve at a time])
-        with _ONE_SOLVE, quiet_stdout():
+        with ONE_HIGHS_SOLVE, quiet_stdout():
             result = mathopt.solve(model, self.kind, params=params, model_params=_PRIMAL_ONLY)
             if self.kind is mathopt.SolverType.GLOP and result.termination.reason is mathopt.TerminationReason.IMPRECISE:
                 # GLOP's primal simplex gave up on the numerics (gpt-small on cpu-emulated at 0.05 GB, once
@@ -262,4 +273,4 @@ def quiet_stdout():
         os.close(saved)
 
 
-__all__ = ["MathOptSolver", "evaluate_linear", "flat_linear", "quiet_stdout"]
+__all__ = ["ONE_HIGHS_SOLVE", "MathOptSolver", "evaluate_linear", "flat_linear", "quiet_stdout"]

@@ -1,9 +1,9 @@
 """The replays of one solve: each plan materialized and simulated once (Note [replay memo] in
-planner/materialize.py), and the plans the solve reads next replayed ahead of need on the machine's
-other cores (Note [replays ahead]).
+planner/materialize.py), and the plans (and value LPs) the solve reads next computed ahead of need on the
+machine's other cores (Note [replays ahead]).
 
 `planner.solve` opens `replay_memo(jobs=...)`; `planner.materialize.materialize_replayed` looks each plan up
-in it (`ReplayMemo.replayed`); the solve names what it will read next (`ReplayMemo.ahead`).
+in it (`ReplayMemo.outcome`); the solve names what it will read next (`ReplayMemo.ahead`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from planner import mathopt_solver
 from planner.errors import PlannerError
 
 # Note [replays ahead]:
@@ -35,14 +36,20 @@ from planner.errors import PlannerError
 # processes, forked from the solve with the problem in their memory, replay them in that order while the
 # solve goes on: HiGHS solving the next MIP or the bound's LPs, or replaying a plan itself. When the solve
 # reads a plan no worker has taken yet, it replays it itself (and hands the next ones to idle workers); when
-# a worker is replaying the plan it reads, it replays the next plan no worker has taken meanwhile. The solve
-# reads every outcome in the order it does with one job, so the schedule is the same bytes with any number
-# of jobs (tests/test_replays.py compares them); a plan named ahead that the solve then does not read (a
-# plan that cannot win after all) costs a worker's time, never the result. A worker that fails to return an
-# outcome (it died, or its outcome does not pickle) has its plan replayed by the solve itself.
-# Only where the OS can fork (the workers get the problem without pickling it; Linux, macOS): elsewhere a
-# solve replays every plan itself. The forked workers never call HiGHS (whose idle worker thread a fork does
-# not copy); they materialize and simulate, which is Python and numpy alone.
+# a worker is replaying the plan it reads, it replays the next plan of the same batch no worker has taken.
+# A plan the solve will not read after all (a chunk size whose plans cannot win) is taken back, and a worker
+# replaying it is killed and forked anew. The LPs of the chunk-size search solved for their value alone (Note
+# [the LP of an unlikely chunk size, for its value] in planner/solve.py) go to the workers the same way, while
+# the solve builds and solves the LPs to a vertex (their models become the MIPs, so those stay here).
+# The solve reads every outcome in the order it does with one job, so the schedule is the same bytes with any
+# number of jobs (tests/test_replays.py compares them; goldens); a worker that fails to return an outcome (it
+# died, or its error does not pickle) has its plan replayed by the solve itself.
+# Workers are forked only where the OS can fork (they get the problem without pickling it; Linux, macOS; elsewhere
+# a solve does everything itself), and only while no HiGHS solve runs in the solve's process (Note [one HiGHS
+# solve at a time] in planner/mathopt_solver.py). A worker solves LPs only (HiGHS's interior point, serial),
+# never a MIP: HiGHS's MIP hands tasks to its scheduler's threads, which a fork does not copy (measured: a
+# 60-variable MIP in a child forked after a MIP took 1.25 s against milliseconds in its parent; an LP took the
+# parent's time).
 
 
 def available_cpus() -> int:
@@ -71,6 +78,7 @@ class _Entry:
     run: Callable[..., Any]  # run(problem, *args): the replay (schedule, SimResult), or raises
     args: tuple
     batch: int = -1  # the `ahead` call that named it (-1: none)
+    spare: bool = False  # only for a worker with nothing else to do
     state: _State = _State.HERE
     reply: tuple | None = None  # a worker's (kind, value, CPU seconds): `_in_worker`
     outcome: tuple[bool, Any] | None = None  # (True, value) or (False, the PlannerError run raised)
@@ -118,6 +126,7 @@ class _Workers:
         self._processes: dict[Connection, multiprocessing.Process] = {}  # every worker started, by its pipe
         self.broken = False
         self._closed = False
+        self._wanted = 0  # workers to fork in place of killed ones
         for _ in range(count):
             self._start_one()
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
@@ -125,17 +134,19 @@ class _Workers:
         self._thread.start()
 
     def _start_one(self) -> None:
-        """One more idle worker, forked now with the problem in its memory."""
+        """One more idle worker, forked now with the problem in its memory, while no HiGHS solve runs in this
+        process (Note [one HiGHS solve at a time] in planner/mathopt_solver.py)."""
         mine, theirs = self._ctx.Pipe()
-        with warnings.catch_warnings():
-            # Python >= 3.12 warns that forking a process with threads (HiGHS's idle worker thread) may
-            # deadlock the child in a lock such a thread held: the workers never call HiGHS (Note [replays ahead])
+        with mathopt_solver.ONE_HIGHS_SOLVE, warnings.catch_warnings():
+            # Python >= 3.12 warns that forking a process with threads may deadlock the child in a lock another
+            # thread held: no HiGHS solve runs (the lock above), and the child takes none of this module's locks
             warnings.simplefilter("ignore", DeprecationWarning)
             process = self._ctx.Process(target=_serve, args=(theirs, self._problem), daemon=True, name="tide-replay")
             process.start()
         theirs.close()
-        self._processes[mine] = process
-        self._idle.append(mine)
+        with self._cv:
+            self._processes[mine] = process
+            self._idle.append(mine)
 
     def abandon(self, entry: _Entry) -> None:
         """`entry` will not be read: not started where it is pending, and where a worker replays it, that worker
@@ -147,7 +158,7 @@ class _Workers:
                 conn = next(c for c, e in self._busy.items() if e is entry)
                 del self._busy[conn]  # the feeding thread drops its reply (none comes: its end of the pipe closes)
                 self._processes[conn].kill()
-                self._start_one()
+                self._wanted += 1  # forked by the feeding thread, once no HiGHS solve runs
             else:
                 return
             entry.state = _State.HERE
@@ -207,12 +218,19 @@ class _Workers:
             raise
 
     def _feed_once(self) -> bool:
-        """Hand pending plans to idle workers, then wait for a reply or a wake-up; False once closed."""
+        """Fork the workers wanted, hand pending plans to idle workers, then wait for a reply or a wake-up; False
+        once closed."""
+        while self._wanted and not self._closed:
+            self._start_one()
+            with self._cv:
+                self._wanted -= 1
         with self._cv:
             if self._closed:
                 return False
             while self._idle and self._pending and not self.broken:
-                entry, conn = self._pending.pop(0), self._idle.pop()
+                entry = next((e for e in self._pending if not e.spare), self._pending[0])
+                self._pending.remove(entry)
+                conn = self._idle.pop()
                 entry.state = _State.RUNNING
                 self._busy[conn] = entry
                 conn.send((entry.run, entry.args))
@@ -250,18 +268,21 @@ class ReplayMemo:
         self._workers: _Workers | None = None
         self._workers_problem: object = None
 
-    def ahead(self, problem: object, run: Callable[..., Any], plans: list[tuple[object, object, tuple]]) -> None:
+    def ahead(self, problem: object, run: Callable[..., Any], plans: list[tuple[object, object, tuple]], *,
+              spare: bool = False) -> None:
         """For each (plan, stats, args) of `plans`, in order, `run(problem, *args)` (the replay of `plan`) started
-        in a worker, for `replayed` to read later. One call names one batch: while the solve waits for a plan of
-        the batch that a worker replays, it replays the batch's next plans itself, never those of another batch
-        (which it may never read: a chunk size whose plans cannot win)."""
+        in a worker, for `outcome` to read later; with `spare`, only in a worker that has nothing else to do. One call
+        names one batch: while the solve waits for a plan of the batch that a worker replays, it replays the
+        batch's next plans itself, never those of another batch (which it may never read: a chunk size whose plans
+        cannot win)."""
         workers = self._pool(problem)
         if workers is None:
             return
         self._batches += 1
         for plan, stats, args in plans:
             if self._find(problem, plan, stats) is None:
-                entry = _Entry(problem=problem, stats=stats, plan=plan, run=run, args=args, batch=self._batches)
+                entry = _Entry(problem=problem, stats=stats, plan=plan, run=run, args=args, batch=self._batches,
+                               spare=spare)
                 self._entries.append(entry)
                 workers.submit(entry)
 
@@ -273,7 +294,7 @@ class ReplayMemo:
                 self._workers.abandon(entry)
                 self._entries.remove(entry)
 
-    def replayed(self, problem: object, plan: object, stats: object, run: Callable[..., Any], *args: Any) -> Any:
+    def outcome(self, problem: object, plan: object, stats: object, run: Callable[..., Any], *args: Any) -> Any:
         """`run(problem, *args)`'s value (or its exception), computed once per plan."""
         entry = self._find(problem, plan, stats)
         if entry is None:

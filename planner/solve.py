@@ -41,6 +41,7 @@ from planner.placement import (
     root_bound_seconds,
 )
 from planner.problem import build_problem
+from planner import replays
 from planner.replays import replay_memo
 from planner.sim_result import SimResult
 from planner.simulate import ScheduleViolation
@@ -240,12 +241,21 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
         replay_ahead(problem, [(d, _stats(sol)) for d in _mip_plan_replays(
             problem, decisions_from_placement(problem, layout, data, sol), sol)])
 
+    if jobs > 1:  # the reference sets on the baselines' layout, ahead for a worker with nothing else to do
+        reference = policy_layout(problem)
+        replay_ahead(problem, [(d, None) for d, _ in _reference_sets(
+            problem, {reference.chunk_elements: (reference, None)}, optimizer_overlap=optimizer_overlap,
+            checkpoint_offload=checkpoint_offload, margin=False, say=lambda _msg: None)], spare=True)
+    nvme_home = False
     search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
-                     checkpoint_offload=checkpoint_offload, nvme_home=False, say=say, jobs=jobs, solved_mip=ahead)
+                     checkpoint_offload=checkpoint_offload, nvme_home=nvme_home, say=say, jobs=jobs,
+                     prove_bound=prove_bound, solved_mip=ahead)
     if not search[2] and problem.nvme_bytes > 0 and hardware.nvme_read_bytes_per_s > 0:
         say("no plan with every PARAM on HOST: PARAM may live on NVME")
+        nvme_home = True
         search = _search(problem, sizes, time_limit_s=time_limit_s, optimizer_overlap=optimizer_overlap,
-                         checkpoint_offload=checkpoint_offload, nvme_home=True, say=say, jobs=jobs, solved_mip=ahead)
+                         checkpoint_offload=checkpoint_offload, nvme_home=nvme_home, say=say, jobs=jobs,
+                         prove_bound=prove_bound, solved_mip=ahead)
     candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted = search
     # With several ranks the placement model is rank-aware (issue 18 item 1) but keeps no local-only
     # chunk (docs/rank-aware-placement.md §7): the reference decision sets run even where it finds no plan
@@ -261,16 +271,12 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # _optimizer_step): its LP is then no bound of every plan. The LPs at the rate alone, charged what a step
     # loses beside copies (every other price the model's, the two-way rows included), are: solved where the
     # model's bound is above a replay, and up to PROVEN_BOUND_MAX_BLOCKS for the header's bound (Note [the
-    # proven bound up to 128 blocks]); those from here on, in a thread beside the replays with several jobs
-    beside = cpu_adam_beside_copies(hardware, threads=cpu_adam_threads(hardware, overlapped=True),
-                                    mixed_precision=problem.mixed_precision)
-    priced_with_copies = beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for _, d in inputs.values())
+    # proven bound up to 128 blocks]; with several jobs the workers solve those from the search on)
+    priced_with_copies = _priced_with_copies(problem, [d for _, d in inputs.values()])
     to_prove = priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
-    alone_inputs = {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)}
-    alone_bound = _beside(jobs, lambda: _adam_alone_bound(problem, alone_inputs, max(SAFETY_SECONDS, time_limit_s), say)) \
-        if to_prove and lp_bounds else None
     evaluated: list[Evaluated] = []
     unreplayed: list[tuple[str, float]] = []  # (what, its bound): sets whose work cannot end before the fastest replay
+    again = problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS  # the variants below
     for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
         layout, data = inputs[size]
         decisions = decisions_from_placement(problem, layout, data, solved[size])
@@ -316,18 +322,19 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
                                  chunk_elements=size, wasted=by_size[size].wasted_elements, placement=solved[size], data=data)
                 if late is not None:
                     evaluated.append(late)
+            if again:  # the variants of the fastest so far, ahead: those of the fastest at the end, most often
+                replay_ahead(problem, [(d, _stats(best.placement)) for best, (d, _) in _variants_of_fastest(
+                    evaluated, _tail_prefetches_first, REPLAYED_AGAIN)])
     # the fastest MIP replay once more with a block's tail issuing the prefetches needed next before its grad
     # write-backs (Note [a tail's prefetches before its write-backs] in planner/emit.py), the simulator judging:
     # applied to every MIP plan it cost elsewhere (175B x a100-80g-12ssd 113.438 -> 114.281 s, bench/RESULTS.md r8)
-    if problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS:
+    if again:
         # re-paced on its replay's clock where the CPU starved, as the plan it varies (Note [pacing by the
         # replay] in planner/materialize.py): GPT-3 175B x rtx4090-768g-12ssd 124.332 -> 123.089 s (paced on the
         # estimate only), and its chains then end five steps apart (below). Paced on the estimate only until
         # session 10, when this emission took that solve past its 10 CPU s; Note [no polish within the gap]
         # gave the CPU back (bench/RESULTS.md "s10")
-        _replay_fastest_again(problem, evaluated, lambda e: (dataclasses.replace(
-            e.decisions, tail_prefetches_first=True), "a tail's prefetches first")
-            if e.decisions.hold_write_backs else None, fastest=REPLAYED_AGAIN)
+        _replay_fastest_again(problem, evaluated, _tail_prefetches_first, fastest=REPLAYED_AGAIN)
         # then the fastest with its two optimizer chains ending together (Note [the optimizer's two chains]):
         # only where the replay's chains end whole steps apart
         for fastest in (REPLAYED_AGAIN, 1):  # and the fastest once more
@@ -339,30 +346,8 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     best_placed = min(evaluated, key=lambda e: (e.simulated_seconds, e.chunk_elements), default=None)
     if best_placed is not None and best_placed.chunk_elements not in layouts:
         layouts[best_placed.chunk_elements] = (best_placed.decisions.layout, "fuyou")
-    references: list[tuple[Decisions, str]] = []  # (decisions, what), replayed in this order
-    for size, (layout, only) in sorted(layouts.items()):
-        say(f"chunk size {size}: reference decision sets")
-        for name, decisions in reference_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
-                                                   checkpoint_offload=checkpoint_offload):
-            if only is not None and not name.startswith(only):
-                continue
-            if only is None and name == "patrickstar-like":  # and the same with the OS the DEVICE margin holds
-                margin = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
-                                             checkpoint_offload=checkpoint_offload)
-                if margin is not None:
-                    margin_name, margin_decisions = margin
-                    references.append((margin_decisions, f"{margin_name} decisions, chunk size {size}"))
-            for paced in (False, True) if name.startswith("fuyou") else (False,):
-                references.append((dataclasses.replace(decisions, pace_optimizer_io=paced),
-                                   f"{name} decisions, chunk size {size}{', paced' if paced else ''}"))
-    # the Angel-PTM-like decision sets (planner.policies.angel, on their own layout and eviction rule)
-    # too: they are the strongest baseline on 13B x a100-80g-12ssd, where tide's materialization of the
-    # same placement on its layout replayed 0.8% slower (bench/RESULTS.md l17); replayed here, tide is
-    # never slower than what that baseline decides either
-    for i, decisions in enumerate(angel_decide(problem) if optimizer_overlap else ()):
-        references.append((dataclasses.replace(decisions, policy=POLICY, notes=tuple(
-            f"angel-like reference set: {n}" for n in decisions.notes)),
-            f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}"))
+    references = _reference_sets(problem, layouts, optimizer_overlap=optimizer_overlap,
+                                 checkpoint_offload=checkpoint_offload, margin=True, say=say)
     # those that can still win, ahead (Note [replays ahead])
     replay_ahead(problem, [(d, None) for d, _ in references if _work_bound_loses(problem, d, evaluated) is None])
     for decisions, what in references:
@@ -408,8 +393,8 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # the LPs at CPU Adam's rate alone (above), or only now where the model's bound is above a replay
     adam_alone = ""
     if lp_bounds and (not model_bound_valid or to_prove):
-        alone = alone_bound() if alone_bound is not None else \
-            _adam_alone_bound(problem, alone_inputs, max(SAFETY_SECONDS, time_limit_s), say)
+        alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
+                                  max(SAFETY_SECONDS, time_limit_s), say, nvme_home=nvme_home)
         if 0.0 < alone <= fastest_replay:
             adam_alone = (f"the header's bound is the LP with CPU Adam at its rate alone charged the time lost beside "
                           f"copies, {alone:.6g} s, proven for every plan (the model's LP at the rate with copies, "
@@ -539,12 +524,26 @@ def _evaluate(problem, decisions, *, what: str, chunk_elements: int, wasted: int
                      replay=replay)
 
 
+def _tail_prefetches_first(e: Evaluated) -> tuple[Decisions, str] | None:
+    """A MIP replay's decisions with a block's tail issuing its prefetches first (Note [a tail's prefetches before its
+    write-backs] in planner/emit.py), where it holds write-backs."""
+    if not e.decisions.hold_write_backs:
+        return None
+    return dataclasses.replace(e.decisions, tail_prefetches_first=True), "a tail's prefetches first"
+
+
+def _variants_of_fastest(evaluated: list[Evaluated], variant: Callable[[Evaluated], tuple[Decisions, str] | None],
+                         fastest: int) -> list[tuple[Evaluated, tuple[Decisions, str]]]:
+    """(replay, its variant) for the `fastest` fastest MIP replays that have one."""
+    placed = sorted((e for e in evaluated if e.placement is not None), key=lambda e: (e.simulated_seconds, e.what))
+    return [(best, found) for best in placed[:fastest] if (found := variant(best)) is not None]
+
+
 def _replay_fastest_again(problem, evaluated: list[Evaluated],
                           variant: Callable[[Evaluated], tuple[Decisions, str] | None], *, fastest: int = 1) -> None:
     """The `fastest` fastest MIP replays once more each with `variant`'s decisions (None: nothing to try),
     appended to `evaluated` where they survive; the simulator judges them with the others."""
-    placed = sorted((e for e in evaluated if e.placement is not None), key=lambda e: (e.simulated_seconds, e.what))
-    variants = [(best, found) for best in placed[:fastest] if (found := variant(best)) is not None]
+    variants = _variants_of_fastest(evaluated, variant, fastest)
     replay_ahead(problem, [(decisions, _stats(best.placement)) for best, (decisions, _) in variants])
     for best, (decisions, how) in variants:
         again = _evaluate(problem, decisions, what=f"{best.what}, {how}", chunk_elements=best.chunk_elements,
@@ -615,6 +614,38 @@ def balanced_chains(decisions: Decisions, replay: SimResult) -> tuple[Decisions,
     return dataclasses.replace(decisions, chunk_plans=tuple(plans)), how
 
 
+def _reference_sets(problem, layouts: dict[int, tuple[ChunkLayout, str | None]], *, optimizer_overlap: bool,
+                    checkpoint_offload: bool, margin: bool, say: Callable[[str], None]) -> list[tuple[Decisions, str]]:
+    """(decisions, what) of the reference decision sets, in the order they are replayed: per layout (the sets whose
+    name starts with its prefix; None: all of them, and with `margin` PatrickStar's with the OS its DEVICE margin
+    holds, `planner.reference.os_margin_decisions`), then the Angel-PTM-like ones (with `optimizer_overlap`)."""
+    references: list[tuple[Decisions, str]] = []
+    for size, (layout, only) in sorted(layouts.items()):
+        say(f"chunk size {size}: reference decision sets")
+        for name, decisions in reference_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
+                                                   checkpoint_offload=checkpoint_offload):
+            if only is not None and not name.startswith(only):
+                continue
+            if margin and only is None and name == "patrickstar-like":  # and the same with the OS the margin holds
+                found = os_margin_decisions(problem, layout, optimizer_overlap=optimizer_overlap,
+                                            checkpoint_offload=checkpoint_offload)
+                if found is not None:
+                    margin_name, margin_decisions = found
+                    references.append((margin_decisions, f"{margin_name} decisions, chunk size {size}"))
+            for paced in (False, True) if name.startswith("fuyou") else (False,):
+                references.append((dataclasses.replace(decisions, pace_optimizer_io=paced),
+                                   f"{name} decisions, chunk size {size}{', paced' if paced else ''}"))
+    # the Angel-PTM-like decision sets (planner.policies.angel, on their own layout and eviction rule)
+    # too: they are the strongest baseline on 13B x a100-80g-12ssd, where tide's materialization of the
+    # same placement on its layout replayed 0.8% slower (bench/RESULTS.md l17); replayed here, tide is
+    # never slower than what that baseline decides either
+    for i, decisions in enumerate(angel_decide(problem) if optimizer_overlap else ()):
+        references.append((dataclasses.replace(decisions, policy=POLICY, notes=tuple(
+            f"angel-like reference set: {n}" for n in decisions.notes)),
+            f"angel-like decisions {i + 1}, chunk size {decisions.layout.chunk_elements}"))
+    return references
+
+
 def _cannot_win(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
                 *, what: str) -> bool:
     """Whether the work `decisions` fix cannot end within TIE_TOLERANCE of the fastest replay so far
@@ -659,20 +690,23 @@ def _beside(jobs: int, fn: Callable[[], T]) -> Callable[[], T]:
     return future.result
 
 
-def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None]) -> float:
-    """The least LP over the chunk sizes of `inputs` with CPU Adam at its fastest rate alone (either thread count
-    a replay steps with: costmodel.optimizer_step_price without copies) and charged the least time lost beside
-    copies (Note [CPU Adam beside copies, in the model]); 0.0 when one stops short of its optimum (no bound)."""
-    hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
-    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds for t in threads)
-    beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
+def _priced_with_copies(problem, datas: list[PlacementInput]) -> bool:
+    """Whether the placement model prices CPU Adam at its rate with copies on a profile whose copies slow it, so
+    that its LP bounds the solve's replays only (Note [the proven bound up to 128 blocks])."""
+    beside = cpu_adam_beside_copies(problem.hardware, threads=cpu_adam_threads(problem.hardware, overlapped=True),
+                                    mixed_precision=problem.mixed_precision)
+    return beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for d in datas)
+
+
+def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None], *,
+                      nvme_home: bool) -> float:
+    """The least of `_alone_lp` over the chunk sizes of `inputs` (the search's, with `nvme_home`: worked out by the
+    workers where it has them, Note [replays ahead]); 0.0 when one stops short of its optimum (no bound)."""
     out = math.inf
     for size, data in sorted(inputs.items()):
         say(f"chunk size {size}: LP with CPU Adam alone")
-        data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
-        try:
-            value = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety).bound_seconds
-        except PlacementInfeasible:
+        value = _computed(problem, ("alone LP", size, nvme_home), _alone_lp, data, safety)
+        if value is None:
             continue
         if value <= 0.0:
             return 0.0
@@ -680,9 +714,29 @@ def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float,
     return out if math.isfinite(out) else 0.0
 
 
+def _alone_lp(problem, data: PlacementInput, safety: float) -> float | None:
+    """The bound of `data`'s LP with CPU Adam at its fastest rate alone (either thread count a replay steps with:
+    costmodel.optimizer_step_price without copies) and charged the least time lost beside copies (Note [CPU Adam
+    beside copies, in the model]); None where no plan fits."""
+    hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
+    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds for t in threads)
+    beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
+    data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
+    try:
+        return SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety).bound_seconds
+    except PlacementInfeasible:
+        return None
+
+
+def _computed(problem, key: tuple, run: Callable[..., T], *args) -> T:
+    """`run(problem, *args)`, read from the open memo (computed once, perhaps by a worker: Note [replays ahead])."""
+    memo = replays.current()
+    return run(problem, *args) if memo is None else memo.outcome(problem, key, None, run, *args)
+
+
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
             checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None], jobs: int = 1,
-            solved_mip: Callable[[ChunkLayout, PlacementInput, PlacementSolution], None] = lambda *_: None):
+            prove_bound: bool = False, solved_mip: Callable[[ChunkLayout, PlacementInput, PlacementSolution], None] = lambda *_: None):
     """LP per chunk size, then branch and bound over chunk sizes with the MIP; `solved_mip(layout, data, solution)`
     as each MIP is solved.
 
@@ -763,25 +817,37 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         lp_models[size] = lp_model
         return lp.objective_seconds
 
-    def settle(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], PlacementSolution] | None) -> None:
-        value = lp_solved(size, lp_model, solution, vertex=size in likely)
-        layout = layouts[size]
-        candidates.append(Candidate(chunk_elements=size, relaxation_seconds=value, wasted_elements=wasted_elements(layout),
-                                    chunks=len(layout.chunks)))
-
-    # with several jobs each size's LP is built while HiGHS solves the previous one in a thread (`_beside`)
-    solving: tuple | None = None
     for size, layout in layouts.items():
-        say(f"chunk size {size}: LP relaxation")
-        data = dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
-                                   param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload)
-        inputs[size] = (layout, data)
-        lp_model = lp_built(size, vertex=size in likely)
+        inputs[size] = (layout, dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
+                                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload))
+    # With several jobs the LPs solved for their value alone go to the workers (Note [replays ahead]), and each
+    # size's LP to a vertex is built while HiGHS solves the previous one in a thread (`_beside`)
+    memo = replays.current()
+    unlikely = [(("value LP", size, nvme_home), None, (inputs[size][1], safety)) for size in layouts if size not in likely]
+    if memo is not None:
+        memo.ahead(problem, _value_lp, unlikely)
+        # and those of the header's proven bound (`_adam_alone_bound`: the sizes whose LP fits, read after the replays)
+        if _priced_with_copies(problem, [d for _, d in inputs.values()]) and (
+                prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS):
+            memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
+                                            for size in sorted(layouts)])
+    values: dict[int, float] = {}
+    solving: tuple | None = None
+    for size in [x for x in layouts if x in likely] + [None]:
+        lp_model = None
+        if size is not None:
+            say(f"chunk size {size}: LP relaxation")
+            lp_model = lp_built(size, vertex=True)
         if solving is not None:
-            settle(*solving)
-        solving = (size, lp_model, lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety)))
-    if solving is not None:
-        settle(*solving)
+            values[solving[0]] = lp_solved(*solving, vertex=True)
+        if size is not None:
+            solving = (size, lp_model, lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety)))
+    for key, _, args in unlikely:
+        say(f"chunk size {key[1]}: LP relaxation, for its value")
+        values[key[1]], bounds[key[1]] = _computed(problem, key, _value_lp, *args)
+    for size, layout in layouts.items():
+        candidates.append(Candidate(chunk_elements=size, relaxation_seconds=values[size],
+                                    wasted_elements=wasted_elements(layout), chunks=len(layout.chunks)))
     feasible = [c for c in candidates if math.isfinite(c.relaxation_seconds)]
     # Branch and bound over chunk sizes: solve the MIP of the candidates in LP order until the next
     # LP value cannot beat the best plan found; every candidate then has a valid bound (its LP, or
@@ -821,6 +887,16 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     if math.isfinite(best):
         _root_bounds(problem, inputs, bounds, rooted, best, safety, say)
     return candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted
+
+
+def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:
+    """(value, bound) of `data`'s LP solved without crossover (Note [the LP of an unlikely chunk size, for its value]);
+    (inf, inf) where no plan fits. In a worker where the solve has workers (Note [replays ahead])."""
+    try:
+        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
+    except PlacementInfeasible:
+        return math.inf, math.inf
+    return lp.objective_seconds, lp.bound_seconds
 
 
 def _vertex_first(layouts: dict[int, ChunkLayout]) -> set[int]:

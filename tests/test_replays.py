@@ -60,10 +60,10 @@ def test_a_plan_read_after_a_worker_replayed_it_is_the_workers_outcome():
     try:
         memo.ahead(PROBLEM, square, [("a", None, (3,))])
         time.sleep(0.5)  # the worker replays it meanwhile
-        value, pid, _ = memo.replayed(PROBLEM, "a", None, square, 3)
+        value, pid, _ = memo.outcome(PROBLEM, "a", None, square, 3)
         assert value == 9 and pid != SOLVE
         assert memo.worker_cpu_seconds > 0.0
-        assert memo.replayed(PROBLEM, "a", None, square, 3)[1] == pid  # read once more: the same outcome
+        assert memo.outcome(PROBLEM, "a", None, square, 3)[1] == pid  # read once more: the same outcome
     finally:
         memo.close()
 
@@ -71,7 +71,7 @@ def test_a_plan_read_after_a_worker_replayed_it_is_the_workers_outcome():
 def test_one_job_replays_every_plan_in_the_solve_and_names_nothing_ahead():
     with replay_memo(jobs=1) as memo:
         memo.ahead(PROBLEM, square, [("a", None, (4,))])
-        assert memo.replayed(PROBLEM, "a", None, square, 4)[:2] == (16, SOLVE)
+        assert memo.outcome(PROBLEM, "a", None, square, 4)[:2] == (16, SOLVE)
         assert memo.worker_cpu_seconds == 0.0
 
 
@@ -80,10 +80,10 @@ def test_while_a_worker_replays_the_plan_read_the_solve_replays_the_next_ones_of
     try:
         memo.ahead(PROBLEM, slow, [(k, None, (k, 1.0 if k == 0 else 0.0)) for k in range(3)])
         time.sleep(0.3)  # the worker has started plan 0 (1 s)
-        assert memo.replayed(PROBLEM, 0, None, slow, 0, 1.0)[1] != SOLVE
+        assert memo.outcome(PROBLEM, 0, None, slow, 0, 1.0)[1] != SOLVE
         # plans 1 and 2 were pending while the solve waited: it replayed them itself
-        assert memo.replayed(PROBLEM, 1, None, slow, 1, 0.0) == (1, SOLVE)
-        assert memo.replayed(PROBLEM, 2, None, slow, 2, 0.0) == (2, SOLVE)
+        assert memo.outcome(PROBLEM, 1, None, slow, 1, 0.0) == (1, SOLVE)
+        assert memo.outcome(PROBLEM, 2, None, slow, 2, 0.0) == (2, SOLVE)
     finally:
         memo.close()
 
@@ -94,12 +94,12 @@ def test_a_plan_that_does_not_survive_raises_the_same_error_from_a_worker():
         memo.ahead(PROBLEM, fails, [("x", None, (7,))])
         time.sleep(0.3)
         with pytest.raises(PlannerError, match="plan 7 does not survive"):
-            memo.replayed(PROBLEM, "x", None, fails, 7)
+            memo.outcome(PROBLEM, "x", None, fails, 7)
         # an error that cannot travel back whole is raised by the solve's own replay
         memo.ahead(PROBLEM, fails_oddly, [("y", None, (8,))])
         time.sleep(0.3)
         with pytest.raises(Unpicklable, match="odd 8"):
-            memo.replayed(PROBLEM, "y", None, fails_oddly, 8)
+            memo.outcome(PROBLEM, "y", None, fails_oddly, 8)
     finally:
         memo.close()
 
@@ -109,9 +109,9 @@ def test_a_worker_that_dies_leaves_its_plan_to_the_solve():
     try:
         memo.ahead(PROBLEM, dies_in_a_worker, [("d", None, (5,))])
         time.sleep(0.3)
-        assert memo.replayed(PROBLEM, "d", None, dies_in_a_worker, 5) == (5, SOLVE)
+        assert memo.outcome(PROBLEM, "d", None, dies_in_a_worker, 5) == (5, SOLVE)
         memo.ahead(PROBLEM, square, [("after", None, (2,))])  # no workers from then on: the solve replays
-        assert memo.replayed(PROBLEM, "after", None, square, 2)[:2] == (4, SOLVE)
+        assert memo.outcome(PROBLEM, "after", None, square, 2)[:2] == (4, SOLVE)
     finally:
         memo.close()
 
@@ -125,11 +125,11 @@ def test_a_plan_dropped_while_a_worker_replays_it_costs_that_worker_not_the_next
         memo.drop(PROBLEM, [("long", None)])
         memo.ahead(PROBLEM, square, [("next", None, (6,))])
         time.sleep(0.5)
-        value, pid, _ = memo.replayed(PROBLEM, "next", None, square, 6)
+        value, pid, _ = memo.outcome(PROBLEM, "next", None, square, 6)
         assert value == 36 and pid != SOLVE  # a fresh worker replayed it, long before the dropped plan's 30 s
         assert time.perf_counter() - started < 10.0
         # a dropped plan read after all is replayed by the solve
-        assert memo.replayed(PROBLEM, "long", None, slow, "long", 0.0) == ("long", SOLVE)
+        assert memo.outcome(PROBLEM, "long", None, slow, "long", 0.0) == ("long", SOLVE)
     finally:
         memo.close()
 
@@ -138,9 +138,9 @@ def test_another_problem_than_the_workers_is_replayed_by_the_solve():
     memo = ReplayMemo(jobs=2)
     try:
         memo.ahead(PROBLEM, square, [("a", None, (3,))])
-        other = ("the problem",)  # equal, but another object: a solve's side problem
+        other = tuple(["the problem"])  # equal, but another object: a solve's side problem
         memo.ahead(other, square, [("a", None, (3,))])
-        assert memo.replayed(other, "a", None, square, 3)[1] == SOLVE
+        assert memo.outcome(other, "a", None, square, 3)[1] == SOLVE
     finally:
         memo.close()
 
