@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -25,6 +26,8 @@ from typing import Any
 
 from planner import mathopt_solver
 from planner.errors import PlannerError
+
+log = logging.getLogger(__name__)
 
 # Note [replays ahead]:
 # A solve replays its candidate plans one after another and reads each replay in that order: which plans
@@ -196,9 +199,9 @@ class _Workers:
         with self._cv:
             self._closed = True
         self._wake_w.send_bytes(b"")
+        self._thread.join()  # it forks no worker from now on
         for process in self._processes.values():  # now, not after the plans they replay for nobody
             process.kill()
-        self._thread.join()
         for conn, process in self._processes.items():
             process.join()
             conn.close()
@@ -209,13 +212,13 @@ class _Workers:
         try:
             while self._feed_once():
                 pass
-        except BaseException:  # whatever stops the feeding: every plan a worker had is the solve's to replay
+        except Exception:  # whatever stops the feeding: every plan a worker had is the solve's to replay
+            log.warning("replay workers stopped; the solve replays the rest itself", exc_info=True)
             with self._cv:
                 self.broken = True
                 for entry in self._busy.values():
                     entry.state = _State.LOST
                 self._cv.notify_all()
-            raise
 
     def _feed_once(self) -> bool:
         """Fork the workers wanted, hand pending plans to idle workers, then wait for a reply or a wake-up; False
@@ -233,7 +236,12 @@ class _Workers:
                 conn = self._idle.pop()
                 entry.state = _State.RUNNING
                 self._busy[conn] = entry
-                conn.send((entry.run, entry.args))
+                try:
+                    conn.send((entry.run, entry.args))
+                except OSError:  # the worker died: its plan is the solve's, and so is every later one
+                    del self._busy[conn]
+                    self.broken, entry.state = True, _State.LOST
+                    self._cv.notify_all()
             conns = list(self._busy)
         for conn in multiprocessing.connection.wait([*conns, self._wake_r]):
             if conn is self._wake_r:
