@@ -273,7 +273,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # model's bound is above a replay, and up to PROVEN_BOUND_MAX_BLOCKS for the header's bound (Note [the
     # proven bound up to 128 blocks]; with several jobs the workers solve those from the search on)
     priced_with_copies = _priced_with_copies(problem, [d for _, d in inputs.values()])
-    to_prove = priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
+    to_prove = _proves_alone(problem, priced_with_copies, prove_bound)
     evaluated: list[Evaluated] = []
     unreplayed: list[tuple[str, float]] = []  # (what, its bound): sets whose work cannot end before the fastest replay
     again = problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS  # the variants below
@@ -698,6 +698,12 @@ def _priced_with_copies(problem, datas: list[PlacementInput]) -> bool:
     return beside < 1.0 and any(d.cpu_adam_beside_copies == 1.0 for d in datas)
 
 
+def _proves_alone(problem, priced_with_copies: bool, prove_bound: bool) -> bool:
+    """Whether the solve proves the header's bound with `_adam_alone_bound` whatever its replays give (Note [the
+    proven bound up to 128 blocks])."""
+    return priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
+
+
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None], *,
                       nvme_home: bool) -> float:
     """The least of `_alone_lp` over the chunk sizes of `inputs` (the search's, with `nvme_home`: worked out by the
@@ -827,8 +833,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     if memo is not None:
         memo.ahead(problem, _value_lp, unlikely)
         # and those of the header's proven bound (`_adam_alone_bound`: the sizes whose LP fits, read after the replays)
-        if _priced_with_copies(problem, [d for _, d in inputs.values()]) and (
-                prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS):
+        if _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]), prove_bound):
             memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
                                             for size in sorted(layouts)])
     values: dict[int, float] = {}
