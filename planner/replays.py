@@ -17,6 +17,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import signal
 import threading
 import time
 import warnings
@@ -106,7 +107,9 @@ def _in_worker(problem: object, run: Callable[..., Any], args: tuple) -> tuple[s
 
 
 def _serve(conn: Connection, problem: object) -> None:
-    """A worker: replays what it is sent, one at a time, until its pipe closes."""
+    """A worker: replays what it is sent, one at a time, until its pipe closes (or the solve kills it: a Ctrl-C in
+    the terminal is the solve's to handle, which then stops its workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
             run, args = conn.recv()

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -684,9 +685,16 @@ def _beside(jobs: int, fn: Callable[[], T]) -> Callable[[], T]:
     call waiting for it; with one job `fn` itself, computed when called."""
     if jobs < 2:
         return fn
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tide-highs")
-    future = pool.submit(fn)
-    pool.shutdown(wait=False)
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # raised where the call reads it
+            future.set_exception(exc)
+
+    # a daemon: an interrupted solve exits without waiting for HiGHS to finish an LP nobody reads
+    threading.Thread(target=work, name="tide-highs", daemon=True).start()
     return future.result
 
 
