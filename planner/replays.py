@@ -351,7 +351,9 @@ class ReplayMemo:
         cannot fork, after a worker died, or for another problem than the workers' (a solve's side problems are
         replayed by the solve itself)."""
         if self._workers is None:
-            if self.jobs < 2 or self._workers_problem is not None or "fork" not in multiprocessing.get_all_start_methods():
+            if self.jobs < 2 or self._workers_problem is not None:
+                return None
+            if "fork" not in multiprocessing.get_all_start_methods():
                 return None
             self._workers_problem = problem
             try:

@@ -662,7 +662,8 @@ def _work_bound_loses(problem, decisions: Decisions, evaluated: list[Evaluated])
     """The least time of the work `decisions` fix (planner.bounds.decisions_bound) where it cannot end within
     TIE_TOLERANCE of the fastest replay so far, else None."""
     bound = decisions_bound(problem, decisions).seconds
-    return None if bound <= min((e.simulated_seconds for e in evaluated), default=math.inf) * (1 + TIE_TOLERANCE) else bound
+    fastest = min((e.simulated_seconds for e in evaluated), default=math.inf)
+    return None if bound <= fastest * (1 + TIE_TOLERANCE) else bound
 
 
 def _replay_reference(problem, decisions: Decisions, evaluated: list[Evaluated], unreplayed: list[tuple[str, float]],
@@ -733,13 +734,15 @@ def _alone_lp(problem, data: PlacementInput, safety: float) -> float | None:
     costmodel.optimizer_step_price without copies) and charged the least time lost beside copies (Note [CPU Adam
     beside copies, in the model]); None where no plan fits."""
     hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
-    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds for t in threads)
+    alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
+                for t in threads)
     beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
     data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
     try:
-        return SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety).bound_seconds
+        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
     except PlacementInfeasible:
         return None
+    return lp.bound_seconds
 
 
 def _computed(problem, key: tuple, run: Callable[..., T], *args) -> T:
@@ -750,7 +753,8 @@ def _computed(problem, key: tuple, run: Callable[..., T], *args) -> T:
 
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
             checkpoint_offload: bool, nvme_home: bool, say: Callable[[str], None], jobs: int = 1,
-            prove_bound: bool = False, solved_mip: Callable[[ChunkLayout, PlacementInput, PlacementSolution], None] = lambda *_: None):
+            prove_bound: bool = False,
+            solved_mip: Callable[[ChunkLayout, PlacementInput, PlacementSolution], None] = lambda *_: None):
     """LP per chunk size, then branch and bound over chunk sizes with the MIP; `solved_mip(layout, data, solution)`
     as each MIP is solved.
 
@@ -832,12 +836,13 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         return lp.objective_seconds
 
     for size, layout in layouts.items():
-        inputs[size] = (layout, dataclasses.replace(placement_input(problem, layout, optimizer_overlap=optimizer_overlap),
-                                                    param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload))
+        data = placement_input(problem, layout, optimizer_overlap=optimizer_overlap)
+        inputs[size] = (layout, dataclasses.replace(data, param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload))
     # With several jobs the LPs solved for their value alone go to the workers (Note [replays ahead]), and each
     # size's LP to a vertex is built while HiGHS solves the previous one in a thread (`_beside`)
     memo = replays.current()
-    unlikely = [(("value LP", size, nvme_home), None, (inputs[size][1], safety)) for size in layouts if size not in likely]
+    unlikely = [(("value LP", size, nvme_home), None, (inputs[size][1], safety))
+                for size in layouts if size not in likely]
     if memo is not None:
         memo.ahead(problem, _value_lp, unlikely)
         # and those of the header's proven bound (`_adam_alone_bound`: the sizes whose LP fits, read after the replays)
@@ -845,16 +850,16 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
             memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
                                             for size in sorted(layouts)])
     values: dict[int, float] = {}
-    solving: tuple | None = None
-    for size in [x for x in layouts if x in likely] + [None]:
-        lp_model = None
-        if size is not None:
-            say(f"chunk size {size}: LP relaxation")
-            lp_model = lp_built(size, vertex=True)
+    solving: tuple | None = None  # (size, its LP model, its solution): HiGHS solves it while the next one is built
+    for size in [x for x in layouts if x in likely]:
+        say(f"chunk size {size}: LP relaxation")
+        lp_model = lp_built(size, vertex=True)
         if solving is not None:
             values[solving[0]] = lp_solved(*solving, vertex=True)
-        if size is not None:
-            solving = (size, lp_model, lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety)))
+        solution = lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety))
+        solving = (size, lp_model, solution)
+    if solving is not None:
+        values[solving[0]] = lp_solved(*solving, vertex=True)
     for key, _, args in unlikely:
         say(f"chunk size {key[1]}: LP relaxation, for its value")
         values[key[1]], bounds[key[1]] = _computed(problem, key, _value_lp, *args)
