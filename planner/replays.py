@@ -36,14 +36,16 @@ log = logging.getLogger(__name__)
 # and simulating a plan is a pure function of the problem, the decisions and the solver stats (no clock, no
 # state kept between calls), so it can run before it is read, anywhere. With `jobs` > 1 a solve names the
 # plans it will read next (the MIP plan's budget and pacing variants as soon as its MIP is solved, the
-# variants of the fastest replays, the reference decision sets that can still win) and jobs - 1 worker
-# processes, forked from the solve with the problem in their memory, replay them in that order while the
-# solve goes on: HiGHS solving the next MIP or the bound's LPs, or replaying a plan itself. When the solve
+# variants of the fastest replays so far while it still reads the others, the reference decision sets that can
+# still win; those on the baselines' layout from the start, for a worker with nothing else to do: `spare`) and
+# jobs - 1 worker processes, forked from the solve with the problem in their memory, replay them in that order
+# while the solve goes on: HiGHS solving the next LP or MIP, or replaying a plan itself. When the solve
 # reads a plan no worker has taken yet, it replays it itself (and hands the next ones to idle workers); when
 # a worker is replaying the plan it reads, it replays the next plan of the same batch no worker has taken.
 # A plan the solve will not read after all (a chunk size whose plans cannot win) is taken back, and a worker
 # replaying it is killed and forked anew. The LPs of the chunk-size search solved for their value alone (Note
-# [the LP of an unlikely chunk size, for its value] in planner/solve.py) go to the workers the same way, while
+# [the LP of an unlikely chunk size, for its value] in planner/solve.py) and the LPs of the header's proven bound
+# (Note [the proven bound up to 128 blocks]) go to the workers the same way, named at the search's start, while
 # the solve builds and solves the LPs to a vertex (their models become the MIPs, so those stay here).
 # The solve reads every outcome in the order it does with one job, so the schedule is the same bytes with any
 # number of jobs (tests/test_replays.py compares them; goldens); a worker that fails to return an outcome (it
