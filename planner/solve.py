@@ -236,11 +236,13 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # queue behind the optimizer state's traffic (measured on 175B / a100-80g-12ssd: model 106 s,
     # simulator 191 s, against 118.5 s for the HOST-homed plan). It is what lets the largest
     # models fit (Fuyou's layout), where HOST cannot hold a copy of every PARAM.
+    placed: dict[int, Decisions] = {}  # each solved MIP's decisions (by the solution's id), made once
+
     def ahead(layout, data: PlacementInput, sol: PlacementSolution) -> None:
         """A solved MIP's plan replayed ahead in its budget and pacing variants (Note [replays ahead]), while the
         search goes on: the stage loop below replays them in this order."""
-        replay_ahead(problem, [(d, _stats(sol)) for d in _mip_plan_replays(
-            problem, decisions_from_placement(problem, layout, data, sol), sol)])
+        placed[id(sol)] = decisions_from_placement(problem, layout, data, sol)
+        replay_ahead(problem, [(d, _stats(sol)) for d in _mip_plan_replays(problem, placed[id(sol)], sol)])
 
     if jobs > 1:  # the reference sets on the baselines' layout, ahead for a worker with nothing else to do
         reference = policy_layout(problem)
@@ -280,7 +282,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     again = problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS  # the variants below
     for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
         layout, data = inputs[size]
-        decisions = decisions_from_placement(problem, layout, data, solved[size])
+        decisions = placed.get(id(solved[size])) or decisions_from_placement(problem, layout, data, solved[size])
         # as a reference decision set (`_replay_reference`): no variant below changes the work the placement
         # fixes, so none is replayed where that work cannot end within TIE_TOLERANCE of the fastest replay so far
         # (GPT-3 175B x rtx4090-768g-12ssd: chunk 1812099072's plan at least 132.04 s, the fastest replay then

@@ -12,7 +12,7 @@ import pytest
 from planner.cli import main
 from planner.errors import PlannerError
 from planner.presets import resolve_hardware
-from planner.replays import ReplayMemo, replay_memo
+from planner.replays import replay_memo
 from planner.solve import solve_report
 from schemas import Trace
 from schemas._base import digest_bytes, read_bytes
@@ -56,16 +56,13 @@ def dies_in_a_worker(problem, x: int) -> tuple[int, int]:
 
 
 def test_a_plan_read_after_a_worker_replayed_it_is_the_workers_outcome():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, square, [("a", None, (3,))])
         time.sleep(0.5)  # the worker replays it meanwhile
         value, pid, _ = memo.outcome(PROBLEM, "a", None, square, 3)
         assert value == 9 and pid != SOLVE
         assert memo.worker_cpu_seconds > 0.0
         assert memo.outcome(PROBLEM, "a", None, square, 3)[1] == pid  # read once more: the same outcome
-    finally:
-        memo.close()
 
 
 def test_one_job_replays_every_plan_in_the_solve_and_names_nothing_ahead():
@@ -76,21 +73,17 @@ def test_one_job_replays_every_plan_in_the_solve_and_names_nothing_ahead():
 
 
 def test_while_a_worker_replays_the_plan_read_the_solve_replays_the_next_ones_of_its_batch():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, slow, [(k, None, (k, 1.0 if k == 0 else 0.0)) for k in range(3)])
         time.sleep(0.3)  # the worker has started plan 0 (1 s)
         assert memo.outcome(PROBLEM, 0, None, slow, 0, 1.0)[1] != SOLVE
         # plans 1 and 2 were pending while the solve waited: it replayed them itself
         assert memo.outcome(PROBLEM, 1, None, slow, 1, 0.0) == (1, SOLVE)
         assert memo.outcome(PROBLEM, 2, None, slow, 2, 0.0) == (2, SOLVE)
-    finally:
-        memo.close()
 
 
 def test_a_plan_that_does_not_survive_raises_the_same_error_from_a_worker():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, fails, [("x", None, (7,))])
         time.sleep(0.3)
         with pytest.raises(PlannerError, match="plan 7 does not survive"):
@@ -100,25 +93,19 @@ def test_a_plan_that_does_not_survive_raises_the_same_error_from_a_worker():
         time.sleep(0.3)
         with pytest.raises(Unpicklable, match="odd 8"):
             memo.outcome(PROBLEM, "y", None, fails_oddly, 8)
-    finally:
-        memo.close()
 
 
 def test_a_worker_that_dies_leaves_its_plan_to_the_solve():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, dies_in_a_worker, [("d", None, (5,))])
         time.sleep(0.3)
         assert memo.outcome(PROBLEM, "d", None, dies_in_a_worker, 5) == (5, SOLVE)
         memo.ahead(PROBLEM, square, [("after", None, (2,))])  # no workers from then on: the solve replays
         assert memo.outcome(PROBLEM, "after", None, square, 2)[:2] == (4, SOLVE)
-    finally:
-        memo.close()
 
 
 def test_a_plan_dropped_while_a_worker_replays_it_costs_that_worker_not_the_next_plans():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, slow, [("long", None, ("long", 30.0))])
         time.sleep(0.3)  # the worker is in its 30 s
         started = time.perf_counter()
@@ -130,19 +117,14 @@ def test_a_plan_dropped_while_a_worker_replays_it_costs_that_worker_not_the_next
         assert time.perf_counter() - started < 10.0
         # a dropped plan read after all is replayed by the solve
         assert memo.outcome(PROBLEM, "long", None, slow, "long", 0.0) == ("long", SOLVE)
-    finally:
-        memo.close()
 
 
 def test_another_problem_than_the_workers_is_replayed_by_the_solve():
-    memo = ReplayMemo(jobs=2)
-    try:
+    with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, square, [("a", None, (3,))])
         other = tuple(["the problem"])  # equal, but another object: a solve's side problem
         memo.ahead(other, square, [("a", None, (3,))])
         assert memo.outcome(other, "a", None, square, 3)[1] == SOLVE
-    finally:
-        memo.close()
 
 
 def _solve(path: str, preset: str, jobs: int):
