@@ -112,8 +112,8 @@ class PlacementModel(MemoryRows, TimeRows, SolutionExtraction):
 
     def as_mip(self, *, fixed_flags: dict[str, int] | None = None,
                fixed_modes: Sequence[ActivationMode] | None = None) -> PlacementModel:
-        """This relaxation (unpinned, or pinned as asked), solved, turned into the MIP that
-        `type(self)(data, fixed_flags=..., fixed_modes=...)` builds (integrality switched on, switches
+        """This relaxation (unpinned, or pinned as asked; solved or not: no solved state is read) turned into the
+        MIP that `type(self)(data, fixed_flags=..., fixed_modes=...)` builds (integrality switched on, switches
         and modes pinned) instead of building that MIP again: the same model bit for bit
         (tests/test_mathopt_rows.py), so the same plan. 256 blocks x 4096: a build is ~0.5 s of the
         solve's CPU, one per MIP."""

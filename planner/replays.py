@@ -57,6 +57,15 @@ log = logging.getLogger(__name__)
 # 60-variable MIP in a child forked after a MIP took 1.25 s against milliseconds in its parent; an LP took the
 # parent's time).
 
+#
+# Note [replies unpickled where read]:
+# A worker's reply travels pickled, and the feeding thread keeps its bytes: the solve unpickles it where it reads
+# it (`ReplayMemo.outcome`). Unpickled by the feeding thread, a 512-block replay's schedule and timeline (~0.8 s)
+# held the GIL against the solve's own replay and kept the worker idle until its next plan was sent: on the
+# 512-block ladder rung (hidden 4096, a100-80g-12ssd) the worker sat idle 1.1-2.9 s between replays, 7.5 s in the
+# solve's last 23 s (bench/RESULTS.md, session 22); and a reply never read (a spare reference set that cannot
+# win) is never unpickled.
+
 
 def available_cpus() -> int:
     """The CPUs this process may run on (its affinity where the OS says, else the machine's count)."""
@@ -86,7 +95,7 @@ class _Entry:
     batch: int = -1  # the `ahead` call that named it (-1: none)
     spare: bool = False  # only for a worker with nothing else to do
     state: _State = _State.HERE
-    reply: tuple | None = None  # a worker's (kind, value, CPU seconds): `_in_worker`
+    reply: bytes | None = None  # a worker's (kind, value, CPU seconds), pickled (`_in_worker`): unpickled if read
     outcome: tuple[bool, Any] | None = None  # (True, value) or (False, the PlannerError run raised)
 
 
@@ -187,10 +196,10 @@ class _Workers:
             entry.state = _State.HERE
             return True
 
-    def take_next(self, batch: int) -> _Entry | None:
-        """The first pending entry of `batch`, taken (None: none)."""
+    def take_next(self, batch: int | None) -> _Entry | None:
+        """The first pending entry of `batch` (None: of any batch, not a spare one), taken (None: none)."""
         with self._cv:
-            entry = next((e for e in self._pending if e.batch == batch), None)
+            entry = next((e for e in self._pending if (e.batch == batch if batch is not None else not e.spare)), None)
             if entry is not None:
                 self._pending.remove(entry)
                 entry.state = _State.HERE
@@ -253,7 +262,7 @@ class _Workers:
                 self._wake_r.recv_bytes()
                 continue
             try:
-                reply = conn.recv()
+                reply = conn.recv_bytes()  # not unpickled here: Note [replies unpickled where read]
             except (EOFError, OSError):  # the worker died (or was killed by `close`)
                 reply = None
             with self._cv:
@@ -282,15 +291,15 @@ class ReplayMemo:
         self._workers_problem: object = None
 
     def ahead(self, problem: object, run: Callable[..., Any], plans: list[tuple[object, object, tuple]], *,
-              spare: bool = False) -> None:
+              spare: bool = False) -> bool:
         """For each (plan, stats, args) of `plans`, in order, `run(problem, *args)` (the replay of `plan`) started
         in a worker, for `outcome` to read later; with `spare`, only in a worker that has nothing else to do. One call
         names one batch: while the solve waits for a plan of the batch that a worker replays, it replays the
         batch's next plans itself, never those of another batch (which it may never read: a chunk size whose plans
-        cannot win)."""
+        cannot win). Whether workers take them (False: `outcome` computes each where it is read)."""
         workers = self._pool(problem)
         if workers is None:
-            return
+            return False
         self._batches += 1
         for plan, stats, args in plans:
             if self._find(problem, plan, stats) is None:
@@ -298,6 +307,7 @@ class ReplayMemo:
                                spare=spare)
                 self._entries.append(entry)
                 workers.submit(entry)
+        return True
 
     def drop(self, problem: object, plans: list[tuple[object, object]]) -> None:
         """The (plan, stats) of `plans` will not be read: those no worker has started are not started."""
@@ -307,8 +317,11 @@ class ReplayMemo:
                 self._workers.abandon(entry)
                 self._entries.remove(entry)
 
-    def outcome(self, problem: object, plan: object, stats: object, run: Callable[..., Any], *args: Any) -> Any:
-        """`run(problem, *args)`'s value (or its exception), computed once per plan."""
+    def outcome(self, problem: object, plan: object, stats: object, run: Callable[..., Any], *args: Any,
+                meanwhile: Callable[[], bool] = lambda: False) -> Any:
+        """`run(problem, *args)`'s value (or its exception), computed once per plan. While a worker computes it,
+        the solve calls `meanwhile()` (other work of its own, one piece a call: whether there was one), then
+        replays the next plans of its batch itself, before it waits."""
         entry = self._find(problem, plan, stats)
         if entry is None:
             entry = _Entry(problem=problem, stats=stats, plan=plan, run=run, args=args)
@@ -318,12 +331,14 @@ class ReplayMemo:
             if entry.state in (_State.HERE, _State.LOST) or workers.take(entry):
                 self._here(entry)  # no worker has it: replayed here
             elif entry.state is _State.REPLIED:
-                kind, value, cpu_seconds = entry.reply
+                kind, value, cpu_seconds = pickle.loads(entry.reply)
                 self.worker_cpu_seconds += cpu_seconds
                 if kind == "again":
                     self._here(entry)
                 else:
                     entry.outcome = (kind == "ok", value)
+            elif meanwhile():
+                pass
             elif (other := workers.take_next(entry.batch)) is not None:
                 self._here(other)  # a worker replays it: meanwhile the next one of its batch, here
             else:
@@ -332,6 +347,16 @@ class ReplayMemo:
         if not ok:
             raise value
         return value
+
+    def work_here(self) -> bool:
+        """The first plan named ahead that no worker has started (of any batch, not a spare one) replayed here, for
+        `outcome` to read later: whether there was one (the solve's work while it waits for a worker's where what
+        it named is what it reads next)."""
+        entry = self._workers.take_next(None) if self._workers is not None else None
+        if entry is None:
+            return False
+        self._here(entry)
+        return True
 
     def close(self) -> None:
         """Stop the workers (a plan named ahead and never read is dropped unfinished)."""

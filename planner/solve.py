@@ -747,10 +747,11 @@ def _alone_lp(problem, data: PlacementInput, safety: float) -> float | None:
     return lp.bound_seconds
 
 
-def _computed(problem, key: tuple, run: Callable[..., T], *args) -> T:
-    """`run(problem, *args)`, read from the open memo (computed once, perhaps by a worker: Note [replays ahead])."""
+def _computed(problem, key: tuple, run: Callable[..., T], *args, meanwhile: Callable[[], bool] = lambda: False) -> T:
+    """`run(problem, *args)`, read from the open memo (computed once, perhaps by a worker: Note [replays ahead]; the
+    solve doing `meanwhile`'s work while it waits for one: `ReplayMemo.outcome`)."""
     memo = replays.current()
-    return run(problem, *args) if memo is None else memo.outcome(problem, key, None, run, *args)
+    return run(problem, *args) if memo is None else memo.outcome(problem, key, None, run, *args, meanwhile=meanwhile)
 
 
 def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap: bool,
@@ -800,71 +801,108 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # reaches their MIP: the same plans.
     likely = _vertex_first(layouts)
 
-    def lp_built(size: int, *, vertex: bool) -> SparsePlacementModel | None:
-        """`size`'s LP on the sparse DEVICE rows, for HiGHS's interior point (Note [the placement LP on HiGHS's
-        interior point] in planner/mathopt_solver.py): to a vertex (with crossover) keeping what its MIP reads, or
-        for its value and bound alone; None where no plan fits."""
+    def lp_built(size: int) -> SparsePlacementModel | None:
+        """`size`'s LP on the sparse DEVICE rows, for HiGHS's interior point to a vertex (Note [the placement LP on
+        HiGHS's interior point] in planner/mathopt_solver.py), keeping what its MIP reads; None where no plan fits."""
         try:
-            return SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER if vertex else BOUND_ONLY)
+            return SparsePlacementModel(inputs[size][1], relax=True, lp_solver=LP_SOLVER)
         except PlacementInfeasible:
             return None
 
-    def solve_lp(size: int, *, vertex: bool) -> float:
-        """Build and solve `size`'s LP: its value (inf where no plan fits)."""
-        lp_model = lp_built(size, vertex=vertex)
-        return lp_solved(size, lp_model, lp_model and functools.partial(lp_model.solve, time_limit_seconds=safety),
-                         vertex=vertex)
+    def solve_lp(size: int) -> float:
+        """Build and solve `size`'s LP to a vertex: its value (inf where no plan fits)."""
+        lp_model = lp_built(size)
+        return lp_solved(size, lp_model, lp_model and functools.partial(_solved_vertex, lp_model, safety))
 
-    def lp_solved(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], PlacementSolution] | None,
-                  *, vertex: bool) -> float:
-        """Record `size`'s LP, solved by `solution()`; its value (inf where no plan fits)."""
+    def lp_solved(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], _Vertex | None] | None) -> float:
+        """Record `size`'s LP (`lp_model`, built here), solved to a vertex by `solution()` (here or in a worker);
+        its value (inf where no plan fits)."""
         try:
-            if lp_model is None:
-                raise PlacementInfeasible("no plan fits")
-            lp = solution()
+            vertex = solution() if lp_model is not None else None
         except PlacementInfeasible:
+            vertex = None
+        if vertex is None:
             bounds[size] = math.inf
             return math.inf
+        lp, flags[size], lp_values[size] = vertex
         # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
         # charges both ways on a link in the rows this LP charges (Note [two-way links in the
         # simulator] in planner/sim_actions.py)
         bounds[size] = lp.bound_seconds
-        if not vertex:
-            return lp.objective_seconds
-        flags[size] = lp_model.flag_values()
         lp_modes[size] = lp.activation_modes
-        lp_values[size] = {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
         lp_models[size] = lp_model
         return lp.objective_seconds
 
     for size, layout in layouts.items():
         data = placement_input(problem, layout, optimizer_overlap=optimizer_overlap)
         inputs[size] = (layout, dataclasses.replace(data, param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload))
-    # With several jobs the LPs solved for their value alone go to the workers (Note [replays ahead]), and each
-    # size's LP to a vertex is built while HiGHS solves the previous one in a thread (`_beside`)
+    # With several jobs (Note [replays ahead]) the workers solve every likely size's LP but the first to its
+    # vertex (Note [a vertex LP in a worker]), then the LPs solved for their value alone; the first likely size's
+    # LP is solved here by HiGHS in a thread (`_beside`) while the others' models are built
     memo = replays.current()
+    vertices = [x for x in layouts if x in likely]
     unlikely = [(("value LP", size, nvme_home), None, (inputs[size][1], safety))
                 for size in layouts if size not in likely]
+    elsewhere: set[int] = set()  # the likely sizes whose vertex a worker solves
     if memo is not None:
+        if memo.ahead(problem, _vertex_lp, [(("vertex LP", size, nvme_home), None, (inputs[size][1], safety))
+                                            for size in vertices[1:]]):
+            elsewhere = set(vertices[1:])
         memo.ahead(problem, _value_lp, unlikely)
         # and those of the header's proven bound (`_adam_alone_bound`: the sizes whose LP fits, read after the replays)
         if _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]), prove_bound):
             memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
                                             for size in sorted(layouts)])
     values: dict[int, float] = {}
-    solving: tuple | None = None  # (size, its LP model, its solution): HiGHS solves it while the next one is built
-    for size in [x for x in layouts if x in likely]:
+
+    def mip(size: int, leader_seconds: float) -> PlacementSolution | PlacementInfeasible:
+        """`size`'s placement MIP (`_solve_mip`), or why it has none."""
+        try:
+            return _solve_mip(inputs[size][1], flags.get(size, {}), safety, lp_modes.get(size),
+                              lp_values=lp_values.get(size), lp_model=lp_models.pop(size, None),
+                              lp_bound_seconds=bounds[size], leader_seconds=leader_seconds)
+        except PlacementInfeasible as exc:
+            return exc
+
+    # Note [MIPs while a worker solves an LP]: at POLISH_MAX_BLOCKS blocks or more a size's MIP does not depend
+    # on the sizes solved before it (`leader_seconds` decides a polish only), so while it waits for an LP a
+    # worker solves, the search solves the MIP of a likely size whose vertex it has (the least LP value first),
+    # for the branch and bound below to read where it reaches that size, and names its plan's replays at once
+    # (`solved_mip`), then replays those itself (`ReplayMemo.work_here`). Measured (bench/RESULTS.md, session
+    # 22): the 512-block ladder rung's search waited 13 s for a value LP (a worker's), the 256-block rung's 4.5 s
+    # for a vertex LP. A size the branch and bound does not reach costs its MIP and replays, never a plan.
+    mips_ahead: dict[int, PlacementSolution | PlacementInfeasible] = {}
+
+    def meanwhile() -> bool:
+        """One piece of the work above: whether there was one."""
+        if not elsewhere or len(problem.blocks) < POLISH_MAX_BLOCKS:
+            return False
+        ready = [x for x in lp_models if x in likely and x not in mips_ahead]
+        if not ready:
+            return memo.work_here()
+        size = min(ready, key=lambda x: (values.get(x, math.inf), wasted_elements(layouts[x]), x))
+        mips_ahead[size] = mip(size, math.inf)
+        if isinstance(mips_ahead[size], PlacementSolution):
+            solved_mip(*inputs[size], mips_ahead[size])
+        return True
+
+    solving: tuple | None = None  # (size, its LP model, its solution): solved while the next one is built
+    for size in vertices:
         say(f"chunk size {size}: LP relaxation")
-        lp_model = lp_built(size, vertex=True)
+        lp_model = lp_built(size)
         if solving is not None:
-            values[solving[0]] = lp_solved(*solving, vertex=True)
-        solution = lp_model and _beside(jobs, functools.partial(lp_model.solve, time_limit_seconds=safety))
+            values[solving[0]] = lp_solved(*solving)
+        if size in elsewhere:
+            solution = functools.partial(_computed, problem, ("vertex LP", size, nvme_home), _vertex_lp,
+                                         inputs[size][1], safety, meanwhile=meanwhile)
+        else:
+            solution = lp_model and _beside(jobs, functools.partial(_solved_vertex, lp_model, safety))
         solving = (size, lp_model, solution)
     if solving is not None:
-        values[solving[0]] = lp_solved(*solving, vertex=True)
+        values[solving[0]] = lp_solved(*solving)
     for key, _, args in unlikely:
         say(f"chunk size {key[1]}: LP relaxation, for its value")
-        values[key[1]], bounds[key[1]] = _computed(problem, key, _value_lp, *args)
+        values[key[1]], bounds[key[1]] = _computed(problem, key, _value_lp, *args, meanwhile=meanwhile)
     for size, layout in layouts.items():
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=values[size],
                                     wasted_elements=wasted_elements(layout), chunks=len(layout.chunks)))
@@ -880,24 +918,23 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         # chunk sizes by LP are solved even when their LP cannot beat the best model objective
         if cand.relaxation_seconds >= best * (1 - TIE_TOLERANCE) and len(solved) >= MIN_MIPS:
             break
-        say(f"chunk size {cand.chunk_elements}: placement MIP")
-        if cand.chunk_elements not in likely and not math.isfinite(solve_lp(cand.chunk_elements, vertex=True)):
+        size = cand.chunk_elements
+        say(f"chunk size {size}: placement MIP")
+        if size not in likely and not math.isfinite(solve_lp(size)):
             continue
-        try:
-            sol = _solve_mip(inputs[cand.chunk_elements][1], flags.get(cand.chunk_elements, {}), safety,
-                             lp_modes.get(cand.chunk_elements), lp_values=lp_values.get(cand.chunk_elements),
-                             lp_model=lp_models.pop(cand.chunk_elements, None), lp_bound_seconds=bounds[cand.chunk_elements],
-                             leader_seconds=best)
-        except PlacementInfeasible as exc:
-            if "no solution within" in str(exc) and not solved:
+        named = size in mips_ahead  # its plan's replays named already
+        sol = mips_ahead.pop(size) if named else mip(size, best)
+        if isinstance(sol, PlacementInfeasible):
+            if "no solution within" in str(sol) and not solved:
                 raise PlannerError(f"the placement MIP found no integral plan within its node limit "
                                    f"({MIP_NODE_LIMIT} nodes) or --time-limit {time_limit_s:g} s; raise --time-limit "
-                                   "or report this trace and hardware") from exc
-            if "infeasible" in str(exc):
-                bounds[cand.chunk_elements] = math.inf
+                                   "or report this trace and hardware") from sol
+            if "infeasible" in str(sol):
+                bounds[size] = math.inf
             continue
-        solved[cand.chunk_elements] = sol
-        solved_mip(*inputs[cand.chunk_elements], sol)
+        solved[size] = sol
+        if not named:
+            solved_mip(*inputs[size], sol)
     # where the LP is loose: the root node of the unpinned MIP (deterministic, node limit 1); only
     # for chunk sizes whose bound can set the header's (the least one), and only where the
     # physical limit does not already close the gap
@@ -907,6 +944,39 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     if math.isfinite(best):
         _root_bounds(problem, inputs, bounds, rooted, best, safety, say)
     return candidates, inputs, solved, bounds, flags, lp_modes, lp_bounds, rooted
+
+
+_Vertex = tuple[PlacementSolution, dict[str, float], dict[str, float]]  # an LP's solution, switches, values
+
+
+def _solved_vertex(lp_model: SparsePlacementModel, safety: float) -> _Vertex:
+    """`lp_model` (an LP to a vertex) solved: its solution, the values of its switches and of every variable (what
+    its MIP reads: `_solve_mip`)."""
+    lp = lp_model.solve(time_limit_seconds=safety)
+    return lp, lp_model.flag_values(), {v.name: float(lp_model.values[v]) for v in lp_model.solver.model.variables()}
+
+
+# Note [a vertex LP in a worker]:
+# The chunk-size search solves the MIN_MIPS likely sizes' LPs to a vertex (their MIPs fix what the LP makes
+# integral) and the others' for their value; every value is read before the first MIP. The solved LP model
+# of a likely size becomes its MIP (`PlacementModel.as_mip`), so until session 22 every vertex LP was solved in
+# the solve's own process, one after another, while a worker solved the value LPs: on the 2-core box the
+# search's LPs were its serial part (256 blocks x 4096 on a100-80g-12ssd: 5.5 + 9.0 s of HiGHS, the 512-block
+# ladder rung 19.4 + 16.9 s, each after the other). With workers (Note [replays ahead] in planner/replays.py)
+# a worker now solves every likely size's LP but the first and ships back what the search reads of it (the
+# solution, the switches' and every variable's values: `_Vertex`), while HiGHS solves the first one here; the
+# model built here, never solved here, becomes the MIP: `as_mip` reads no solved state (the MIP is the model the
+# constructor builds, tests/test_mathopt_rows.py), and the values are those of the same model built from the
+# same input and solved by the same serial IPX, so the schedule is the same bytes (tests/test_replays.py,
+# the goldens). The value LPs join the vertex LPs' batch, so the search, while a worker solves a vertex it
+# reads, solves a value LP itself. Measured (bench/RESULTS.md, session 22): 256 blocks 31.5 -> 27.6 wall s.
+def _vertex_lp(problem, data: PlacementInput, safety: float) -> _Vertex | None:
+    """`data`'s LP built and solved to a vertex in a worker (Note [a vertex LP in a worker]); None where no plan
+    fits."""
+    try:
+        return _solved_vertex(SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER), safety)
+    except PlacementInfeasible:
+        return None
 
 
 def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:

@@ -77,10 +77,12 @@ def test_rows_mathopt_refuses_are_refused_and_odd_rows_keep_their_order():
 
 
 @pytest.mark.parametrize("nvme", [True, False])
-def test_a_solved_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme):
+@pytest.mark.parametrize("solved", [True, False])  # unsolved: a likely size's LP a worker solves (planner.solve)
+def test_a_relaxation_becomes_the_pinned_mip_bit_for_bit(nvme, solved):
     data = dataclasses.replace(synthetic(layers=4, device_mib=24, nvme=nvme), checkpoint_offload=True)
     lp = SparsePlacementModel(data, relax=True, lp_solver="HIGHS_IPM")
-    lp.solve()
+    if solved:
+        lp.solve()
     flags = {name: 1 for name in sorted(lp.flags)[:1]}
     modes = (ActivationMode.RECOMPUTE, ActivationMode.KEEP, ActivationMode.SWAP_HOST, ActivationMode.KEEP)
     built = SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 
 import pytest
@@ -13,6 +14,7 @@ from planner.cli import main
 from planner.errors import PlannerError
 from planner.presets import resolve_hardware
 from planner.replays import replay_memo
+import planner.solve as solve_module
 from planner.solve import solve_report
 from schemas import Trace
 from schemas._base import digest_bytes, read_bytes
@@ -70,6 +72,7 @@ def test_one_job_replays_every_plan_in_the_solve_and_names_nothing_ahead():
         memo.ahead(PROBLEM, square, [("a", None, (4,))])
         assert memo.outcome(PROBLEM, "a", None, square, 4)[:2] == (16, SOLVE)
         assert memo.worker_cpu_seconds == 0.0
+        assert not memo.ahead(PROBLEM, square, [("b", None, (5,))])  # says so
 
 
 def test_while_a_worker_replays_the_plan_read_the_solve_replays_the_next_ones_of_its_batch():
@@ -133,10 +136,24 @@ def _solve(path: str, preset: str, jobs: int):
                         jobs=jobs)
 
 
-def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one():
-    # PatrickStar's 1B on its V100 node: 4 MIP-plan replays named ahead, several reference sets
+VERTEX_LP = solve_module._vertex_lp
+VERTEX_LPS = None  # the folder vertex_lp_saying_where writes to (a test's tmp_path)
+
+
+def vertex_lp_saying_where(problem, data, safety):
+    """planner.solve._vertex_lp, leaving a file named by the process that solved it."""
+    (VERTEX_LPS / str(os.getpid())).touch()
+    return VERTEX_LP(problem, data, safety)
+
+
+def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one(tmp_path, monkeypatch):
+    # PatrickStar's 1B on its V100 node: a likely chunk size's LP to a vertex solved by a worker (Note [a vertex LP
+    # in a worker]), 4 MIP-plan replays named ahead, several reference sets
     one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=1)
+    monkeypatch.setattr(sys.modules[__name__], "VERTEX_LPS", tmp_path)
+    monkeypatch.setattr(solve_module, "_vertex_lp", vertex_lp_saying_where)
     two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=2)
+    assert [p.name for p in tmp_path.iterdir()] not in ([], [str(SOLVE)])  # a worker solved one
     assert two.worker_cpu_seconds > 0.0  # the workers replayed some
     assert one.worker_cpu_seconds == 0.0
     assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
