@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import re
 
 import pytest
@@ -659,3 +660,16 @@ def test_balanced_chains_moves_the_later_chains_last_steps_only_when_they_end_wh
     assert "chunks 1, 2" in how
     # a chain of one step gives no spacing: no move
     assert balanced_chains(d, _chains_replay(cpu=[(20.0, 3)], gpu=[(1.0, 1), (2.0, 2)])) is None
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_solve_runs_without_the_cyclic_gc_and_leaves_it_as_it_found_it(enabled):
+    # Note [no cyclic GC during a solve]: paused for the solve (its progress callback runs inside it), restored after
+    seen = []
+    (gc.enable if enabled else gc.disable)()
+    try:
+        _report(3, 5.0, progress=lambda _msg: seen.append(gc.isenabled()))
+        assert seen and not any(seen)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
