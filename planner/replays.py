@@ -1,5 +1,5 @@
 """The replays of one solve: each plan materialized and simulated once (Note [replay memo] in
-planner/materialize.py), and the plans (and value LPs) the solve reads next computed ahead of need on the
+planner/materialize.py), and the plans (and LPs) the solve reads next computed ahead of need on the
 machine's other cores (Note [replays ahead]).
 
 `planner.solve` opens `replay_memo(jobs=...)`; `planner.materialize.materialize_replayed` looks each plan up
@@ -43,10 +43,12 @@ log = logging.getLogger(__name__)
 # reads a plan no worker has taken yet, it replays it itself (and hands the next ones to idle workers); when
 # a worker is replaying the plan it reads, it replays the next plan of the same batch no worker has taken.
 # A plan the solve will not read after all (a chunk size whose plans cannot win) is taken back, and a worker
-# replaying it is killed and forked anew. The LPs of the chunk-size search solved for their value alone (Note
-# [the LP of an unlikely chunk size, for its value] in planner/solve.py) and the LPs of the header's proven bound
-# (Note [the proven bound up to 128 blocks]) go to the workers the same way, named at the search's start, while
-# the solve builds and solves the LPs to a vertex (their models become the MIPs, so those stay here).
+# replaying it is killed and forked anew. The LPs of the chunk-size search go to the workers the same way, named
+# at the search's start: every likely chunk size's LP to a vertex but the first (Note [a vertex LP in a worker] in
+# planner/solve.py: its values come back, the model the solve built becomes the MIP), those solved for their value
+# alone (Note [the LP of an unlikely chunk size, for its value]) and those of the header's proven bound (Note [the
+# proven bound up to 128 blocks]); while the solve waits for one, it may do work of its own (`outcome`'s
+# `meanwhile`: Note [MIPs while a worker solves an LP]) or replay plans named ahead (`work_here`).
 # The solve reads every outcome in the order it does with one job, so the schedule is the same bytes with any
 # number of jobs (tests/test_replays.py compares them; goldens); a worker that fails to return an outcome (it
 # died, or its error does not pickle) has its plan replayed by the solve itself.

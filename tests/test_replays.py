@@ -85,6 +85,28 @@ def test_while_a_worker_replays_the_plan_read_the_solve_replays_the_next_ones_of
         assert memo.outcome(PROBLEM, 2, None, slow, 2, 0.0) == (2, SOLVE)
 
 
+def test_while_a_worker_computes_the_one_read_the_solve_does_its_own_work_then_what_it_named_ahead():
+    with replay_memo(jobs=2) as memo:
+        memo.ahead(PROBLEM, slow, [("long", None, ("long", 1.0))])
+        memo.ahead(PROBLEM, square, [("later", None, (7,))])  # another batch
+        memo.ahead(PROBLEM, square, [("spare", None, (8,))], spare=True)
+        time.sleep(0.3)  # the worker has started "long" (1 s)
+        done = []
+
+        def meanwhile() -> bool:  # its own work first, one piece a call, then a plan named ahead
+            if not done:
+                done.append("own")
+                return True
+            if memo.work_here():
+                done.append("named")
+                return True
+            return False
+
+        assert memo.outcome(PROBLEM, "long", None, slow, "long", 1.0, meanwhile=meanwhile)[1] != SOLVE
+        assert done == ["own", "named"]  # the spare plan is a worker's
+        assert memo.outcome(PROBLEM, "later", None, square, 7)[1] == SOLVE
+
+
 def test_a_plan_that_does_not_survive_raises_the_same_error_from_a_worker():
     with replay_memo(jobs=2) as memo:
         memo.ahead(PROBLEM, fails, [("x", None, (7,))])
@@ -158,6 +180,34 @@ def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one(tmp_path, mo
     assert one.worker_cpu_seconds == 0.0
     assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
     assert two.evaluated == one.evaluated and two.chosen == one.chosen
+
+
+def slow_vertex_lp(problem, data, safety):
+    """planner.solve._vertex_lp, 2 s slower in a worker."""
+    if os.getpid() != SOLVE:
+        time.sleep(2.0)
+    return VERTEX_LP(problem, data, safety)
+
+
+def test_without_a_polish_the_search_solves_a_mip_while_a_worker_solves_an_lp(monkeypatch):
+    # Note [MIPs while a worker solves an LP]: as on a model of POLISH_MAX_BLOCKS blocks or more (no polish)
+    monkeypatch.setattr(solve_module, "POLISH_MAX_BLOCKS", 1)
+    one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=1)
+    events = []
+    solve_mip, computed = solve_module._solve_mip, solve_module._computed
+
+    def computed_saying_when(problem, key, *args, **kw):
+        out = computed(problem, key, *args, **kw)
+        events.append(key[0])
+        return out
+
+    monkeypatch.setattr(solve_module, "_vertex_lp", slow_vertex_lp)
+    monkeypatch.setattr(solve_module, "_solve_mip", lambda *a, **kw: (events.append("MIP"), solve_mip(*a, **kw))[1])
+    monkeypatch.setattr(solve_module, "_computed", computed_saying_when)
+    two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=2)
+    assert events.index("MIP") < events.index("vertex LP")  # solved while the worker's LP was being read
+    assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
+    assert two.evaluated == one.evaluated
 
 
 def test_cli_refuses_fewer_than_one_job(tmp_path, capsys):
