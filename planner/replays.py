@@ -58,7 +58,6 @@ log = logging.getLogger(__name__)
 # never a MIP: HiGHS's MIP hands tasks to its scheduler's threads, which a fork does not copy (measured: a
 # 60-variable MIP in a child forked after a MIP took 1.25 s against milliseconds in its parent; an LP took the
 # parent's time).
-
 #
 # Note [replies unpickled where read]:
 # A worker's reply travels pickled, and the feeding thread keeps its bytes: the solve unpickles it where it reads

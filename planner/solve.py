@@ -795,7 +795,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     flags: dict[int, dict[str, float]] = {}
     lp_modes: dict[int, tuple] = {}
     lp_values: dict[int, dict[str, float]] = {}
-    lp_models: dict[int, SparsePlacementModel] = {}  # solved, unpinned: each becomes its chunk size's MIP
+    lp_models: dict[int, SparsePlacementModel] = {}  # unpinned, its vertex found here or by a worker: each becomes its MIP
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     # with several ranks the systems' packing (tensors across block boundaries, only the last comm
@@ -839,7 +839,8 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         lp_model = lp_built(size)
         return lp_solved(size, lp_model, lp_model and functools.partial(_solved_vertex, lp_model, safety))
 
-    def lp_solved(size: int, lp_model: SparsePlacementModel | None, solution: Callable[[], _Vertex | None] | None) -> float:
+    def lp_solved(size: int, lp_model: SparsePlacementModel | None,
+                  solution: Callable[[], _Vertex | None] | None) -> float:
         """Record `size`'s LP (`lp_model`, built here), solved to a vertex by `solution()` (here or in a worker);
         its value (inf where no plan fits)."""
         try:
@@ -1098,8 +1099,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
     4. below POLISH_MAX_BLOCKS blocks, the pinned MIP without fixing under POLISH_NODE_LIMIT nodes
        too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes
        are free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more (the free-mode dense MIP). `lp_model`,
-       the solved unpinned LP of `lp_values`, becomes the first pin set's MIP (`PlacementModel.as_mip`:
-       the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`).
+       the unpinned LP of `lp_values` (solved here, or its values by a worker), becomes the first pin set's MIP
+       (`PlacementModel.as_mip`: the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`).
        No polish where the fixed plan is already within the MIP's own gap (MIP_RELATIVE_GAP) of
        `lp_bound_seconds`, the unpinned LP's bound: Note [no polish within the gap];
        with one rank, none where the fixed plan trails `leader_seconds`, the best model objective of the chunk
