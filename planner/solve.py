@@ -795,7 +795,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     flags: dict[int, dict[str, float]] = {}
     lp_modes: dict[int, tuple] = {}
     lp_values: dict[int, dict[str, float]] = {}
-    lp_models: dict[int, SparsePlacementModel] = {}  # unpinned, its vertex found here or by a worker: each becomes its MIP
+    lp_models: dict[int, SparsePlacementModel] = {}  # unpinned, solved here or by a worker: each becomes its MIP
     bounds: dict[int, float] = {}
     safety = max(SAFETY_SECONDS, time_limit_s)  # each solver call's safety net, never the normal stop
     # with several ranks the systems' packing (tensors across block boundaries, only the last comm
@@ -1100,7 +1100,8 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
        too, and the better of the two (a tie to the pinned MIP's); not with one rank where the modes
        are free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more (the free-mode dense MIP). `lp_model`,
        the unpinned LP of `lp_values` (solved here, or its values by a worker), becomes the first pin set's MIP
-       (`PlacementModel.as_mip`: the same model, not built again), and that MIP pinned anew each next one (`PlacementModel.repin`).
+       (`PlacementModel.as_mip`: the same model, not built again), and that MIP pinned anew each next one
+       (`PlacementModel.repin`).
        No polish where the fixed plan is already within the MIP's own gap (MIP_RELATIVE_GAP) of
        `lp_bound_seconds`, the unpinned LP's bound: Note [no polish within the gap];
        with one rank, none where the fixed plan trails `leader_seconds`, the best model objective of the chunk
