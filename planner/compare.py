@@ -24,7 +24,7 @@ from planner.problem import Problem, build_problem
 from planner.presets import resolve_hardware
 from planner.simulate import ScheduleViolation, SimResult, simulate
 from planner.solution import SolveReport
-from planner.replays import available_cpus
+from planner.replays import add_jobs_option, checked_jobs
 from planner.solve import UNPROVEN_BOUND, solve_report
 from schemas import Hardware, Schedule, Trace
 from schemas._base import digest_bytes, frozen, read_bytes
@@ -191,8 +191,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", metavar="NAME|FILE", help="hardware preset or TOML (default: cpu-emulated)")
     p.add_argument("--policies", nargs="+", metavar="POLICY", choices=[TIDE, *POLICIES],
                    help=f"policies to compare (default: all of {', '.join([TIDE, *POLICIES])})")
-    p.add_argument("--jobs", metavar="N", type=int, default=available_cpus(),
-                   help="jobs of tide's solve, as `planner solve --jobs` (default: the CPUs this process may use)")
+    add_jobs_option(p, help="jobs of tide's solve, as `planner solve --jobs` (default: the CPUs this process may use)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=_main)
 
@@ -201,9 +200,8 @@ def _main(args: argparse.Namespace) -> int:
     payload = read_bytes("trace", args.trace)
     trace = Trace.from_msgpack(payload, source=args.trace)
     hardware = resolve_hardware(args.hardware)
-    if args.jobs < 1:
-        raise PlannerError(f"--jobs must be at least 1, found {args.jobs}")
-    result = compare(trace, hardware, trace_digest=digest_bytes(payload), policies=args.policies, jobs=args.jobs)
+    result = compare(trace, hardware, trace_digest=digest_bytes(payload), policies=args.policies,
+                     jobs=checked_jobs(args.jobs))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -8,6 +8,7 @@ in it (`ReplayMemo.outcome`); the solve names what it will read next (`ReplayMem
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import contextvars
 import dataclasses
@@ -74,6 +75,18 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def add_jobs_option(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """`--jobs N` of `planner solve` and `planner compare` (default: `available_cpus()`), read by `checked_jobs`."""
+    parser.add_argument("--jobs", metavar="N", type=int, default=available_cpus(), help=help)
+
+
+def checked_jobs(jobs: int) -> int:
+    """`--jobs`, refused (PlannerError) below 1."""
+    if jobs < 1:
+        raise PlannerError(f"--jobs must be at least 1, found {jobs}")
+    return jobs
 
 
 class _State(enum.Enum):

@@ -261,7 +261,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     # queue behind the optimizer state's traffic (measured on 175B / a100-80g-12ssd: model 106 s,
     # simulator 191 s, against 118.5 s for the HOST-homed plan). It is what lets the largest
     # models fit (Fuyou's layout), where HOST cannot hold a copy of every PARAM.
-    placed: dict[int, Decisions] = {}  # each solved MIP's decisions (by the solution's id), made once
+    placed: dict[int, Decisions] = {}  # every solved MIP's decisions (by the solution's id), made once
 
     def ahead(layout, data: PlacementInput, sol: PlacementSolution) -> None:
         """A solved MIP's plan replayed ahead in its budget and pacing variants (Note [replays ahead]), while the
@@ -307,7 +307,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     again = problem.world_size == 1 and len(problem.blocks) < REPLAY_AGAIN_MAX_BLOCKS  # the variants below
     for size in sorted(solved, key=lambda x: (solved[x].objective_seconds, x)):
         layout, data = inputs[size]
-        decisions = placed.get(id(solved[size])) or decisions_from_placement(problem, layout, data, solved[size])
+        decisions = placed[id(solved[size])]  # every solved MIP went through `ahead` (`_search`'s `solved_mip`)
         # as a reference decision set (`_replay_reference`): no variant below changes the work the placement
         # fixes, so none is replayed where that work cannot end within TIE_TOLERANCE of the fastest replay so far
         # (GPT-3 175B x rtx4090-768g-12ssd: chunk 1812099072's plan at least 132.04 s, the fastest replay then
@@ -764,12 +764,9 @@ def _alone_lp(problem, data: PlacementInput, safety: float) -> float | None:
     alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
                 for t in threads)
     beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
-    data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
-    try:
-        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
-    except PlacementInfeasible:
-        return None
-    return lp.bound_seconds
+    bound = _value_lp(problem, dataclasses.replace(data, cpu_adam_seconds_per_element=alone,
+                                                   cpu_adam_beside_copies=beside), safety)[1]
+    return bound if math.isfinite(bound) else None
 
 
 def _computed(problem, key: tuple, run: Callable[..., T], *args, meanwhile: Callable[[], bool] = lambda: False) -> T:

@@ -17,7 +17,7 @@ from planner.errors import PlannerError
 from planner.presets import DEFAULT_HARDWARE, resolve_hardware
 from planner.simulate import simulate
 from planner.solution import SolveReport
-from planner.replays import available_cpus
+from planner.replays import add_jobs_option, checked_jobs
 from planner.solve import DEFAULT_TIME_LIMIT_SECONDS, SAFETY_SECONDS, solve_report
 from schemas._base import digest_bytes, format_bytes, read_bytes
 from schemas.hardware import Hardware
@@ -56,10 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="prove the header's lower bound for every plan at any depth: above 128 blocks the bound is "
                         "otherwise only checked against the solve's replays, and proving it costs one more LP per "
                         "chunk size (256 blocks x 4096: ~8 CPU s each)")
-    p.add_argument("--jobs", metavar="N", type=int, default=available_cpus(),
-                   help="processes that replay candidate plans, this one included, and HiGHS in a thread beside "
-                        "them (default: the CPUs this process may use, here %(default)s); the schedule is the same "
-                        "bytes with any number")
+    add_jobs_option(p, help="processes that replay candidate plans, this one included, and HiGHS in a thread beside "
+                            "them (default: the CPUs this process may use, here %(default)s); the schedule is the same "
+                            "bytes with any number")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_main)
 
@@ -86,14 +85,13 @@ def _main(args: argparse.Namespace) -> int:
         device_bytes = int(args.device_memory_gb * 1e9)
     if args.time_limit <= 0:
         raise PlannerError(f"--time-limit must be positive, found {args.time_limit}")
-    if args.jobs < 1:
-        raise PlannerError(f"--jobs must be at least 1, found {args.jobs}")
+    jobs = checked_jobs(args.jobs)
     status, progress = _progress(sys.stderr.isatty() and not args.json)
     try:
         report = solve_report(trace, hardware, trace_digest=digest, time_limit_s=args.time_limit, exact=args.exact,
                               device_bytes=device_bytes, optimizer_overlap=not args.no_optimizer_overlap,
                               checkpoint_offload=not args.no_checkpoint_offload, prove_bound=args.prove_bound,
-                              progress=progress, jobs=args.jobs)
+                              progress=progress, jobs=jobs)
     finally:
         if status is not None:
             status.stop()
