@@ -28,7 +28,7 @@ from schemas.trace import Phase
 from planner.costmodel import (channel_bytes_per_s, cpu_adam_beside_copies, cpu_adam_threads, dram_bytes, nvme_two_way_facets,
                                optimizer_step_price, pcie_two_way_facets)
 from planner.sim_result import Interval, ScheduleViolation, ViolationKind
-from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, SimState, drop, hold,
+from planner.sim_state import (DEVICE_INDEX, HOST_INDEX, ActState, BlockState, Calendar, CopyKind, SimState, drop, hold,
                                hold_until_landed, resync_slot, scatter, tier_bit)
 
 # Note [simulator channels]:
@@ -99,43 +99,67 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
     """Queue a transfer on every channel of its path (on `rank`'s links); returns when it completes.
     `node_ranks`: how many ranks of the node move the same bytes at once (activations: every rank
     swaps its own), which the node's shared SSDs carry together."""
+    kind = sim.copy_kinds.get((channels, nbytes, rank, node_ranks))
+    if kind is None:
+        kind = _copy_kind(sim, channels, nbytes, rank, node_ranks, m=m, i=i, action=action)
+    start = max(issue, ready)
+    for server in kind.servers:
+        if server.free_at > start:
+            start = server.free_at
+    end = start + kind.duration
+    if kind.dram_seconds > 0:  # host DRAM's share (Note [simulator channels])
+        sim.dram_busy += kind.dram_seconds
+        reserved = sim.dram.reserve(start, kind.dram_seconds)
+        if reserved > end:
+            end = reserved
+    for calendar, seconds in kind.link_draws:  # both ways on one link (Note [two-way links in the simulator])
+        reserved = calendar.reserve(start, seconds)
+        if reserved > end:
+            end = reserved
+    if kind.copy:  # CPU Adam runs slower meanwhile (Note [CPU Adam beside copies])
+        _slow_steps(sim, kind.node, start, end)
+    for ch, server, busy in zip(channels, kind.servers, kind.busy_seconds):
+        server.free_at = end
+        sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
+        sim.busy[ch] = sim.busy.get(ch, 0.0) + busy
+        if kind.duration > 0:
+            sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
+    if end > sim.last_end:
+        sim.last_end = end
+    return end
+
+
+def _copy_kind(sim: SimState, channels: tuple[Channel, ...], nbytes: int, rank: int, node_ranks: int,
+               *, m: int, i: int, action: Action) -> CopyKind:
+    """What every copy of `nbytes` over `channels` on `rank`'s links costs, made once per replay (`_transfer`)."""
     for ch in channels:
         if sim.rate[ch] <= 0:
             raise ScheduleViolation(ViolationKind.CHANNEL, f"{ch.value} has no bandwidth on hardware "
                                     f"{sim.hardware.name!r} (no SSDs or a single GPU?)", moment=m, action_index=i,
                                     list_=action.list, chunk=action.chunk if action.chunk >= 0 else None)
-    start = max(issue, ready, *(sim.servers[(ch, rank)].free_at for ch in channels))
     pageable = sim.pageable and all(ch in _PCIE_CHANNELS for ch in channels)
-    rates = {}
+    rates = []
     for ch in channels:  # each direction at its rate alone at this copy's size (links.copy_rates, nvme.chunk_rates)
-        key = (ch, pageable, nbytes)
-        rate = sim.rate_at.get(key)
-        if rate is None:
-            if ch in (Channel.H2D, Channel.D2H):
-                rate = channel_bytes_per_s(sim.hardware, ch, pageable=pageable, nbytes=nbytes)
-            elif ch in (Channel.NVME_READ, Channel.NVME_WRITE) and sim.hardware.nvme.chunk_rates:
-                rate = channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes)
-            else:
-                rate = sim.rate[ch]
-            sim.rate_at[key] = rate
-        rates[ch] = rate
+        if ch in (Channel.H2D, Channel.D2H):
+            rates.append(channel_bytes_per_s(sim.hardware, ch, pageable=pageable, nbytes=nbytes))
+        elif ch in (Channel.NVME_READ, Channel.NVME_WRITE) and sim.hardware.nvme.chunk_rates:
+            rates.append(channel_bytes_per_s(sim.hardware, ch, nbytes=nbytes))
+        else:
+            rates.append(sim.rate[ch])
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
-    moved = {ch: nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) for ch in channels}
-    duration = max(moved[ch] / rates[ch] for ch in channels)
-    end = max(start + duration, _draw_dram(sim, dram_bytes(sim.hardware, channels, nbytes, pageable=pageable), start))
-    for ch in channels:  # both ways on one link: its share of each facet (Note [two-way links in the simulator])
+    moved = [nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) for ch in channels]
+    dram = dram_bytes(sim.hardware, channels, nbytes, pageable=pageable)
+    draws = []
+    for ch, n in zip(channels, moved):
         if ch in _LINK_OF:
-            end = max(end, _draw_link(sim, ch, rank, moved[ch], start, pageable=pageable, nbytes_per_copy=nbytes))
-    if any(ch in _COPY_CHANNELS for ch in channels):  # CPU Adam runs slower meanwhile (Note [CPU Adam beside copies])
-        _slow_steps(sim, sim.node_of[rank], start, end)
-    for ch in channels:
-        sim.servers[(ch, rank)].free_at = end
-        sim.bytes_per_channel[ch] = sim.bytes_per_channel.get(ch, 0) + nbytes
-        sim.busy[ch] = sim.busy.get(ch, 0.0) + nbytes / rates[ch]
-        if duration > 0:
-            sim.timeline.append(Interval(channel=ch, start_seconds=start, end_seconds=end, label=label))
-    sim.last_end = max(sim.last_end, end)
-    return end
+            draws += [(calendar, per_byte * n) for calendar, per_byte in _link_facets(sim, ch, rank, pageable, nbytes)]
+    kind = CopyKind(servers=tuple(sim.servers[(ch, rank)] for ch in channels),
+                    duration=max(n / r for n, r in zip(moved, rates)),
+                    dram_seconds=dram / sim.dram_rate if dram > 0 and sim.dram_rate != float("inf") else 0.0,
+                    link_draws=tuple(draws), copy=any(ch in _COPY_CHANNELS for ch in channels),
+                    node=sim.node_of[rank], busy_seconds=tuple(nbytes / r for r in rates))
+    sim.copy_kinds[(channels, nbytes, rank, node_ranks)] = kind
+    return kind
 
 
 _COPY_OPS = frozenset({Op.FETCH, Op.PREFETCH, Op.WRITE_BACK, Op.ACT_OFFLOAD, Op.ACT_RELOAD})
@@ -219,26 +243,15 @@ _LINK_OF = {Channel.H2D: ("pcie", 0), Channel.D2H: ("pcie", 1),
             Channel.NVME_READ: ("nvme", 0), Channel.NVME_WRITE: ("nvme", 1)}
 
 
-def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: float, *, pageable: bool,
-               nbytes_per_copy: float) -> float:
-    """Reserve a copy's share of each two-way facet of its link (PCIe per rank, SSDs per node) from
-    `start`: `a * nbytes` seconds for the first direction (H2D, NVMe read), `b * nbytes` for the
-    second, at the rates of a copy of `nbytes_per_copy`; returns when the last reservation ends
-    (`start` on a full-duplex link or simplex SSDs, whose servers already price them)."""
+def _link_facets(sim: SimState, ch: Channel, rank: int, pageable: bool, nbytes: int) -> list[tuple[Calendar, float]]:
+    """The two-way facets of `ch`'s link (PCIe per rank, SSDs per node) as (calendar, seconds per byte) for a copy of
+    `nbytes` in `ch`'s direction: `a` per byte for the first direction (H2D, NVMe read), `b` for the second, at the
+    rates of a copy of that size; none on a full-duplex link or simplex SSDs, whose servers already price them."""
     kind, side = _LINK_OF[ch]
     place = rank if kind == "pcie" else sim.node_of[rank]
-    draws = sim.link_draws.get((kind, place, pageable, nbytes_per_copy, side))
-    if draws is None:  # this copy's (calendar, seconds per byte) on each facet, made once per kind of copy
-        facets = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes_per_copy)
-                  if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes_per_copy))
-        draws = sim.link_draws[(kind, place, pageable, nbytes_per_copy, side)] = [
-            (sim.links.setdefault((kind, place, name), Calendar()), row[side]) for name, row in facets.items()]
-    end = start
-    for calendar, per_byte in draws:
-        reserved = calendar.reserve(start, per_byte * nbytes)
-        if reserved > end:
-            end = reserved
-    return end
+    facets = (pcie_two_way_facets(sim.hardware, pageable=pageable, nbytes=nbytes)
+              if kind == "pcie" else nvme_two_way_facets(sim.hardware, nbytes=nbytes))
+    return [(sim.links.setdefault((kind, place, name), Calendar()), row[side]) for name, row in facets.items()]
 
 
 # Note [simulator evictions]:
@@ -279,92 +292,107 @@ def _draw_link(sim: SimState, ch: Channel, rank: int, nbytes: float, start: floa
 def apply_action(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int],
                  last_grad_write: list[int]) -> float:
     """Apply action `i` issued at time `issue`; returns when it completes."""
+    apply = _APPLY.get(a.op)
+    if apply is None:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=a.moment, action_index=i)
+    return apply(sim, a, i, issue, blocks, act_bytes, last_grad_write)
+
+
+def _chunk_copy(sim: SimState, a: Action, i: int, issue: float, *_) -> float:
+    """FETCH, PREFETCH, WRITE_BACK: a chunk's copy from one tier to another."""
     m = a.moment
-    if a.op in (Op.FETCH, Op.PREFETCH, Op.WRITE_BACK):
-        li = _list(sim, a, i)
-        c = a.chunk
-        if a.src == a.dst:
-            raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src.value} to itself",
-                                    moment=m, action_index=i, list_=a.list, chunk=c)
-        path = _path(a, i)
-        if a.channel not in path:
-            raise ScheduleViolation(ViolationKind.CHANNEL, f"{a.op.value} {a.src.value}->{a.dst.value} crosses "
-                                    f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
-                                    moment=m, action_index=i, list_=a.list, chunk=c)
-        s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
-        if not sim.copies.is_valid(li, c, s):
-            raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
-                                    f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
-                                    f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
-                                    moment=m, action_index=i, list_=a.list, chunk=c)
-        nbytes = a.bytes or sim.chunk_bytes[li][c]
-        ready = sim.ready[li][c][s]
-        if sim.serial_swap and a.src is Tier.NVME and sim.schedule.moments[m].phase is Phase.OPTIMIZER:
-            # one sub-group at a time (the header's optimizer_swap SERIAL): after the SSD writes before it
-            ready = max(ready, sim.servers[(Channel.NVME_WRITE, sim.schedule.layout.chunks[c].owner_rank)].free_at)
-        end = _transfer(sim, path, nbytes, issue, ready, f"{_LABELS[(a.op, a.list)]}{c}",
-                        m=m, i=i, action=a, rank=sim.schedule.layout.chunks[c].owner_rank)
-        hold(sim, li, c, d)
-        sim.copies.copy(li, c, s, d)
-        resync_slot(sim, c)  # a slotted chunk's final grad takes its PARAM's slot there (PS.2)
-        sim.ready[li][c][d] = end
-        sim.read_until[li][c][s] = max(sim.read_until[li][c][s], end)  # Note [simulator evictions]
-        return end
-    if a.op is Op.EVICT:
-        li = _list(sim, a, i)
-        c, s = a.chunk, TIER_INDEX[a.src]
-        # its bytes are free once what still reads or writes the copy has landed (Note [simulator evictions])
-        lands = max(issue, sim.read_until[li][c][s], sim.ready[li][c][s])
-        ranks = tuple(range(sim.world)) if sim.replicated[li][c] else (sim.owner[c],)
-        try:
-            sim.copies.evict(li, c, s)
-        except ResidencyRefused as exc:
-            if exc.refusal is Refusal.NOT_HELD:
-                raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from "
-                                        f"{a.src.value}, which holds no copy", moment=m, action_index=i, list_=a.list,
-                                        chunk=c) from None
-            raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
-                                    "drops its last valid copy (write it back first)",
-                                    moment=m, action_index=i, list_=a.list, chunk=c) from None
-        drop(sim, li, c, s)
-        sim.read_until[li][c][s] = 0.0
-        if lands > issue and s == DEVICE_INDEX:
-            hold_until_landed(sim, lands, sim.chunk_bytes[li][c], ranks)
-        return issue
-    if a.op is Op.ALLOCATE:
-        li = _list(sim, a, i)
-        c, d = a.chunk, TIER_INDEX[a.dst]
-        hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
-        sim.copies.allocate(li, c, d)  # a fresh zero chunk: other copies are stale
-        sim.ready[li][c][d] = issue
-        return issue
-    if a.op is Op.OPTIMIZER_STEP:
-        return _optimizer_step(sim, a, i, issue, last_grad_write)
-    if a.op in (Op.ACT_OFFLOAD, Op.ACT_RELOAD):
-        return _activation(sim, a, i, issue, blocks, act_bytes)
-    if a.op in (Op.ALL_GATHER, Op.REDUCE_SCATTER):
-        # comm group `chunk`: bytes over INTER_GPU, once the comm group's copies on DEVICE are there (the
-        # owners' fetched shards, the written grads); afterwards every chunk of the comm group is ready on
-        # DEVICE (an all-gather leaves a copy on every rank)
-        li = _list(sim, a, i)
-        # a per-bucket REDUCE_SCATTER acts on its bucket's chunks only (Note [reduce-scatter per bucket])
-        comm_group = a.bucket or sim.comm_groups.get(a.chunk, ())
-        inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
-        end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
-                        f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
-        if a.op is Op.ALL_GATHER:  # per chunk (a `bucket`): the chunks holding params broadcast, the padding allocated
-            comm_group = sim.comm_groups.get(a.chunk, ())
-        for c in comm_group:
-            if a.op is Op.ALL_GATHER:
-                hold(sim, li, c, DEVICE_INDEX, everywhere=True)
-                sim.copies.gather(li, c)
-                sim.ready[li][c][DEVICE_INDEX] = end
-            elif sim.copies.is_valid(li, c, DEVICE_INDEX):
-                sim.ready[li][c][DEVICE_INDEX] = end
-        if a.op is Op.REDUCE_SCATTER and (a.bucket or len(comm_group) == sim.world) and sim.world > 1:
-            scatter(sim, li, comm_group)  # (a DDP all-reduce's half acts on a comm group of one chunk)
-        return end
-    raise ScheduleViolation(ViolationKind.BAD_ACTION, f"unknown op {a.op}", moment=m, action_index=i)
+    li = _list(sim, a, i)
+    c = a.chunk
+    if a.src == a.dst:
+        raise ScheduleViolation(ViolationKind.BAD_ACTION, f"{a.op.value} from {a.src.value} to itself",
+                                moment=m, action_index=i, list_=a.list, chunk=c)
+    path = _path(a, i)
+    if a.channel not in path:
+        raise ScheduleViolation(ViolationKind.CHANNEL, f"{a.op.value} {a.src.value}->{a.dst.value} crosses "
+                                f"{'+'.join(ch.value for ch in path)}, the action names {a.channel.value}",
+                                moment=m, action_index=i, list_=a.list, chunk=c)
+    s, d = TIER_INDEX[a.src], TIER_INDEX[a.dst]
+    if not sim.copies.is_valid(li, c, s):
+        raise ScheduleViolation(ViolationKind.COPY_WITHOUT_SOURCE,
+                                f"{a.op.value} {a.list.value} chunk {c} from {a.src.value}, which holds "
+                                f"{'a stale copy' if sim.copies.holds(li, c, s) else 'no copy'}",
+                                moment=m, action_index=i, list_=a.list, chunk=c)
+    nbytes = a.bytes or sim.chunk_bytes[li][c]
+    ready = sim.ready[li][c][s]
+    if sim.serial_swap and a.src is Tier.NVME and sim.schedule.moments[m].phase is Phase.OPTIMIZER:
+        # one sub-group at a time (the header's optimizer_swap SERIAL): after the SSD writes before it
+        ready = max(ready, sim.servers[(Channel.NVME_WRITE, sim.schedule.layout.chunks[c].owner_rank)].free_at)
+    end = _transfer(sim, path, nbytes, issue, ready, f"{_LABELS[(a.op, a.list)]}{c}",
+                    m=m, i=i, action=a, rank=sim.owner[c])
+    hold(sim, li, c, d)
+    sim.copies.copy(li, c, s, d)
+    resync_slot(sim, c)  # a slotted chunk's final grad takes its PARAM's slot there (PS.2)
+    sim.ready[li][c][d] = end
+    until = sim.read_until[li][c]
+    if end > until[s]:  # Note [simulator evictions]
+        until[s] = end
+    return end
+
+
+def _evict(sim: SimState, a: Action, i: int, issue: float, *_) -> float:
+    """EVICT: a tier drops its copy of a chunk."""
+    m = a.moment
+    li = _list(sim, a, i)
+    c, s = a.chunk, TIER_INDEX[a.src]
+    # its bytes are free once what still reads or writes the copy has landed (Note [simulator evictions])
+    lands = max(issue, sim.read_until[li][c][s], sim.ready[li][c][s])
+    ranks = tuple(range(sim.world)) if sim.replicated[li][c] else (sim.owner[c],)
+    try:
+        sim.copies.evict(li, c, s)
+    except ResidencyRefused as exc:
+        if exc.refusal is Refusal.NOT_HELD:
+            raise ScheduleViolation(ViolationKind.EVICT_ABSENT, f"EVICT {a.list.value} chunk {c} from "
+                                    f"{a.src.value}, which holds no copy", moment=m, action_index=i, list_=a.list,
+                                    chunk=c) from None
+        raise ScheduleViolation(ViolationKind.EVICT_LAST_COPY, f"EVICT {a.list.value} chunk {c} from {a.src.value} "
+                                "drops its last valid copy (write it back first)",
+                                moment=m, action_index=i, list_=a.list, chunk=c) from None
+    drop(sim, li, c, s)
+    sim.read_until[li][c][s] = 0.0
+    if lands > issue and s == DEVICE_INDEX:
+        hold_until_landed(sim, lands, sim.chunk_bytes[li][c], ranks)
+    return issue
+
+
+def _allocate(sim: SimState, a: Action, i: int, issue: float, *_) -> float:
+    """ALLOCATE: a fresh chunk of zeros (grads) on a tier."""
+    li = _list(sim, a, i)
+    c, d = a.chunk, TIER_INDEX[a.dst]
+    hold(sim, li, c, d, everywhere=True)  # on DEVICE every rank allocates its own
+    sim.copies.allocate(li, c, d)  # a fresh zero chunk: other copies are stale
+    sim.ready[li][c][d] = issue
+    return issue
+
+
+def _collective(sim: SimState, a: Action, i: int, issue: float, *_) -> float:
+    """ALL_GATHER, REDUCE_SCATTER: a comm group's collective."""
+    m = a.moment
+    # comm group `chunk`: bytes over INTER_GPU, once the comm group's copies on DEVICE are there (the
+    # owners' fetched shards, the written grads); afterwards every chunk of the comm group is ready on
+    # DEVICE (an all-gather leaves a copy on every rank)
+    li = _list(sim, a, i)
+    # a per-bucket REDUCE_SCATTER acts on its bucket's chunks only (Note [reduce-scatter per bucket])
+    comm_group = a.bucket or sim.comm_groups.get(a.chunk, ())
+    inputs = [sim.ready[li][c][DEVICE_INDEX] for c in comm_group if sim.copies.is_valid(li, c, DEVICE_INDEX)]
+    end = _transfer(sim, (Channel.INTER_GPU,), a.bytes, issue, max(inputs, default=issue),
+                    f"{a.op.value.lower()} {a.chunk}", m=m, i=i, action=a)
+    if a.op is Op.ALL_GATHER:  # per chunk (a `bucket`): the chunks holding params broadcast, the padding allocated
+        comm_group = sim.comm_groups.get(a.chunk, ())
+    for c in comm_group:
+        if a.op is Op.ALL_GATHER:
+            hold(sim, li, c, DEVICE_INDEX, everywhere=True)
+            sim.copies.gather(li, c)
+            sim.ready[li][c][DEVICE_INDEX] = end
+        elif sim.copies.is_valid(li, c, DEVICE_INDEX):
+            sim.ready[li][c][DEVICE_INDEX] = end
+    if a.op is Op.REDUCE_SCATTER and (a.bucket or len(comm_group) == sim.world) and sim.world > 1:
+        scatter(sim, li, comm_group)  # (a DDP all-reduce's half acts on a comm group of one chunk)
+    return end
 
 
 def _path(a: Action, i: int) -> tuple[Channel, ...]:
@@ -382,7 +410,8 @@ def _list(sim: SimState, a: Action, i: int) -> int:
     return sim.list_index[a.list]
 
 
-def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, last_grad_write: list[int]) -> float:
+def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, _blocks, _act_bytes,
+                    last_grad_write: list[int]) -> float:
     m, c, d = a.moment, a.chunk, TIER_INDEX[a.dst]
     if m <= last_grad_write[c]:
         raise ScheduleViolation(ViolationKind.OPTIMIZER_EARLY, f"chunk {c}'s grads are still written by the backward "
@@ -446,7 +475,8 @@ def _activation_path(a: Action, i: int, what: str) -> tuple[Channel, ...]:
     return path
 
 
-def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int]) -> float:
+def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[BlockState], act_bytes: list[int],
+                _last_grad_write) -> float:
     m, b = a.moment, a.block
     blk = blocks[b]
     if blk.plan_mode is ActivationMode.KEEP:
@@ -479,6 +509,13 @@ def _activation(sim: SimState, a: Action, i: int, issue: float, blocks: list[Blo
     blk.state, blk.tier, blk.ready_at = ActState.ON_DEVICE, None, end
     act_bytes[DEVICE_INDEX] += blk.device_bytes()
     return end
+
+
+# what each op does (`apply_action`), each called with (sim, action, its index, issue time, blocks, activation bytes per
+# tier, last backward moment writing each GRAD chunk)
+_APPLY = {Op.FETCH: _chunk_copy, Op.PREFETCH: _chunk_copy, Op.WRITE_BACK: _chunk_copy, Op.EVICT: _evict,
+          Op.ALLOCATE: _allocate, Op.OPTIMIZER_STEP: _optimizer_step, Op.ACT_OFFLOAD: _activation,
+          Op.ACT_RELOAD: _activation, Op.ALL_GATHER: _collective, Op.REDUCE_SCATTER: _collective}
 
 
 def check_end(sim: SimState, schedule: Schedule, last_grad_write: list[int], n_moments: int) -> None:

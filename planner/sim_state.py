@@ -208,6 +208,19 @@ class Coverage:
         return [(seconds, self.steps[k][2]) for k, seconds in sorted(lost.items())]
 
 
+@dataclass(frozen=True, slots=True)
+class CopyKind:
+    """What every copy of one size over one path on one rank's links costs (planner.sim_actions._transfer)."""
+
+    servers: tuple[Server, ...]  # per channel of the path, its FIFO server
+    duration: float  # seconds at its rates alone: the slowest channel's (NVMe bytes times the node's ranks)
+    dram_seconds: float  # its host DRAM reservation (0: none)
+    link_draws: tuple[tuple[Calendar, float], ...]  # (two-way facet, seconds reserved there) per facet of its links
+    copy: bool  # whether CPU Adam on its node runs slower beside it (Note [CPU Adam beside copies])
+    node: int
+    busy_seconds: tuple[float, ...]  # per channel, its bytes at its rate alone
+
+
 @dataclass(slots=True)
 class SimState:
     schedule: Schedule
@@ -231,15 +244,14 @@ class SimState:
     comm_groups: dict[int, tuple[int, ...]]  # comm group -> its chunks
     servers: dict[tuple[Channel, int], Server]  # per (channel, rank); NVMe, CPU and collectives shared
     rate: dict[Channel, float]
-    rate_at: dict[tuple[Channel, bool, int], float] = field(default_factory=dict)  # a copy's rate alone, per (channel, pageable, bytes)
+    # what a copy costs, per (channels, bytes, rank, node ranks): made once per replay by planner.sim_actions._copy_kind
+    copy_kinds: dict[tuple[tuple[Channel, ...], int, int, int], CopyKind] = field(default_factory=dict)
     pageable: bool = False  # DEVICE <-> HOST copies at the pageable rates (the header's host_staging)
     serial_swap: bool = False  # NVMe reads of the OPTIMIZER moment wait for earlier NVMe writes (the header's optimizer_swap)
     dram: Calendar = field(default_factory=lambda: Calendar())  # host DRAM, shared by copies and CPU Adam
     # the two-way links' facets ((kind "pcie" per rank or "nvme" per node, place, facet name) -> its busy
     # time: Note [two-way links in the simulator] in planner/sim_actions.py), created on first use
     links: dict[tuple[str, int, str], Calendar] = field(default_factory=dict)
-    # per (kind, place, pageable, copy bytes, direction): each facet's calendar and its seconds per byte
-    link_draws: dict[tuple[str, int, bool, float, int], list[tuple[Calendar, float]]] = field(default_factory=dict)
     # (end, bytes) of each activation offload in flight: DEVICE bytes held until it lands (Note [activation
     # offloads land] in planner/simulate.py)
     # (end, bytes, ranks holding them or None for every rank) of each copy still reading bytes that were

@@ -116,6 +116,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
 
     budgets = {DEVICE_INDEX: schedule.budgets.device_bytes, HOST_INDEX: schedule.budgets.host_bytes,
                NVME_INDEX: schedule.budgets.nvme_bytes}
+    device_budget = budgets[DEVICE_INDEX]
+    act_reload, fetch = Op.ACT_RELOAD, Op.FETCH  # (an enum member is an attribute lookup: once, not per action)
     act_bytes = [0, 0, 0]  # activation bytes per tier (DEVICE: held-window part only)
     held_act_recorded = 0  # bytes of kept activations the recorded non-model curve includes right now
     peaks = [0, 0, 0]
@@ -141,27 +143,29 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
         host = event  # the training thread: it waits in an ACT_RELOAD, or for DEVICE bytes still read (Note [simulator evictions])
         for i in by_moment[m]:
             a = actions[i]
-            if a.op is Op.ACT_RELOAD and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
+            if a.op is act_reload and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
                 host = max(host, blocks[a.block].ready_at)  # the executor's wait_offloaded
-            land(sim, host)
+            if sim.landing_next_end <= host:
+                land(sim, host)
             end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
-            if a.op is Op.FETCH or (sim.pageable and blocks_host(a)):
+            if a.op is fetch or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)
             on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
-            if sim.landing and on_device > budgets[DEVICE_INDEX]:  # the allocation waits for copies in flight
-                host = land_oldest(sim, host, lambda: used_bytes(sim, DEVICE_INDEX, act_bytes) <= budgets[DEVICE_INDEX])
+            if sim.landing and on_device > device_budget:  # the allocation waits for copies in flight
+                host = land_oldest(sim, host, lambda: used_bytes(sim, DEVICE_INDEX, act_bytes) <= device_budget)
                 on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
-            for t in TIER_INDEX.values():
-                used = on_device if t == DEVICE_INDEX else used_bytes(sim, t, act_bytes)
-                # the peak counts what a moment holds between its actions too, as the executor's pools do (the
-                # grads a moment writes back to HOST and steps there before evicting them: `executor demo`'s HOST
-                # peak was measured 851,968 B over the per-moment prediction, four GRAD chunks of moment 20)
-                peaks[t] = max(peaks[t], used)
-                if used > budgets[t]:
-                    raise ScheduleViolation(ViolationKind.CAPACITY, f"{TIERS[t].value} holds {used} bytes of chunks and "
-                                            f"activations after this action, budget {budgets[t]}"
-                                            f"{place_name(sim, t, busiest(sim, t))}",
-                                            moment=m, action_index=i, list_=a.list, chunk=a.chunk if a.chunk >= 0 else None)
+            # the peak counts what a moment holds between its actions too, as the executor's pools do (the grads a
+            # moment writes back to HOST and steps there before evicting them: `executor demo`'s HOST peak was
+            # measured 851,968 B over the per-moment prediction, four GRAD chunks of moment 20)
+            for t, used in ((DEVICE_INDEX, on_device), (HOST_INDEX, used_bytes(sim, HOST_INDEX, act_bytes)),
+                            (NVME_INDEX, used_bytes(sim, NVME_INDEX, act_bytes))):
+                if used > peaks[t]:
+                    peaks[t] = used
+                    if used > budgets[t]:
+                        raise ScheduleViolation(ViolationKind.CAPACITY, f"{TIERS[t].value} holds {used} bytes of chunks "
+                                                f"and activations after this action, budget {budgets[t]}"
+                                                f"{place_name(sim, t, busiest(sim, t))}", moment=m, action_index=i,
+                                                list_=a.list, chunk=a.chunk if a.chunk >= 0 else None)
 
         # blocks leaving it (after the moment's actions, which may reload them): their backward starts
         for b in window_end.get(m, ()):
