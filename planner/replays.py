@@ -55,10 +55,13 @@ log = logging.getLogger(__name__)
 # died, or its error does not pickle) has its plan replayed by the solve itself.
 # Workers are forked only where the OS can fork (they get the problem without pickling it; Linux, macOS; elsewhere
 # a solve does everything itself), and only while no HiGHS solve runs in the solve's process (Note [one HiGHS
-# solve at a time] in planner/mathopt_solver.py). A worker solves LPs only (HiGHS's interior point, serial),
-# never a MIP: HiGHS's MIP hands tasks to its scheduler's threads, which a fork does not copy (measured: a
-# 60-variable MIP in a child forked after a MIP took 1.25 s against milliseconds in its parent; an LP took the
-# parent's time).
+# solve at a time] in planner/mathopt_solver.py). A worker solves LPs (HiGHS's interior point, serial) and, since
+# session 23, a likely chunk size's MIP fixing (Note [a size's MIP in a worker] in planner/solve.py). Session 13
+# kept MIPs out of workers: a 60-variable MIP in a child forked after a MIP had taken 1.25 s against milliseconds in
+# its parent (HiGHS's MIP hands tasks to its scheduler's threads, which a fork does not copy). Re-measured with
+# ortools 9.15 (bench/RESULTS.md, session 23) it does not recur: a 60-variable MIP 3.86-4.07 s in the parent (in a
+# thread, then the main thread) and 3.86-3.99 s in children forked after; GPT-3 13B's fixing 0.92 s in a worker
+# forked after the solve's MIPs, 0.94 s in one forked before.
 #
 # Note [replies unpickled where read]:
 # A worker's reply travels pickled, and the feeding thread keeps its bytes: the solve unpickles it where it reads

@@ -838,22 +838,28 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
 
     def lp_solved(size: int, lp_model: SparsePlacementModel | None,
                   solution: Callable[[], _Vertex | None] | None) -> float:
-        """Record `size`'s LP (`lp_model`, built here), solved to a vertex by `solution()` (here or in a worker);
-        its value (inf where no plan fits)."""
+        """Record `size`'s LP (`lp_model`, built here; None where a worker built it), solved to a vertex by
+        `solution()` (here, or in a worker with its MIP's fixed plan: `_vertex_mip`); its value (inf where no plan
+        fits)."""
         try:
-            vertex = solution() if lp_model is not None else None
+            found = solution() if solution is not None else None
         except PlacementInfeasible:
-            vertex = None
-        if vertex is None:
+            found = None
+        if found is None:
             bounds[size] = math.inf
             return math.inf
-        lp, flags[size], lp_values[size] = vertex
+        if lp_model is None:  # a worker's, with its MIP's fixed plan: Note [a size's MIP in a worker]
+            found, fixed = found
+        lp, flags[size], lp_values[size] = found
         # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
         # charges both ways on a link in the rows this LP charges (Note [two-way links in the
         # simulator] in planner/sim_actions.py)
         bounds[size] = lp.bound_seconds
         lp_modes[size] = lp.activation_modes
-        lp_models[size] = lp_model
+        if lp_model is None:  # a worker's
+            solved_ahead(size, fixed)
+        else:
+            lp_models[size] = lp_model
         return lp.objective_seconds
 
     for size, layout in layouts.items():
@@ -868,55 +874,79 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
                 for size in layouts if size not in likely]
     elsewhere: set[int] = set()  # the likely sizes whose vertex a worker solves
     if memo is not None:
-        if memo.ahead(problem, _vertex_lp, [(("vertex LP", size, nvme_home), None, (inputs[size][1], safety))
-                                            for size in vertices[1:]]):
+        if memo.ahead(problem, _vertex_mip, [(("vertex LP and MIP", size, nvme_home), None, (inputs[size][1], safety))
+                                             for size in vertices[1:]]):
             elsewhere = set(vertices[1:])
         memo.ahead(problem, _value_lp, unlikely)
-        # and those of the header's proven bound (`_adam_alone_bound`: the sizes whose LP fits, read after the replays)
-        if _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]), prove_bound):
-            memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
-                                            for size in sorted(layouts)])
     values: dict[int, float] = {}
 
-    def mip(size: int, leader_seconds: float) -> PlacementSolution | PlacementInfeasible:
-        """`size`'s placement MIP (`_solve_mip`), or why it has none."""
+    fixed_ahead: dict[int, _Fixed | PlacementInfeasible] = {}  # fixed plans solved ahead, to be polished
+
+    def fixed_mip(size: int) -> _Fixed | PlacementInfeasible:
+        """`size`'s MIP's fixed plan (`_fixed_mip`), or why it has none."""
         try:
-            return _solve_mip(inputs[size][1], flags.get(size, {}), safety, lp_modes.get(size),
-                              lp_values=lp_values.get(size), lp_model=lp_models.pop(size, None),
-                              lp_bound_seconds=bounds[size], leader_seconds=leader_seconds)
+            return _fixed_mip(inputs[size][1], flags.get(size, {}), safety, lp_modes.get(size),
+                              lp_values=lp_values.get(size), lp_model=lp_models.pop(size, None))
         except PlacementInfeasible as exc:
             return exc
 
-    # Note [MIPs while a worker solves an LP]: at POLISH_MAX_BLOCKS blocks or more a size's MIP does not depend
-    # on the sizes solved before it (`leader_seconds` decides a polish only), so while it waits for an LP a
-    # worker solves, the search solves the MIP of a likely size whose vertex it has (the least LP value first),
-    # for the branch and bound below to read where it reaches that size, and names its plan's replays at once
-    # (`solved_mip`), then replays those itself (`ReplayMemo.work_here`). Measured (bench/RESULTS.md, session
-    # 22): the 512-block ladder rung's search waited 13 s for a value LP (a worker's), the 256-block rung's 4.5 s
-    # for a vertex LP. A size the branch and bound does not reach costs its MIP and replays, never a plan.
+    def polished(size: int, fixed: _Fixed | PlacementInfeasible,
+                 leader_seconds: float | None) -> PlacementSolution | PlacementInfeasible | None:
+        """`size`'s placement MIP from its fixed plan (`_polished`; None where its polish reads a leader not known
+        yet), or why it has none."""
+        if isinstance(fixed, PlacementInfeasible):
+            return fixed
+        try:
+            return _polished(inputs[size][1], flags.get(size, {}), lp_modes.get(size), fixed, safety,
+                             lp_bound_seconds=bounds[size], leader_seconds=leader_seconds)
+        except PlacementInfeasible as exc:
+            return exc
+
+    def mip(size: int, leader_seconds: float) -> PlacementSolution | PlacementInfeasible:
+        """`size`'s placement MIP (`_solve_mip`: its fixed plan, solved ahead here or by a worker or now, polished
+        here), or why it has none."""
+        return polished(size, fixed_ahead.pop(size) if size in fixed_ahead else fixed_mip(size), leader_seconds)
+
+    def solved_ahead(size: int, fixed: _Fixed | PlacementInfeasible) -> None:
+        """`size`'s fixed plan, solved before the branch and bound reaches it: its MIP's plan at once, its replays
+        named (`solved_mip`), where its polish reads no leader; else kept for the branch and bound to polish."""
+        plan = polished(size, fixed, None)
+        if plan is None:
+            fixed_ahead[size] = fixed
+            return
+        mips_ahead[size] = plan
+        if isinstance(plan, PlacementSolution):
+            solved_mip(*inputs[size], plan)
+
+    # Note [MIPs while a worker solves an LP]: a size's fixed plan does not depend on the sizes solved before it
+    # (Note [a size's MIP in a worker]), so while it waits for what a worker solves, the search solves the fixed
+    # plan of a likely size whose vertex it has (the least LP value first), for the branch and bound below to read
+    # where it reaches that size (`solved_ahead`: with its replays named where its polish reads no leader), then
+    # replays what it named itself (`ReplayMemo.work_here`). Measured (bench/RESULTS.md, session 22, then at
+    # POLISH_MAX_BLOCKS blocks or more only): the 512-block ladder rung's search waited 13 s for a value LP (a
+    # worker's), the 256-block rung's 4.5 s for a vertex LP. A size the branch and bound does not reach costs its
+    # MIP and replays, never a plan.
     mips_ahead: dict[int, PlacementSolution | PlacementInfeasible] = {}
 
     def meanwhile() -> bool:
         """One piece of the work above: whether there was one."""
-        if not elsewhere or len(problem.blocks) < POLISH_MAX_BLOCKS:
+        if not elsewhere:
             return False
-        ready = [x for x in lp_models if x in likely and x not in mips_ahead]
+        ready = [x for x in lp_models if x in likely and x not in mips_ahead and x not in fixed_ahead]
         if not ready:
             return memo.work_here()
         size = min(ready, key=lambda x: (values.get(x, math.inf), wasted_elements(layouts[x]), x))
-        mips_ahead[size] = mip(size, math.inf)
-        if isinstance(mips_ahead[size], PlacementSolution):
-            solved_mip(*inputs[size], mips_ahead[size])
+        solved_ahead(size, fixed_mip(size))
         return True
 
     solving: tuple | None = None  # (size, its LP model, its solution): solved while the next one is built
     for size in vertices:
         say(f"chunk size {size}: LP relaxation")
-        lp_model = lp_built(size)
+        lp_model = None if size in elsewhere else lp_built(size)
         if solving is not None:
             values[solving[0]] = lp_solved(*solving)
         if size in elsewhere:
-            solution = functools.partial(_computed, problem, ("vertex LP", size, nvme_home), _vertex_lp,
+            solution = functools.partial(_computed, problem, ("vertex LP and MIP", size, nvme_home), _vertex_mip,
                                          inputs[size][1], safety, meanwhile=meanwhile)
         else:
             solution = lp_model and _beside(jobs, functools.partial(_solved_vertex, lp_model, safety))
@@ -926,6 +956,12 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     for key, _, args in unlikely:
         say(f"chunk size {key[1]}: LP relaxation, for its value")
         values[key[1]], bounds[key[1]] = _computed(problem, key, _value_lp, *args, meanwhile=meanwhile)
+    # and the LPs of the header's proven bound (`_adam_alone_bound`: read after the replays), named after the MIP
+    # plans' replays that the solve may have named by now (Note [a size's MIP in a worker]), which it reads first
+    if memo is not None and _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]),
+                                          prove_bound):
+        memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
+                                        for size in sorted(layouts)])
     for size, layout in layouts.items():
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=values[size],
                                     wasted_elements=wasted_elements(layout), chunks=len(layout.chunks)))
@@ -970,6 +1006,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
 
 
 _Vertex = tuple[PlacementSolution, dict[str, float], dict[str, float]]  # an LP's solution, switches, values
+_Fixed = tuple[PlacementSolution, int | None]  # a MIP's fixed plan and its pin set (`_fixed_mip`)
 
 
 def _solved_vertex(lp_model: SparsePlacementModel, safety: float) -> _Vertex:
@@ -987,19 +1024,41 @@ def _solved_vertex(lp_model: SparsePlacementModel, safety: float) -> _Vertex:
 # search's LPs were its serial part (256 blocks x 4096 on a100-80g-12ssd: 5.5 + 9.0 s of HiGHS, the 512-block
 # ladder rung 19.4 + 16.9 s, each after the other). With workers (Note [replays ahead] in planner/replays.py)
 # a worker now solves every likely size's LP but the first and ships back what the search reads of it (the
-# solution, the switches' and every variable's values: `_Vertex`), while HiGHS solves the first one here; the
-# model built here, never solved here, becomes the MIP: `as_mip` reads no solved state (the MIP is the model the
-# constructor builds, tests/test_mathopt_rows.py), and the values are those of the same model built from the
-# same input and solved by the same serial IPX, so the schedule is the same bytes (tests/test_replays.py,
-# the goldens). The value LPs join the vertex LPs' batch, so the search, while a worker solves a vertex it
-# reads, solves a value LP itself. Measured (bench/RESULTS.md, session 22): 256 blocks 31.5 -> 27.6 wall s.
-def _vertex_lp(problem, data: PlacementInput, safety: float) -> _Vertex | None:
-    """`data`'s LP built and solved to a vertex in a worker (Note [a vertex LP in a worker]); None where no plan
-    fits."""
+# solution, the switches' and every variable's values: `_Vertex`), while HiGHS solves the first one here. The
+# values are those of the same model built from the same input and solved by the same serial IPX, so the schedule
+# is the same bytes (tests/test_replays.py, the goldens). The value LPs join the vertex LPs' batch, so the search,
+# while a worker solves a vertex it reads, solves a value LP itself. Measured (bench/RESULTS.md, session 22): 256
+# blocks 31.5 -> 27.6 wall s. Since session 23 the worker goes on to the size's MIP: Note [a size's MIP in a worker].
+#
+# Note [a size's MIP in a worker]:
+# A size's MIP is LP-integral fixing under the pin sets (`_fixed_mip`, steps 1-3 of `_solve_mip`), which reads
+# that size's LP alone, then the polish (`_polished`, step 4), which with one rank also reads the best model
+# objective of the sizes the branch and bound solved before it (Note [the polish refines the leader]). So the
+# worker that solves a likely size's vertex LP goes on to its fixed plan, on the model it just solved (`as_mip`
+# reads no solved state: the MIP is the model the constructor builds, tests/test_mathopt_rows.py), and ships both
+# back (`_vertex_mip`); the solve builds no model of that size. While it waits for them, the solve solves its own
+# likely size's fixed plan (`meanwhile`). A fixed plan whose polish reads no leader (at POLISH_MAX_BLOCKS blocks or
+# more, within the MIP's gap of its LP, modes free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more, several ranks) is
+# its size's plan at once: its replays are named then (`solved_mip`), and the solve replays them while it waits
+# (`ReplayMemo.work_here`); the others wait for the branch and bound to polish them. The LPs of the proven bound,
+# read last, are named after the search's LPs, behind those replays. The branch and bound reads every plan in the
+# order it does with one job: the same bytes (tests/test_replays.py, the goldens). Until session 22 every MIP below
+# POLISH_MAX_BLOCKS blocks was solved in the solve's process after every LP, one after the other (GPT-3 13B x
+# a100-80g-12ssd: 1.26 + 0.96 s, its first MIP replay at 3.5 s of a 5.3-s solve; GPT-3 175B x rtx4090-768g-12ssd:
+# chunk 1812099072's seven fixing MIPs, 2.3 s, none of its plans replayed). Measured: bench/RESULTS.md, session 23.
+def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, _Fixed | PlacementInfeasible] | None:
+    """In a worker: `data`'s LP built and solved to a vertex (Note [a vertex LP in a worker]), and its MIP's fixed
+    plan or why it has none (Note [a size's MIP in a worker]); None where no plan fits."""
     try:
-        return _solved_vertex(SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER), safety)
+        lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
+        vertex = _solved_vertex(lp_model, safety)
     except PlacementInfeasible:
         return None
+    lp, lp_flags, lp_values = vertex
+    try:
+        return vertex, _fixed_mip(data, lp_flags, safety, lp.activation_modes, lp_values=lp_values, lp_model=lp_model)
+    except PlacementInfeasible as exc:
+        return vertex, exc
 
 
 def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:
@@ -1106,72 +1165,96 @@ def _solve_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float,
     Every HiGHS call stops at its gap or its node limit (`budget` seconds is only the safety net),
     so the plan does not depend on the machine's speed. The solution's bound is the restricted
     model's: no bound of the placement model (planner.solve takes the LP's or the root's)."""
+    return _polished(data, lp_flags, lp_modes, _fixed_mip(data, lp_flags, budget, lp_modes, lp_values=lp_values,
+                                                          lp_model=lp_model),
+                     budget, lp_bound_seconds=lp_bound_seconds, leader_seconds=leader_seconds)
+
+
+def _fixed_mip(data: PlacementInput, lp_flags: dict[str, float], budget: float, lp_modes: tuple | None, *,
+               lp_values: dict[str, float] | None, lp_model: SparsePlacementModel | None) -> _Fixed:
+    """Steps 1-3 of `_solve_mip`: the plan LP-integral fixing finds and the index in `_pin_tries` of the pin set
+    that found it (None: the last resort, the pinned or unpinned MIP without fixing, which is not polished).
+    Depends on the chunk size's LP only, so a worker may solve it (Note [a size's MIP in a worker])."""
     tries = _pin_tries(data, lp_flags, lp_modes) if lp_flags else []
-    for flags, modes in tries:
+    for k, (flags, modes) in enumerate(tries):
         # the first pin set's MIP is the solved LP (`as_mip`), each next one that MIP pinned anew (`repin`)
         sol = _fixed(data, flags, modes, lp_values, budget, lp_model=lp_model if lp_values is not None else None)
-        if sol is None:
-            continue
-        if len(data.blocks) >= POLISH_MAX_BLOCKS:
-            return sol  # too deep to polish
-        if sol.objective_seconds * (1 - MIP_RELATIVE_GAP) <= lp_bound_seconds:
-            return sol  # Note [no polish within the gap]
-        if data.ranks == 1 and sol.objective_seconds > leader_seconds:
-            return sol  # Note [the polish refines the leader]
-        if data.ranks == 1 and modes is None and len(data.blocks) >= FREE_MODE_POLISH_MAX_BLOCKS:
-            # modes free (below PIN_MODES_BLOCKS, or the modes' pin was tried and left no fixed plan): a
-            # polish would be the free-mode MIP on the dense rows, the cost PIN_MODES_BLOCKS avoids. Measured (175B on
-            # a100-80g-12ssd, chunk 605212776, CPU s on the shared 2-core box): 10.4 of the solve's 17.3 s
-            # for a plan replaying 118.78 s against the fixed plan's 117.44 s and the chosen 112.85 s;
-            # with the fixed plan as a MathOpt solution hint 10.1 s, the same plan; on the sparse rows
-            # 16.1 s; modes pinned, infeasible (bench/RESULTS.md "Issue 18: the 175B polish").
-            # The several-rank switch releases below keep their polish (measured apart, not here).
-            return sol
-        # Fixing can cost a few percent against the pinned MIP where the LP is loose (GPT-3 13B on
-        # rtx4090-768g-12ssd: 7.426 s fixed vs 7.279 s pinned, model objective): the pinned MIP
-        # under a node limit too, the better plan of the two (ties to the fixed one). On the dense
-        # rows: both close at the root within the 1% gap, at different incumbents (175B on
-        # a100-80g-12ssd, chunk 605212776: 93.21 s dense, 93.58 s sparse; 7.0 vs 2.3 s CPU)
-        try:
-            polished = PlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(
-                time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
-        except PlacementInfeasible:
-            polished = None
-        # a tie goes to the pinned MIP's plan: alternative optima of the model replay differently
-        # (pstar-gpt-1b on v100-32g-240g: both 0.524382 s in the model, 0.523796 vs 0.525377 s simulated)
-        best = polished if polished is not None and polished.objective_seconds <= sol.objective_seconds else sol
-        if data.ranks > 1:
-            # With p ranks a switch on costs DEVICE the plan may not use: `any_stream` charges the optimizer
-            # stage a streamed step's transient of O + p·P (a whole gathered comm group), where the LP
-            # streams a fraction. So the switches the LP turned on are released one at a time too (the
-            # later pin sets), polished alike, the best model objective kept (a tie to the earlier). Measured:
-            # PatrickStar's 4B on v100-32g-240g-8gpu, packed layout: any_stream pinned 3.644 s, released
-            # 3.487 s (model), every OS on DEVICE. One rank keeps the first pin set (its goldens).
-            later_tries = tries[tries.index((flags, modes)) + 1:]
-            # and each switch released alone: the cumulative releases above never turn off only a
-            # switch the LP used more (any_sharded_step's transient of p·P where the LP shards a
-            # fraction, with any_stream kept: the 4-rank 0.5 GB case of tests/test_placement_ranks.py)
-            for name in sorted(k for k, v in flags.items() if v):
-                alone = (dict(flags, **{name: 0}), None)
-                if alone not in later_tries:
-                    later_tries.append(alone)
-            for later, later_modes in later_tries:
-                try:
-                    other = PlacementModel(data, fixed_flags=later, fixed_modes=later_modes).solve(
-                        time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
-                except PlacementInfeasible:
-                    continue
-                if other.objective_seconds < best.objective_seconds * (1 - 1e-9):
-                    best = other
-        return best
+        if sol is not None:
+            return sol, k
     for flags, modes in tries:
         try:
             return SparsePlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(
-                time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT)
+                time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT), None
         except PlacementInfeasible as exc:
             if "no solution within" in str(exc):
                 break
-    return SparsePlacementModel(data).solve(time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT)
+    return SparsePlacementModel(data).solve(time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT), None
+
+
+def _polished(data: PlacementInput, lp_flags: dict[str, float], lp_modes: tuple | None, fixed: _Fixed, budget: float,
+              *, lp_bound_seconds: float, leader_seconds: float | None) -> PlacementSolution | None:
+    """Step 4 of `_solve_mip`: the fixed plan, or the pinned MIP's under a node limit where that is better; None
+    where that depends on `leader_seconds` and it is None (not known yet: Note [a size's MIP in a worker])."""
+    sol, pin = fixed
+    if pin is None:
+        return sol
+    tries = _pin_tries(data, lp_flags, lp_modes)
+    flags, modes = tries[pin]
+    if len(data.blocks) >= POLISH_MAX_BLOCKS:
+        return sol  # too deep to polish
+    if sol.objective_seconds * (1 - MIP_RELATIVE_GAP) <= lp_bound_seconds:
+        return sol  # Note [no polish within the gap]
+    if data.ranks == 1 and modes is None and len(data.blocks) >= FREE_MODE_POLISH_MAX_BLOCKS:
+        # modes free (below PIN_MODES_BLOCKS, or the modes' pin was tried and left no fixed plan): a
+        # polish would be the free-mode MIP on the dense rows, the cost PIN_MODES_BLOCKS avoids. Measured (175B on
+        # a100-80g-12ssd, chunk 605212776, CPU s on the shared 2-core box): 10.4 of the solve's 17.3 s
+        # for a plan replaying 118.78 s against the fixed plan's 117.44 s and the chosen 112.85 s;
+        # with the fixed plan as a MathOpt solution hint 10.1 s, the same plan; on the sparse rows
+        # 16.1 s; modes pinned, infeasible (bench/RESULTS.md "Issue 18: the 175B polish").
+        # The several-rank switch releases below keep their polish (measured apart, not here).
+        return sol
+    if data.ranks == 1:  # Note [the polish refines the leader]
+        if leader_seconds is None:
+            return None
+        if sol.objective_seconds > leader_seconds:
+            return sol
+    # Fixing can cost a few percent against the pinned MIP where the LP is loose (GPT-3 13B on
+    # rtx4090-768g-12ssd: 7.426 s fixed vs 7.279 s pinned, model objective): the pinned MIP
+    # under a node limit too, the better plan of the two (ties to the fixed one). On the dense
+    # rows: both close at the root within the 1% gap, at different incumbents (175B on
+    # a100-80g-12ssd, chunk 605212776: 93.21 s dense, 93.58 s sparse; 7.0 vs 2.3 s CPU)
+    try:
+        polished = PlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(
+            time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
+    except PlacementInfeasible:
+        polished = None
+    # a tie goes to the pinned MIP's plan: alternative optima of the model replay differently
+    # (pstar-gpt-1b on v100-32g-240g: both 0.524382 s in the model, 0.523796 vs 0.525377 s simulated)
+    best = polished if polished is not None and polished.objective_seconds <= sol.objective_seconds else sol
+    if data.ranks > 1:
+        # With p ranks a switch on costs DEVICE the plan may not use: `any_stream` charges the optimizer
+        # stage a streamed step's transient of O + p·P (a whole gathered comm group), where the LP
+        # streams a fraction. So the switches the LP turned on are released one at a time too (the
+        # later pin sets), polished alike, the best model objective kept (a tie to the earlier). Measured:
+        # PatrickStar's 4B on v100-32g-240g-8gpu, packed layout: any_stream pinned 3.644 s, released
+        # 3.487 s (model), every OS on DEVICE. One rank keeps the first pin set (its goldens).
+        later_tries = tries[pin + 1:]
+        # and each switch released alone: the cumulative releases above never turn off only a
+        # switch the LP used more (any_sharded_step's transient of p·P where the LP shards a
+        # fraction, with any_stream kept: the 4-rank 0.5 GB case of tests/test_placement_ranks.py)
+        for name in sorted(k for k, v in flags.items() if v):
+            alone = (dict(flags, **{name: 0}), None)
+            if alone not in later_tries:
+                later_tries.append(alone)
+        for later, later_modes in later_tries:
+            try:
+                other = PlacementModel(data, fixed_flags=later, fixed_modes=later_modes).solve(
+                    time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
+            except PlacementInfeasible:
+                continue
+            if other.objective_seconds < best.objective_seconds * (1 - 1e-9):
+                best = other
+    return best
 
 
 # Note [no polish within the gap]:

@@ -158,54 +158,62 @@ def _solve(path: str, preset: str, jobs: int):
                         jobs=jobs)
 
 
-VERTEX_LP = solve_module._vertex_lp
-VERTEX_LPS = None  # the folder vertex_lp_saying_where writes to (a test's tmp_path)
+FIXED_MIP = solve_module._fixed_mip
+FIXED_MIPS = None  # the folder fixed_mip_saying_where writes to (a test's tmp_path)
 
 
-def vertex_lp_saying_where(problem, data, safety):
-    """planner.solve._vertex_lp, leaving a file named by the process that solved it."""
-    (VERTEX_LPS / str(os.getpid())).touch()
-    return VERTEX_LP(problem, data, safety)
+def fixed_mip_saying_where(*args, **kwargs):
+    """planner.solve._fixed_mip, leaving a file named by the process that solved it."""
+    (FIXED_MIPS / str(os.getpid())).touch()
+    return FIXED_MIP(*args, **kwargs)
 
 
 def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one(tmp_path, monkeypatch):
-    # PatrickStar's 1B on its V100 node: a likely chunk size's LP to a vertex solved by a worker (Note [a vertex LP
-    # in a worker]), 4 MIP-plan replays named ahead, several reference sets
+    # PatrickStar's 1B on its V100 node: a likely chunk size's LP to a vertex and its MIP's fixed plan solved by a
+    # worker (Note [a size's MIP in a worker]), the other's MIP by the solve while it waits for them, the MIP plans'
+    # replays named ahead, several reference sets
     one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=1)
-    monkeypatch.setattr(sys.modules[__name__], "VERTEX_LPS", tmp_path)
-    monkeypatch.setattr(solve_module, "_vertex_lp", vertex_lp_saying_where)
+    monkeypatch.setattr(sys.modules[__name__], "FIXED_MIPS", tmp_path)
+    monkeypatch.setattr(solve_module, "_fixed_mip", fixed_mip_saying_where)
     two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=2)
-    assert [p.name for p in tmp_path.iterdir()] not in ([], [str(SOLVE)])  # a worker solved one
+    where = sorted(p.name for p in tmp_path.iterdir())
+    assert str(SOLVE) in where and len(where) == 2  # a MIP here, the other in a worker
     assert two.worker_cpu_seconds > 0.0  # the workers replayed some
     assert one.worker_cpu_seconds == 0.0
     assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
     assert two.evaluated == one.evaluated and two.chosen == one.chosen
 
 
-def slow_vertex_lp(problem, data, safety):
-    """planner.solve._vertex_lp, 2 s slower in a worker."""
+VERTEX_MIP = solve_module._vertex_mip
+
+
+def slow_vertex_mip(problem, data, safety):
+    """planner.solve._vertex_mip, 2 s slower in a worker."""
     if os.getpid() != SOLVE:
         time.sleep(2.0)
-    return VERTEX_LP(problem, data, safety)
+    return VERTEX_MIP(problem, data, safety)
 
 
-def test_without_a_polish_the_search_solves_a_mip_while_a_worker_solves_an_lp(monkeypatch):
-    # Note [MIPs while a worker solves an LP]: as on a model of POLISH_MAX_BLOCKS blocks or more (no polish)
-    monkeypatch.setattr(solve_module, "POLISH_MAX_BLOCKS", 1)
+@pytest.mark.parametrize("polish_max_blocks", [1, solve_module.POLISH_MAX_BLOCKS])
+def test_the_search_solves_a_mip_while_a_worker_solves_an_lp(monkeypatch, polish_max_blocks):
+    # Note [MIPs while a worker solves an LP]: with a polish (pstar-gpt-1b's 24 blocks) and without one (as on a model
+    # of POLISH_MAX_BLOCKS blocks or more), the solve's own size's MIP is solved while it waits for the worker's
+    monkeypatch.setattr(solve_module, "POLISH_MAX_BLOCKS", polish_max_blocks)
     one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=1)
     events = []
-    solve_mip, computed = solve_module._solve_mip, solve_module._computed
+    computed = solve_module._computed
 
     def computed_saying_when(problem, key, *args, **kw):
         out = computed(problem, key, *args, **kw)
         events.append(key[0])
         return out
 
-    monkeypatch.setattr(solve_module, "_vertex_lp", slow_vertex_lp)
-    monkeypatch.setattr(solve_module, "_solve_mip", lambda *a, **kw: (events.append("MIP"), solve_mip(*a, **kw))[1])
+    monkeypatch.setattr(solve_module, "_vertex_mip", slow_vertex_mip)
+    monkeypatch.setattr(solve_module, "_fixed_mip", lambda *a, **kw: (events.append("MIP"), FIXED_MIP(*a, **kw))[1])
     monkeypatch.setattr(solve_module, "_computed", computed_saying_when)
     two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g", jobs=2)
-    assert events.index("MIP") < events.index("vertex LP")  # solved while the worker's LP was being read
+    assert events.index("MIP") < events.index("vertex LP and MIP")  # solved while the worker's was being read
+    assert events.count("MIP") == 1  # the worker's size's MIP: the worker's
     assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
     assert two.evaluated == one.evaluated
 
