@@ -866,8 +866,8 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         data = placement_input(problem, layout, optimizer_overlap=optimizer_overlap)
         inputs[size] = (layout, dataclasses.replace(data, param_nvme_home=nvme_home, checkpoint_offload=checkpoint_offload))
     # With several jobs (Note [replays ahead]) the workers solve every likely size's LP but the first to its
-    # vertex (Note [a vertex LP in a worker]), then the LPs solved for their value alone; the first likely size's
-    # LP is solved here by HiGHS in a thread (`_beside`) while the others' models are built
+    # vertex (Note [a vertex LP in a worker]) and then its MIP fixing (Note [a size's MIP in a worker]), then the LPs
+    # solved for their value alone; the first likely size's LP is solved here by HiGHS in a thread (`_beside`)
     memo = replays.current()
     vertices = [x for x in layouts if x in likely]
     unlikely = [(("value LP", size, nvme_home), None, (inputs[size][1], safety))
@@ -881,6 +881,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     values: dict[int, float] = {}
 
     fixed_ahead: dict[int, _Fixed | PlacementInfeasible] = {}  # fixed plans solved ahead, to be polished
+    mips_ahead: dict[int, PlacementSolution | PlacementInfeasible] = {}  # plans solved ahead, their replays named
 
     def fixed_mip(size: int) -> _Fixed | PlacementInfeasible:
         """`size`'s MIP's fixed plan (`_fixed_mip`), or why it has none."""
@@ -926,8 +927,6 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # POLISH_MAX_BLOCKS blocks or more only): the 512-block ladder rung's search waited 13 s for a value LP (a
     # worker's), the 256-block rung's 4.5 s for a vertex LP. A size the branch and bound does not reach costs its
     # MIP and replays, never a plan.
-    mips_ahead: dict[int, PlacementSolution | PlacementInfeasible] = {}
-
     def meanwhile() -> bool:
         """One piece of the work above: whether there was one."""
         if not elsewhere:
