@@ -156,7 +156,8 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
                 on_device = used_bytes(sim, DEVICE_INDEX, act_bytes)
             # the peak counts what a moment holds between its actions too, as the executor's pools do (the grads a
             # moment writes back to HOST and steps there before evicting them: `executor demo`'s HOST peak was
-            # measured 851,968 B over the per-moment prediction, four GRAD chunks of moment 20)
+            # measured 851,968 B over the per-moment prediction, four GRAD chunks of moment 20); a peak never exceeds
+            # its budget (both checks raise first), so only bytes above the peak can be above the budget
             for t, used in ((DEVICE_INDEX, on_device), (HOST_INDEX, used_bytes(sim, HOST_INDEX, act_bytes)),
                             (NVME_INDEX, used_bytes(sim, NVME_INDEX, act_bytes))):
                 if used > peaks[t]:
