@@ -44,11 +44,11 @@ log = logging.getLogger(__name__)
 # reads a plan no worker has taken yet, it replays it itself (and hands the next ones to idle workers); when
 # a worker is replaying the plan it reads, it replays the next plan of the same batch no worker has taken.
 # A plan the solve will not read after all (a chunk size whose plans cannot win) is taken back, and a worker
-# replaying it is killed and forked anew. The LPs of the chunk-size search go to the workers the same way, named
-# at the search's start: every likely chunk size's LP to a vertex but the first (Note [a vertex LP in a worker] in
-# planner/solve.py: its values come back, the model the solve built becomes the MIP), those solved for their value
-# alone (Note [the LP of an unlikely chunk size, for its value]) and those of the header's proven bound (Note [the
-# proven bound up to 128 blocks]); while the solve waits for one, it may do work of its own (`outcome`'s
+# replaying it is killed and forked anew. The LPs of the chunk-size search go to the workers the same way: at the
+# search's start every likely chunk size's LP to a vertex but the first, each with its MIP fixing (Notes [a vertex
+# LP in a worker] and [a size's MIP in a worker] in planner/solve.py), and those solved for their value alone (Note
+# [the LP of an unlikely chunk size, for its value]); after the search's LPs those of the header's proven bound (Note
+# [the proven bound up to 128 blocks]). While the solve waits for one, it may do work of its own (`outcome`'s
 # `meanwhile`: Note [MIPs while a worker solves an LP]) or replay plans named ahead (`work_here`).
 # The solve reads every outcome in the order it does with one job, so the schedule is the same bytes with any
 # number of jobs (tests/test_replays.py compares them; goldens); a worker that fails to return an outcome (it

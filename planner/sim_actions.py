@@ -106,12 +106,7 @@ def _transfer(sim: SimState, channels: tuple[Channel, ...], nbytes: int, issue: 
     for server in kind.servers:
         if server.free_at > start:
             start = server.free_at
-    end = start + kind.duration
-    if kind.dram_seconds > 0:  # host DRAM's share (Note [simulator channels])
-        sim.dram_busy += kind.dram_seconds
-        reserved = sim.dram.reserve(start, kind.dram_seconds)
-        if reserved > end:
-            end = reserved
+    end = max(start + kind.duration, _draw_dram(sim, kind.dram_seconds, start))  # (Note [simulator channels])
     for calendar, seconds in kind.link_draws:  # both ways on one link (Note [two-way links in the simulator])
         reserved = calendar.reserve(start, seconds)
         if reserved > end:
@@ -148,14 +143,13 @@ def _copy_kind(sim: SimState, channels: tuple[Channel, ...], nbytes: int, rank: 
             rates.append(sim.rate[ch])
     # a node's SSDs serve every rank of the node (the simulator replays one rank: its NVMe share is q x)
     moved = [nbytes * (node_ranks if ch in (Channel.NVME_READ, Channel.NVME_WRITE) else 1) for ch in channels]
-    dram = dram_bytes(sim.hardware, channels, nbytes, pageable=pageable)
     draws = []
     for ch, n in zip(channels, moved):
         if ch in _LINK_OF:
             draws += [(calendar, per_byte * n) for calendar, per_byte in _link_facets(sim, ch, rank, pageable, nbytes)]
     kind = CopyKind(servers=tuple(sim.servers[(ch, rank)] for ch in channels),
                     duration=max(n / r for n, r in zip(moved, rates)),
-                    dram_seconds=dram / sim.dram_rate if dram > 0 and sim.dram_rate != float("inf") else 0.0,
+                    dram_seconds=_dram_seconds(sim, dram_bytes(sim.hardware, channels, nbytes, pageable=pageable)),
                     link_draws=tuple(draws), copy=any(ch in _COPY_CHANNELS for ch in channels),
                     node=sim.node_of[rank], busy_seconds=tuple(nbytes / r for r in rates))
     sim.copy_kinds[(channels, nbytes, rank, node_ranks)] = kind
@@ -229,13 +223,18 @@ def blocks_host(a: Action) -> bool:
     return bool(channels) and set(channels) <= {Channel.H2D, Channel.D2H}
 
 
-def _draw_dram(sim: SimState, nbytes: float, start: float) -> float:
-    """Reserve `nbytes` of host DRAM bandwidth from `start`, in the time DRAM is not reserved yet;
-    returns when the reservation ends (`start` when the profile gives no DRAM bandwidth)."""
-    if nbytes <= 0 or sim.dram_rate == float("inf"):
+def _dram_seconds(sim: SimState, nbytes: float) -> float:
+    """The host DRAM time `nbytes` take (0 when the profile gives no DRAM bandwidth)."""
+    return nbytes / sim.dram_rate if nbytes > 0 and sim.dram_rate != float("inf") else 0.0
+
+
+def _draw_dram(sim: SimState, seconds: float, start: float) -> float:
+    """Reserve `seconds` of host DRAM bandwidth (`_dram_seconds`) from `start`, in the time DRAM is not reserved
+    yet; returns when the reservation ends (`start` for none)."""
+    if seconds <= 0:
         return start
-    sim.dram_busy += nbytes / sim.dram_rate
-    return sim.dram.reserve(start, nbytes / sim.dram_rate)
+    sim.dram_busy += seconds
+    return sim.dram.reserve(start, seconds)
 
 
 # the link each byte channel shares with the other direction, and which coefficient of its facets it pays
@@ -449,7 +448,7 @@ def _optimizer_step(sim: SimState, a: Action, i: int, issue: float, _blocks, _ac
                                 moment=m, action_index=i, chunk=c)
     server = sim.servers[server_key]
     busy = end - start
-    end = max(end, _draw_dram(sim, price.dram_bytes, start))
+    end = max(end, _draw_dram(sim, _dram_seconds(sim, price.dram_bytes), start))
     if d == HOST_INDEX:
         cov.place_step(start, end, slow)
     server.free_at = end

@@ -145,8 +145,7 @@ def simulate(schedule: Schedule, hardware: Hardware) -> SimResult:
             a = actions[i]
             if a.op is act_reload and 0 <= a.block < len(blocks) and blocks[a.block].state is ActState.OFFLOADED:
                 host = max(host, blocks[a.block].ready_at)  # the executor's wait_offloaded
-            if sim.landing_next_end <= host:
-                land(sim, host)
+            land(sim, host)
             end = apply_action(sim, a, i, host, blocks, act_bytes, last_grad_write)
             if a.op is fetch or (sim.pageable and blocks_host(a)):
                 deps = max(deps, end)

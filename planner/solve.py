@@ -848,15 +848,15 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         if found is None:
             bounds[size] = math.inf
             return math.inf
-        if lp_model is None:  # a worker's, with its MIP's fixed plan: Note [a size's MIP in a worker]
-            found, fixed = found
-        lp, flags[size], lp_values[size] = found
+        # a worker's comes with its MIP's fixed plan (Note [a size's MIP in a worker])
+        vertex, fixed = found if lp_model is None else (found, None)
+        lp, flags[size], lp_values[size] = vertex
         # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
         # charges both ways on a link in the rows this LP charges (Note [two-way links in the
         # simulator] in planner/sim_actions.py)
         bounds[size] = lp.bound_seconds
         lp_modes[size] = lp.activation_modes
-        if lp_model is None:  # a worker's
+        if lp_model is None:
             solved_ahead(size, fixed)
         else:
             lp_models[size] = lp_model
