@@ -99,10 +99,11 @@ def test_runners_smoke_on_the_cpu(tmp_path, one_torch_thread):
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["recorded_on"] == "cpu" and record["params"] > 0
     assert runners.main(["tide", *common, "--trace", record["trace"], "--hardware", "cpu-emulated", "--budget-gb", "0.0003",
-                         "--steps", "2", "--nvme-dir", str(tmp_path / "n"), "--result", str(tmp_path / "tide.json")]) == 0
+                         "--optimizer-threads", "1", "--steps", "2", "--nvme-dir", str(tmp_path / "n"), "--result", str(tmp_path / "tide.json")]) == 0
     tide = json.loads((tmp_path / "tide.json").read_text())
     assert tide["bytes_match"] and tide["predicted_bytes_per_channel"]["H2D"] > 0  # 0.3 MB forces offloading
     assert tide["steps_done"] == 2 and tide["measured_over_predicted"] > 0 and tide["tflops"] > 0
+    assert tide["optimizer_threads"] == 1  # the kit's spare-cores run passes its count through
     assert runners.main(["plain", *common, "--steps", "2", "--result", str(tmp_path / "plain.json")]) == 0
     plain = json.loads((tmp_path / "plain.json").read_text())
     assert len(plain["losses"]) == 2 and abs(plain["losses"][0] - tide["losses"][0]) < 0.1  # same model, same batch
@@ -117,3 +118,22 @@ def test_diag_finds_no_difference_where_tide_is_bit_identical():
     diffs = diag.compare("os-host")
     assert len(diffs) > 10
     assert all(g == 0.0 and p == 0.0 for g, p in diffs.values()), {n: d for n, d in diffs.items() if d != (0.0, 0.0)}
+
+
+def test_zero_infinity_swap_pool_holds_every_param_zero3_may_keep_live():
+    """One buffer per swapped param (any size): the pool holds the most params whose elements fit in
+    ZeRO-3's live limit plus a prefetch bucket, the smallest first, plus the one being fetched."""
+    mib = runners.DS_MIN_SWAPPABLE_BYTES // 2  # elements of the smallest swapped bf16 param
+    small, big = 10**8, 4 * 10**8
+    live = runners.DS_MAX_LIVE_PARAMETERS + runners.DS_PREFETCH_BUCKET_SIZE
+    assert live // small == 10  # so ten 1e8-element params fit, and an eleventh does not
+    numels = [10**5, mib - 1] * 50 + [small] * 30 + [big] * 3  # the first 100 are never swapped (< 1 MiB)
+    assert runners.swap_in_buffer_count(numels) == 11
+    assert runners.swap_in_buffer_count([mib] * 3 + [big]) == 5  # 4 would do; DeepSpeed's default 5 is the floor
+    many = [mib] * 2000  # 2000 x 0.5M = 1.05e9: all fit, so all of them (no extra beyond the params there are)
+    assert runners.swap_in_buffer_count(many) == 2000
+    config = runners.deepspeed_config("ds-infinity", batch=1, nvme_dir="/x", numels=[small] * 30 + [big])
+    assert config["zero_optimization"]["offload_param"]["buffer_count"] == 11
+    assert config["zero_optimization"]["offload_param"]["buffer_size"] == big
+    offload = runners.deepspeed_config("ds-offload", batch=1, nvme_dir="/x", numels=[small])
+    assert offload["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}

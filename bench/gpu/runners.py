@@ -280,7 +280,7 @@ def run_tide(args: argparse.Namespace) -> dict[str, Any]:
     nvme_dir = Path(args.nvme_dir) / f"tide-{args.workload}-{args.budget_gb}"
     nvme_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(spec, device=DEVICE, dtype=torch.bfloat16)
-    engine = executor.run(model, schedule, lr=LR, nvme_dir=nvme_dir, device=DEVICE)
+    engine = executor.run(model, schedule, lr=LR, nvme_dir=nvme_dir, device=DEVICE, optimizer_threads=args.optimizer_threads)
     print(f"[tide {args.workload}] model built and attached at {time.perf_counter() - t0:.1f} s", flush=True)
     if _cuda():
         torch.cuda.empty_cache()
@@ -353,23 +353,47 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
     return _finish(result, args.workload, None)
 
 
-def deepspeed_config(kind: str, *, batch: int, nvme_dir: str, largest_param: int) -> dict[str, Any]:
+# DeepSpeed 0.19.8's defaults that size ZeRO-Infinity's param swap-in pool (deepspeed/runtime/zero/config.py
+# stage3_max_live_parameters and stage3_prefetch_bucket_size; swap_tensor/utils.py MIN_SWAPPABLE_BYTES)
+DS_MAX_LIVE_PARAMETERS = int(1e9)
+DS_PREFETCH_BUCKET_SIZE = int(5e7)
+DS_MIN_SWAPPABLE_BYTES = 1024**2
+
+
+def swap_in_buffer_count(numels: list[int], *, element_bytes: int = 2) -> int:
+    """Buffers ZeRO-Infinity's param swap-in pool needs so that no fetch finds it empty.
+
+    Each param swapped in from NVMe holds one whole buffer, whatever its size, until ZeRO-3 releases it
+    (partitioned_param_swapper.py `swap_in` / `remove_partition_and_release_buffers`); ZeRO-3 keeps up to
+    `stage3_max_live_parameters` elements available (partitioned_param_coordinator.py
+    `__max_n_available_params`) and prefetches one bucket more; a param smaller than 1 MiB is never swapped
+    (`swappable_tensor`). So the pool must hold the most swappable params whose elements fit in that
+    (the smallest first), plus the one being fetched. The first H100 run stopped at step 1 with 5 buffers
+    (DeepSpeed's default) and the H200 run with 12 (one per 1e8 live elements): "Not enough swap in
+    buffers 0 for 1 params" with 12 params holding the 12 buffers (bench/RESULTS.md, session 24)."""
+    sizes = sorted(n for n in numels if n * element_bytes >= DS_MIN_SWAPPABLE_BYTES)
+    live, count = 0, 0
+    for n in sizes:
+        if live + n > DS_MAX_LIVE_PARAMETERS + DS_PREFETCH_BUCKET_SIZE:
+            break
+        live, count = live + n, count + 1
+    return max(5, min(len(sizes), count + 1))  # 5: DeepSpeed's default buffer_count (offload_config.py)
+
+
+def deepspeed_config(kind: str, *, batch: int, nvme_dir: str, numels: list[int]) -> dict[str, Any]:
     """ZeRO-3 with params and optimizer state on CPU (ZeRO-Offload) or on NVMe (ZeRO-Infinity).
 
     Values are DeepSpeed's documented defaults (deepspeed/runtime/zero/offload_config.py,
     deepspeed/runtime/swap_tensor/aio_config.py) except: bf16 on (as tide's runs), buffer_size at
-    least the largest param (DeepSpeed refuses smaller NVMe param buffers), and AdamW as tide's."""
+    least the largest param (DeepSpeed refuses smaller NVMe param buffers), buffer_count from
+    `swap_in_buffer_count`, and AdamW as tide's. `numels`: the model's param sizes."""
     offload_param: dict[str, Any] = {"device": "cpu", "pin_memory": True}
     offload_optimizer: dict[str, Any] = {"device": "cpu", "pin_memory": True}
     extra: dict[str, Any] = {}
     if kind == "ds-infinity":
-        # the swap-in pool must hold every param ZeRO-3 keeps live at once (stage3_max_live_parameters,
-        # default 1e9, deepspeed/runtime/zero/config.py) plus one prefetch bucket (5e7): with the
-        # default 5 x 1e8 the first H100 run stopped at step 1 with "Not enough swap in buffers 0 for
-        # 1 params" (5 buffers held live params; the same error as deepspeedai/DeepSpeed#3062)
-        buffer_size = max(int(1e8), largest_param)
+        buffer_size = max(int(1e8), max(numels))
         offload_param = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True,
-                         "buffer_count": math.ceil((1e9 + 5e7) / buffer_size) + 1, "buffer_size": buffer_size}
+                         "buffer_count": swap_in_buffer_count(numels), "buffer_size": buffer_size}
         offload_optimizer = {"device": "nvme", "nvme_path": nvme_dir, "pin_memory": True, "buffer_count": 4}
         extra["aio"] = {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
                         "overlap_events": True}
@@ -402,8 +426,8 @@ def run_deepspeed(args: argparse.Namespace) -> dict[str, Any]:
     deepspeed.init_distributed(dist_backend="nccl" if _cuda() else "gloo", auto_mpi_discovery=False)
     nvme = Path(args.nvme_dir) / f"{args.system}-{args.workload}"
     nvme.mkdir(parents=True, exist_ok=True)
-    largest = max(p.numel() for p in build_model(spec, device="meta").parameters())
-    config = deepspeed_config(args.system, batch=spec.batch, nvme_dir=str(nvme), largest_param=largest)
+    numels = [p.numel() for p in build_model(spec, device="meta").parameters()]
+    config = deepspeed_config(args.system, batch=spec.batch, nvme_dir=str(nvme), numels=numels)
     t0 = time.perf_counter()
     # the same initial weights as tide's and plain PyTorch's runs (build_model, seed 0, on the GPU: one
     # RNG stream), so the loss curves start together; deepspeed.initialize converts the params to
@@ -447,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-gb", type=float, default=None, help="tide: DEVICE budget (default: the profile's memory)")
     p.add_argument("--solve-seconds", type=float, default=20.0,
                    help="planner time limit (default 20: the 1.3B trace reaches a 1%% gap in ~40 s on 2 loaded cores)")
+    p.add_argument("--optimizer-threads", type=int, default=None,
+                   help="tide: intra-op threads of the CPU optimizer worker (default: the executor's)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seconds", type=float, default=60.0, help="stop after the step that passes this many seconds")
     p.add_argument("--deadline-seconds", type=float, default=math.inf,
