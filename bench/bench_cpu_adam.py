@@ -19,8 +19,10 @@ mechanism of that, the mixed-precision passes, on any machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,6 +86,34 @@ def interleaved_medians(steps: list, reps: int) -> list[float]:  # noqa: ANN001
     return [statistics.median(ts) for ts in times]
 
 
+@contextlib.contextmanager
+def beside(kind: str):  # noqa: ANN201
+    """A second Python thread runs while the block does. "launches": small torch ops with Python between them, as a
+    training thread's forward launches kernels (each op releases the GIL, as the step's ops do); "python": pure
+    Python, which gives the GIL up only at the interpreter's switch interval (`sys.getswitchinterval()`, 5 ms)."""
+    stop = threading.Event()
+    small = torch.zeros(16)
+
+    def launches() -> None:
+        while not stop.is_set():
+            for _ in range(20):
+                small.add_(1)
+            sum(range(200))
+
+    def python() -> None:
+        x = 0
+        while not stop.is_set():
+            x += 1
+
+    thread = threading.Thread(target={"launches": launches, "python": python}[kind], daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n-embd", type=int, default=2048, help="the block's width (GPT-3 1.3B: 2048)")
@@ -115,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} threads, median of {args.reps}")
     for what, rate in rows:
         print(f"  {what:66s} {rate:10.3g} params/s  {priced / rate:5.2f}x the priced time")
+    # The GIL: every op of a step releases it and takes it back when the op ends, so a step that makes many
+    # op calls (three per tile in bf16) waits for the other Python threads as many times (the H200 run's HOST
+    # steps took 2.4x their price beside training: bench/RESULTS.md, session 24)
+    mixed = variants[2:]
+    print(f"the bf16 steps beside a second Python thread (time relative to the same step alone; {args.reps} rounds)")
+    for kind in ("launches", "python"):
+        with beside(kind):
+            busy = interleaved_medians([fn for _, fn in mixed], args.reps)
+        for (what, _), alone, s in zip(mixed, seconds[2:], busy):
+            print(f"  beside {kind:8s} {what.split(', ', 1)[1]:55s} {numel / s:10.3g} params/s  {s / alone:6.2f}x alone")
     return 0
 
 
