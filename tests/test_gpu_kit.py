@@ -137,3 +137,25 @@ def test_zero_infinity_swap_pool_holds_every_param_zero3_may_keep_live():
     assert config["zero_optimization"]["offload_param"]["buffer_size"] == big
     offload = runners.deepspeed_config("ds-offload", batch=1, nvme_dir="/x", numels=[small])
     assert offload["zero_optimization"]["offload_param"] == {"device": "cpu", "pin_memory": True}
+
+
+def test_live_at_peak_names_what_is_allocated_at_the_step_peak():
+    """The allocator's trace replayed: the peak is where the live bytes are most, and what is live there is
+    grouped by the innermost frames of tide's files."""
+    model = {"filename": "/r/executor/models.py", "line": 40, "name": "forward"}
+    loss = {"filename": "/r/executor/models.py", "line": 90, "name": "loss"}
+    torch_frame = {"filename": "/site/torch/nn/functional.py", "line": 1, "name": "linear"}
+    events = [
+        {"action": "alloc", "addr": 0, "size": 5, "frames": [torch_frame]},
+        {"action": "alloc", "addr": 1, "size": 100, "frames": [torch_frame, model]},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": [torch_frame, model]},
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "alloc", "addr": 3, "size": 300, "frames": [loss]},   # the peak: 5 + 50 + 300
+        {"action": "free_completed", "addr": 3, "size": 300},
+        {"action": "alloc", "addr": 4, "size": 200, "frames": [model]},  # 5 + 50 + 200 < 355
+    ]
+    got = runners.live_at_peak(events, before_bytes=1000)
+    assert got["step_peak_bytes"] == 355 and got["peak_bytes"] == 1355
+    assert got["live_at_peak"] == [{"where": "models.py:90 loss", "bytes": 300, "blocks": 1},
+                                   {"where": "models.py:40 forward", "bytes": 50, "blocks": 1},
+                                   {"where": "(no frame of tide)", "bytes": 5, "blocks": 1}]

@@ -623,6 +623,14 @@ def summary(doc: dict[str, Any]) -> str:
                       "| step | " + " | ".join(n for n, _ in cols) + " |", "| --- |" + " --- |" * len(cols)]
             for i in range(max(len(ls) for _, ls in cols)):
                 lines.append(f"| {i} | " + " | ".join(_fmt(ls[i], ".4f") if i < len(ls) else "" for _, ls in cols) + " |")
+        for run, r in runs:
+            peak = r.get("memory_at_peak")
+            if peak and "live_at_peak" in peak:  # runners.memory_at_peak: what the GPU holds at the step's peak
+                lines += ["", f"{run.name}: allocated at the step's peak {peak['peak_bytes'] / GB:.2f} GB "
+                              f"({peak['before_bytes'] / GB:.2f} GB before the step); the step's blocks live then:", ""]
+                lines += [f"- {e['bytes'] / GB:.3f} GB in {e['blocks']} blocks: {e['where']}" for e in peak["live_at_peak"]]
+            elif peak:
+                lines += ["", f"{run.name}: memory_at_peak failed: {peak.get('error')}"]
     lines += ["", "Checks against issue 19:", "", "```", json.dumps(doc["checks"], indent=1, default=str), "```", ""]
     return "\n".join(lines)
 
