@@ -12,8 +12,8 @@ element sees exactly the arithmetic of the plain optimizer (the kernels are elem
 Equivalence with plain PyTorch (what tests/test_optim.py checks):
 - fp32: `master=None`, PARAM is the master; bit-identical to `torch.optim.AdamW(fused=True)`.
 - mixed precision (bf16/fp16 PARAM, fp32 MASTER): the GRAD chunk is cast to fp32 (a scratch
-  buffer), MASTER is updated, then copied into PARAM (on the CPU one cache-sized tile at a time, bit for
-  bit the same: Note [mixed-precision CPU steps in tiles]). The reference loop is: fp32 master copies,
+  buffer), MASTER is updated, then copied into PARAM (one tile at a time: cache-sized on the CPU, a bounded
+  scratch on a GPU; bit for bit the same: Note [mixed-precision CPU steps in tiles]). The reference loop is: fp32 master copies,
   `master.grad = param.grad.float()`, fused AdamW on the masters, `param.copy_(master)`.
 - `grad_scale` multiplies grads (1/loss scale x clip coefficient). It is handed to the kernel as
   its `grad_scale` argument (the kernel divides by it, as with `GradScaler`), i.e. as 1/grad_scale:
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from schemas.schedule import ChunkLayout, TensorSlot
 
-__all__ = ["CPU_TILE_ELEMENTS", "ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "clip_coefficient"]
+__all__ = ["CPU_TILE_ELEMENTS", "DEVICE_TILE_ELEMENTS", "ChunkAdam", "ChunkAdamW", "ChunkEntry", "DynamicLossScaler", "clip_coefficient"]
 
 
 _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled_weight_decay")
@@ -52,11 +52,20 @@ _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled
 # tile of `CPU_TILE_ELEMENTS` at a time, so the scratch a tile casts and the master it copies back are still
 # in cache when the next pass reads them: the DRAM traffic is the kernel's alone. The arithmetic is the same
 # element by element (the kernels are element-wise; the steps are bumped once per tensor), so the result is
-# bit-identical to one pass over the chunk. On CUDA the passes stay whole (HBM, and a launch per tile).
-# Measured with bench/bench_cpu_adam.py on the 2-core CI box (one 50M-param chunk, bf16): 1.71-1.74x the fp32
-# kernel's time in whole passes, 1.27-1.45x in 1M-element tiles (256K: 1.70x, 2M: 1.53x in a first sweep;
-# bench/RESULTS.md, session 12). There the casts are compute-bound, so tiles cannot reach 1.0x.
+# bit-identical to one pass over the chunk. Measured with bench/bench_cpu_adam.py on the 2-core CI box (one
+# 50M-param chunk, bf16): 1.71-1.74x the fp32 kernel's time in whole passes, 1.27-1.45x in 1M-element tiles (256K:
+# 1.70x, 2M: 1.53x in a first sweep; bench/RESULTS.md, session 12). There the casts are compute-bound, so tiles
+# cannot reach 1.0x.
+# On a GPU the tiles bound the scratch instead, to `DEVICE_TILE_ELEMENTS`: the scratch is GPU memory no plan
+# counts (it sits in the hardware's memory margin). In whole passes it was the largest chunk a bf16 plan steps
+# on DEVICE: 1.26 GB in the GPT-3 13B x rtx4090-768g-12ssd golden (its margin: 1 GB) and 2.47 GB in the 175B x
+# a100-80g-12ssd one (2 GB); found while looking for the H200 runs' 3 GB over their predicted peak, which it
+# is not (their chunks: 0.41 GB of scratch at most; bench/RESULTS.md, session 24). 16M elements (64 MiB) are ~0.13 ms of the H200's measured 1.2e11 params/s GPU Adam, long beside
+# a tile's three launches, which queue asynchronously. The CUDA kernels are element-wise too (ATen's
+# FusedAdamKernel.cu through multi_tensor_apply: the same arithmetic per element; a cut at 64 elements keeps
+# the vector loads aligned), so the tiles leave every bit as it was.
 CPU_TILE_ELEMENTS = 1 << 20  # 4 MiB of fp32 scratch per tile
+DEVICE_TILE_ELEMENTS = 1 << 24  # 64 MiB of fp32 scratch on a GPU
 # torch's fused CPU Adam kernels (aten/src/ATen/native/cpu/FusedAdamKernel.cpp) split a tensor among threads
 # in units of one 64-byte cache line and run Vectorized<float> over each (16 floats with AVX-512): a cut at a
 # multiple of 64 elements is a boundary of both on any vector width up to 64 floats.
@@ -248,9 +257,9 @@ class ChunkAdamW(torch.optim.Optimizer):
                              f"and exp_avg_sq must be float32, found {target.dtype}, {exp_avg.dtype}, {exp_avg_sq.dtype}; "
                              "with a bf16/fp16 PARAM list pass the fp32 MASTER chunk as master=")
         # The fused kernels need grads in the master's dtype: a half-precision GRAD is cast into a reused
-        # fp32 scratch, on the CPU one tile at a time (Note [mixed-precision CPU steps in tiles]).
+        # fp32 scratch, one tile at a time (Note [mixed-precision CPU steps in tiles]).
         cast = grad.dtype != torch.float32
-        tile_elements = CPU_TILE_ELEMENTS if cast and device.type == "cpu" else None
+        tile_elements = (CPU_TILE_ELEMENTS if device.type == "cpu" else DEVICE_TILE_ELEMENTS) if cast else None
         scale_t = None
         if grad_scale != 1.0:
             if not math.isfinite(grad_scale) or grad_scale <= 0:

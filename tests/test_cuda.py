@@ -312,3 +312,33 @@ def test_cuda_recording_times_moments_with_cuda_events():
     work = [m for m in trace.moments if m.compute_seconds > 0]
     assert work and sum(m.compute_seconds for m in trace.moments) > 0
     assert max(m.non_model_bytes for m in trace.moments) > 0
+
+
+def test_cuda_bf16_step_in_bounded_tiles_is_bit_identical_to_whole_passes(monkeypatch):
+    """A bf16 chunk stepped on the GPU in tiles of DEVICE_TILE_ELEMENTS (a bounded fp32 scratch: Note
+    [mixed-precision CPU steps in tiles]) gives every bit that whole passes give, and the scratch stays a tile."""
+    from executor import optim
+    from executor.optim import ChunkAdamW
+    from test_optim_support import TinyLM, layout_for
+
+    torch.manual_seed(0)
+    model = TinyLM().to(torch.bfloat16)
+    layout = layout_for(model, chunk_elements=300, compute=DType.BFLOAT16)
+    chunk = max(layout.chunks, key=lambda c: c.elements)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    start = {k: torch.randn(chunk.elements, generator=g, device="cuda") for k in ("master", "grad", "m")}
+    start["v"] = start["m"].square()
+    results = []
+    for tile in (1 << 30, 128):  # whole passes, then tiles that cut the chunk's tensors
+        monkeypatch.setattr(optim, "DEVICE_TILE_ELEMENTS", tile)
+        opt = ChunkAdamW(model.parameters(), layout, model=model, lr=1e-2)
+        bufs = {k: v.clone() for k, v in start.items()}
+        param = bufs["master"].to(torch.bfloat16)
+        for _ in range(3):
+            opt.step_chunk(chunk.id, param=param, grad=bufs["grad"].to(torch.bfloat16), master=bufs["master"],
+                           exp_avg=bufs["m"], exp_avg_sq=bufs["v"])
+        results.append((param, bufs["master"], bufs["m"], bufs["v"]))
+        scratch = opt._scratch.by_device[torch.device("cuda", torch.cuda.current_device())]
+        assert scratch.numel() <= min(tile, chunk.elements)
+    for whole, tiled in zip(*results):
+        assert torch.equal(whole, tiled)

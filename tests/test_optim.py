@@ -278,3 +278,22 @@ def test_step_chunk_on_cuda_matches_fused_cuda_adamw() -> None:
                            exp_avg=bufs[(ChunkList.M, c)], exp_avg_sq=bufs[(ChunkList.V, c)], skip_tensors=skipped)
     for p, q in zip(ref.parameters(), model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_gpu_steps_a_bf16_chunk_through_a_bounded_fp32_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off the CPU the grads are cast in tiles of DEVICE_TILE_ELEMENTS, so the fp32 scratch (GPU memory no
+    plan counts) stays that size whatever the chunk (Note [mixed-precision CPU steps in tiles]). On the meta
+    device: the shapes and the allocations are real, the numbers are not (tests/test_cuda.py has the bits)."""
+    monkeypatch.setattr(optim, "DEVICE_TILE_ELEMENTS", 128)
+    model = TinyLM().to(torch.bfloat16)
+    layout = layout_for(model, chunk_elements=300, compute=DType.BFLOAT16)
+    opt = ChunkAdamW(model.parameters(), layout, model=model, lr=1e-2)
+    chunk = max(layout.chunks, key=lambda c: c.elements)
+    assert chunk.elements > 2 * 128
+
+    def meta(dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(chunk.elements, dtype=dtype, device="meta")
+
+    opt.step_chunk(chunk.id, param=meta(torch.bfloat16), grad=meta(torch.bfloat16), master=meta(torch.float32),
+                   exp_avg=meta(torch.float32), exp_avg_sq=meta(torch.float32))
+    assert opt._scratch.by_device[torch.device("meta")].numel() <= 128  # in whole passes: the chunk's elements
