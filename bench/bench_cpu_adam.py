@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.threads} threads, median of {args.reps}")
     for what, rate in rows:
         print(f"  {what:66s} {rate:10.3g} params/s  {priced / rate:5.2f}x the priced time")
-    # The GIL: every op of a step releases it and takes it back when the op ends, so a step that makes many
-    # op calls (three per tile in bf16) waits for the other Python threads as many times (the H200 run's HOST
-    # steps took 2.4x their price beside training: bench/RESULTS.md, session 24)
+    # Beside a busy Python thread a step loses twice: on every core it shares one with that thread (a parallel
+    # region waits for its slowest thread), and each of its ops gives the GIL up and must take it back (three
+    # per tile in bf16). The H200 run's HOST steps took 2.4x their price beside training (bench/RESULTS.md,
+    # session 24).
     mixed = variants[2:]
     print(f"the bf16 steps beside a second Python thread (time relative to the same step alone; {args.reps} rounds)")
     for kind in ("launches", "python"):

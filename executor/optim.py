@@ -60,8 +60,9 @@ _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled
 # counts (it sits in the hardware's memory margin). In whole passes it was the largest chunk a bf16 plan steps
 # on DEVICE: 1.26 GB in the GPT-3 13B x rtx4090-768g-12ssd golden (its margin: 1 GB) and 2.47 GB in the 175B x
 # a100-80g-12ssd one (2 GB); found while looking for the H200 runs' 3 GB over their predicted peak, which it
-# is not (their chunks: 0.41 GB of scratch at most; bench/RESULTS.md, session 24). 16M elements (64 MiB) are ~0.13 ms of the H200's measured 1.2e11 params/s GPU Adam, long beside
-# a tile's three launches, which queue asynchronously. The CUDA kernels are element-wise too (ATen's
+# is not (their chunks: 0.41 GB of scratch at most; bench/RESULTS.md, session 24). 16M elements (64 MiB) are
+# ~0.13 ms of the H200's measured 1.2e11 params/s GPU Adam, long beside a tile's three launches, which queue
+# asynchronously. The CUDA kernels are element-wise too (ATen's
 # FusedAdamKernel.cu through multi_tensor_apply: the same arithmetic per element; a cut at 64 elements keeps
 # the vector loads aligned), so the tiles leave every bit as it was.
 CPU_TILE_ELEMENTS = 1 << 20  # 4 MiB of fp32 scratch per tile
