@@ -104,6 +104,12 @@ def test_runners_smoke_on_the_cpu(tmp_path, one_torch_thread):
     assert tide["bytes_match"] and tide["predicted_bytes_per_channel"]["H2D"] > 0  # 0.3 MB forces offloading
     assert tide["steps_done"] == 2 and tide["measured_over_predicted"] > 0 and tide["tflops"] > 0
     assert tide["optimizer_threads"] == 1  # the kit's spare-cores run passes its count through
+    # the spare-cores run trains the schedule the run before it solved: the same plan, no second solve
+    assert runners.main(["tide", *common, "--trace", record["trace"], "--hardware", "cpu-emulated", "--budget-gb", "0.0003",
+                         "--schedule", tide["schedule"], "--steps", "2", "--nvme-dir", str(tmp_path / "n2"),
+                         "--result", str(tmp_path / "again.json")]) == 0
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["solve_seconds"] is None and again["losses"] == tide["losses"] and again["bytes_match"]
     assert runners.main(["plain", *common, "--steps", "2", "--result", str(tmp_path / "plain.json")]) == 0
     plain = json.loads((tmp_path / "plain.json").read_text())
     assert len(plain["losses"]) == 2 and abs(plain["losses"][0] - tide["losses"][0]) < 0.1  # same model, same batch

@@ -402,6 +402,7 @@ class Run:
     budget_gb: float | None
     seconds: float  # the step's time limit
     spare_cores: int = 0  # tide: the CPU optimizer steps with every core but these (0: the executor's default)
+    schedule_of: str | None = None  # tide: train the schedule this earlier run solved, where it did (no second solve)
 
 
 # Time limits from the H100 runs of 2026-11-24 (bench/RESULTS.md, "GPU"): 1.3B tide 57-74 s (its solve
@@ -416,7 +417,7 @@ RUNS = (
     # The H200 run's HOST steps took 2.4x their price with all 16 cores, beside the training thread; on the CPU,
     # a step on every core beside one busy thread took 3.4x its time alone, on one core fewer 1.2x
     # (bench/bench_cpu_adam.py, bench/RESULTS.md session 24). This run leaves the training thread its core.
-    Run("tide-1.3b-16gb-spare1", "a", "gpt-1.3b", "tide", 16.0, 100, spare_cores=1),
+    Run("tide-1.3b-16gb-spare1", "a", "gpt-1.3b", "tide", 16.0, 100, spare_cores=1, schedule_of="tide-1.3b-16gb"),
     Run("tide-6.7b-40gb", "b", "gpt-6.7b", "tide", 40.0, 240),
     Run("ds-offload-6.7b", "b", "gpt-6.7b", "ds-offload", None, 240),
     Run("ds-infinity-1.3b", "c", "gpt-1.3b", "ds-infinity", None, 180),
@@ -451,6 +452,9 @@ def make_run_step(run: Run) -> Callable[[Kit], dict[str, Any]]:
                 args += ["--budget-gb", str(run.budget_gb)]
             if run.spare_cores:
                 args += ["--optimizer-threads", str(max(1, (os.cpu_count() or 1) - run.spare_cores))]
+            solved = kit.results.get(run.schedule_of or "", {}).get("schedule")
+            if kit.ok(run.schedule_of or "") and solved and Path(solved).exists():
+                args += ["--schedule", solved]
         kit.python(args, timeout=max(limit, 1.0), log=run.name)
         return _runner_result(kit, result, run.name)
     return go
