@@ -143,9 +143,9 @@ def memory_at_peak(step: Any) -> dict[str, Any]:
 
 def live_at_peak(events: list[dict[str, Any]], *, before_bytes: int, top: int = 12) -> dict[str, Any]:
     """From the allocator's trace of one step (events with action alloc / free_completed, addr, size, frames):
-    the peak of what was allocated before the step plus what the step allocated, and the blocks the step
-    allocated that are live then, grouped by the innermost frames of this repository (executor/, bench/), the
-    largest first. `before_bytes`: allocated when the trace began (chunks held, persistent buffers)."""
+    the peak of what was allocated before the step plus what the step allocated less what it freed, and the
+    blocks the step allocated that are live then, grouped by the innermost frames of this repository (executor/,
+    bench/), the largest first. `before_bytes`: allocated when the trace began (chunks held, persistent buffers)."""
     def replay(stop: int | None) -> tuple[int, int, dict[int, dict[str, Any]]]:
         live: dict[int, dict[str, Any]] = {}
         now = peak = peak_at = 0
@@ -158,8 +158,8 @@ def live_at_peak(events: list[dict[str, Any]], *, before_bytes: int, top: int = 
                 now += event["size"]
                 if now > peak:
                     peak, peak_at = now, i + 1
-            elif action == "free_completed" and addr in live:
-                now -= live.pop(addr)["size"]
+            elif action == "free_completed":  # a block of the step, or one allocated before it (a chunk evicted)
+                now -= live.pop(addr)["size"] if addr in live else event["size"]
         return peak, peak_at, live
 
     peak, peak_at, _ = replay(None)
