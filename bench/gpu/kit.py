@@ -452,9 +452,8 @@ def make_run_step(run: Run) -> Callable[[Kit], dict[str, Any]]:
                 args += ["--budget-gb", str(run.budget_gb)]
             if run.spare_cores:
                 args += ["--optimizer-threads", str(max(1, (os.cpu_count() or 1) - run.spare_cores))]
-            solved = kit.results.get(run.schedule_of or "", {}).get("schedule")
-            if kit.ok(run.schedule_of or "") and solved and Path(solved).exists():
-                args += ["--schedule", solved]
+            if run.schedule_of and kit.ok(run.schedule_of):  # that run wrote its schedule (runners.run_tide)
+                args += ["--schedule", kit.results[run.schedule_of]["schedule"]]
         kit.python(args, timeout=max(limit, 1.0), log=run.name)
         return _runner_result(kit, result, run.name)
     return go
