@@ -150,9 +150,11 @@ class MathOptSolver:
     def NumConstraints(self) -> int:  # noqa: N802
         return self._rows
 
-    def solve(self, *, time_limit_seconds: float, relative_gap: float, node_limit: int | None = None) -> Any:
+    def solve(self, *, time_limit_seconds: float, relative_gap: float, node_limit: int | None = None,
+              objective_bound: float | None = None) -> Any:
         """`node_limit` (HiGHS): stop after that many branch-and-bound nodes, so that the outcome does
-        not depend on the machine's speed; the time limit is then only a safety net."""
+        not depend on the machine's speed; the time limit is then only a safety net. `objective_bound` (an LP on
+        HiGHS): stop once its optimum is proven above it (Note [an LP stopped above a bound])."""
         params = mathopt.SolveParameters(
             time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
             random_seed=0,  # deterministic (HiGHS runs its MIP search on one thread)
@@ -179,6 +181,11 @@ class MathOptSolver:
                 params.highs = highs_pb2.HighsOptionsProto(string_options={"run_crossover": "off"})
             # (MathOpt refuses `threads` for HiGHS; IPX and its crossover run serially: the same
             # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
+        if objective_bound is not None:
+            assert self.kind is mathopt.SolverType.HIGHS, "an objective bound is HiGHS's"
+            params.lp_algorithm = mathopt.LPAlgorithm.DUAL_SIMPLEX
+            params.highs = highs_pb2.HighsOptionsProto(string_options={"presolve": "off"},
+                                                       double_options={"objective_bound": objective_bound})
         model = self.model
         # one HiGHS solve at a time in this process (Note [one HiGHS solve at a time])
         with ONE_HIGHS_SOLVE, quiet_stdout():
@@ -190,6 +197,17 @@ class MathOptSolver:
                 result = mathopt.solve(model, mathopt.SolverType.HIGHS, params=params, model_params=_PRIMAL_ONLY)
             return result
 
+
+# Note [an LP stopped above a bound]:
+# Where a solve needs the least of several LPs' values (planner.solve's proven bound, one LP per chunk size), an LP
+# after the first only has to tell whether it is below the least so far. HiGHS's dual simplex stops once the dual
+# objective of its basis is above the `objective_bound` option: a proven lower bound of the LP's optimum, checked
+# with the costs unperturbed (HiGHS, HEkkDual::reachedExactObjectiveBound: "costs will be perturbed, so need to
+# check whether exact dual objective value exceeds the prescribed upper bound"), and MathOpt then reports
+# NO_SOLUTION_FOUND with Limit.OBJECTIVE. Presolve off: with it on, HiGHS solved on to the optimum. Measured
+# (bench/RESULTS.md, session 25, GPT-3 175B's LPs with CPU Adam alone, chunk 1812099072 after chunk 605212776, CPU s on
+# the 2-core box): rtx4090-768g-12ssd 0.38 s instead of IPX's 1.13 s, a100-80g-12ssd 0.64 instead of 1.03 s;
+# solved through to an optimum below the bound the dual simplex took 1.5-2.0 s where IPX took 1.0-1.25 s.
 
 # The placement reads the primal values only: no dual values or reduced costs are handed back (MathOpt
 # filters what it returns, the solve is the same), which were half of parsing an LP's result (256 blocks:

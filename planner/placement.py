@@ -39,7 +39,7 @@ from planner.placement_terms import (
     stage_runs,
 )
 from planner.placement_memory import MemoryRows
-from planner.placement_solution import PlacementInfeasible, PlacementSolution, SolutionExtraction
+from planner.placement_solution import PlacementAbove, PlacementInfeasible, PlacementSolution, SolutionExtraction
 from planner.placement_time import TimeRows
 from schemas.schedule import ActivationMode, Tier
 
@@ -428,7 +428,7 @@ def minimal_capacity(data: PlacementInput, tier: Tier, *, relax_others: bool, re
 
 
 __all__ = [
-    "ACT_MODES", "INFINITE_BYTES", "MIP_RELATIVE_GAP", "BlockData", "ChunkClass", "PlacementInfeasible", "PlacementInput",
+    "ACT_MODES", "INFINITE_BYTES", "MIP_RELATIVE_GAP", "BlockData", "ChunkClass", "PlacementAbove", "PlacementInfeasible", "PlacementInput",
     "PlacementModel", "act_windows", "chunk_class_gaps",
     "PlacementSolution", "SparsePlacementModel", "StageData", "chunk_class_summary", "minimal_capacity", "placement_feasible", "placement_input",
     "root_bound_seconds", "solve_placement",

@@ -58,14 +58,24 @@ class PlacementInfeasible(Exception):
     """The model has no solution at the given capacities (explained by planner.bounds)."""
 
 
+class PlacementAbove(Exception):
+    """The relaxation's optimum is proven above the seconds it was solved against (`SolutionExtraction.solve`'s
+    `above_seconds`), its value not computed (Note [an LP stopped above a bound] in planner/mathopt_solver.py)."""
+
+
 class SolutionExtraction:
     """Solve the built model and read the solution out of it."""
 
     def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP,
-              node_limit: int | None = None) -> PlacementSolution:
+              node_limit: int | None = None, above_seconds: float | None = None) -> PlacementSolution:
+        """The solution; with `above_seconds` (a relaxation), PlacementAbove where its bound is proven above it."""
         start = time.perf_counter()
+        # the bound in the model's objective (`bound_seconds` below, inverted)
+        raw_above = (None if above_seconds is None else
+                     above_seconds / TIME_UNIT * (1 + SECONDARY_TERMS * SECONDARY_WEIGHT))
         try:
-            result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap, node_limit=node_limit)
+            result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap, node_limit=node_limit,
+                                       objective_bound=raw_above)
         except Exception as exc:  # HiGHS reports numerical trouble as a status error (pybind11 StatusNotOk)
             raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s "
                                       f"(solver error: {str(exc)[:200]})") from None
@@ -75,6 +85,8 @@ class SolutionExtraction:
                  "LP" if self.relax else "MIP", reason.name, self.solver.NumVariables(), self.solver.NumConstraints(), seconds)
         if reason in (mathopt.TerminationReason.INFEASIBLE, mathopt.TerminationReason.INFEASIBLE_OR_UNBOUNDED):
             raise PlacementInfeasible(f"{self.solver_name}: infeasible")
+        if raw_above is not None and result.termination.limit is mathopt.Limit.OBJECTIVE:
+            raise PlacementAbove(f"{self.solver_name}: its bound is above {above_seconds:g} s")
         if not result.has_primal_feasible_solution():
             raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s ({reason.name})")
         self.values = result.variable_values()
@@ -169,4 +181,4 @@ class SolutionExtraction:
         return self._value(self.capacity) * BYTE_UNIT
 
 
-__all__ = ["PlacementInfeasible", "PlacementSolution", "SolutionExtraction"]
+__all__ = ["PlacementAbove", "PlacementInfeasible", "PlacementSolution", "SolutionExtraction"]

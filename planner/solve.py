@@ -34,6 +34,7 @@ from planner.mathopt_solver import BOUND_ONLY
 from planner.materialize import Decisions, SolverStats, drop_ahead, materialize, materialize_replayed, replay_ahead
 from planner.placement import (
     MIP_RELATIVE_GAP,
+    PlacementAbove,
     PlacementInfeasible,
     PlacementInput,
     PlacementModel,
@@ -152,7 +153,9 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # (planner.mathopt_solver.BOUND_ONLY; 256 blocks, chunk 67257720: 7.8 instead of 20.9 CPU s). Measured with it
 # (bench/RESULTS.md, session 16, bench_solve --prove-bound, hidden 4096 on a100-80g-12ssd): 256 blocks 68.8 CPU s
 # (49.4 without), bound 30.947 s, true gap 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound
-# 64.067 s, true gap 3.75%.
+# 64.067 s, true gap 3.75%. Since session 25 they are one job (`_alone_lps`), the chunk sizes in the order of
+# their LPs' bounds, each after the first solved only against the least so far (Note [an LP stopped above a bound] in
+# planner/mathopt_solver.py): the same least, GPT-3 175B's second LP in 0.4-0.6 instead of 1.0-1.1 CPU s.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
@@ -427,7 +430,7 @@ def _solve_report(trace: Trace, hardware: Hardware, *, trace_digest: str, time_l
     adam_alone = ""
     if lp_bounds and (not model_bound_valid or to_prove):
         alone = _adam_alone_bound(problem, {k: inputs[k][1] for k, v in lp_bounds.items() if math.isfinite(v)},
-                                  max(SAFETY_SECONDS, time_limit_s), say, nvme_home=nvme_home)
+                                  lp_bounds, max(SAFETY_SECONDS, time_limit_s), say, nvme_home=nvme_home)
         if 0.0 < alone <= fastest_replay:
             adam_alone = (f"the header's bound is the LP with CPU Adam at its rate alone charged the time lost beside "
                           f"copies, {alone:.6g} s, proven for every plan (the model's LP at the rate with copies, "
@@ -745,32 +748,46 @@ def _proves_alone(problem, priced_with_copies: bool, prove_bound: bool) -> bool:
     return priced_with_copies and (prove_bound or len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS)
 
 
-def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], safety: float, say: Callable[[str], None], *,
-                      nvme_home: bool) -> float:
-    """The least of `_alone_lp` over the chunk sizes of `inputs` (the search's, with `nvme_home`: worked out by the
-    workers where it has them, Note [replays ahead]); 0.0 when one stops short of its optimum (no bound)."""
-    out = math.inf
-    for size, data in sorted(inputs.items()):
-        say(f"chunk size {size}: LP with CPU Adam alone")
-        value = _computed(problem, ("alone LP", size, nvme_home), _alone_lp, data, safety)
+def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], bounds: dict[int, float], safety: float,
+                      say: Callable[[str], None], *, nvme_home: bool) -> float:
+    """The least of `_alone_lp` over the chunk sizes of `inputs` (`_alone_lps`: the search's, with `nvme_home`,
+    in the order of `bounds`; worked out by a worker where it has them, Note [replays ahead]); 0.0 when one stops
+    short of its optimum (no bound)."""
+    sizes = _alone_order(inputs, bounds)
+    say(f"chunk size{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}: LP with CPU Adam alone")
+    return _computed(problem, ("alone LPs", sizes, nvme_home), _alone_lps, tuple(inputs[x] for x in sizes), safety)
+
+
+def _alone_order(inputs: dict[int, PlacementInput], bounds: dict[int, float]) -> tuple[int, ...]:
+    """The chunk sizes of `inputs` by their LP's bound (at the rate with copies), the least first: the likeliest
+    least LP at the rate alone, which the others are then solved against (`_alone_lps`)."""
+    return tuple(sorted(inputs, key=lambda x: (bounds.get(x, math.inf), x)))
+
+
+def _alone_lps(problem, datas: tuple[PlacementInput, ...], safety: float) -> float:
+    """The least of `_alone_lp` over `datas` (0.0: no bound), each after the first solved only to tell whether it is
+    below the least so far (Note [an LP stopped above a bound] in planner/mathopt_solver.py): the same least."""
+    least = math.inf
+    for data in datas:
+        value = _alone_lp(problem, data, safety, above_seconds=least if math.isfinite(least) else None)
         if value is None:
             continue
         if value <= 0.0:
             return 0.0
-        out = min(out, value)
-    return out if math.isfinite(out) else 0.0
+        least = min(least, value)
+    return least if math.isfinite(least) else 0.0
 
 
-def _alone_lp(problem, data: PlacementInput, safety: float) -> float | None:
+def _alone_lp(problem, data: PlacementInput, safety: float, *, above_seconds: float | None = None) -> float | None:
     """The bound of `data`'s LP with CPU Adam at its fastest rate alone (either thread count a replay steps with:
     costmodel.optimizer_step_price without copies) and charged the least time lost beside copies (Note [CPU Adam
-    beside copies, in the model]); None where no plan fits."""
+    beside copies, in the model]); None where no plan fits; `above_seconds` where it is proven above them."""
     hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
     alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
                 for t in threads)
     beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
     bound = _value_lp(problem, dataclasses.replace(data, cpu_adam_seconds_per_element=alone,
-                                                   cpu_adam_beside_copies=beside), safety)[1]
+                                                   cpu_adam_beside_copies=beside), safety, above_seconds=above_seconds)[1]
     return bound if math.isfinite(bound) else None
 
 
@@ -964,8 +981,9 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # plans' replays that the solve may have named by now (Note [a size's MIP in a worker]), which it reads first
     if memo is not None and _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]),
                                           prove_bound):
-        memo.ahead(problem, _alone_lp, [(("alone LP", size, nvme_home), None, (inputs[size][1], safety))
-                                        for size in sorted(layouts)])
+        finite = {x: inputs[x][1] for x in layouts if math.isfinite(bounds[x])}
+        sizes = _alone_order(finite, bounds)  # what `_adam_alone_bound` reads where no MIP turns out infeasible
+        memo.ahead(problem, _alone_lps, [(("alone LPs", sizes, nvme_home), None, (tuple(finite[x] for x in sizes), safety))])
     for size, layout in layouts.items():
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=values[size],
                                     wasted_elements=wasted_elements(layout), chunks=len(layout.chunks)))
@@ -1065,13 +1083,19 @@ def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, 
         return vertex, exc
 
 
-def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:
+def _value_lp(problem, data: PlacementInput, safety: float, *,
+              above_seconds: float | None = None) -> tuple[float, float]:
     """(value, bound) of `data`'s LP solved without crossover (Note [the LP of an unlikely chunk size, for its value]);
-    (inf, inf) where no plan fits. In a worker where the solve has workers (Note [replays ahead])."""
+    (inf, inf) where no plan fits; (above_seconds, above_seconds) where its bound is proven above them (Note [an LP
+    stopped above a bound] in planner/mathopt_solver.py). In a worker where the solve has workers (Note [replays
+    ahead])."""
     try:
-        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
+        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety,
+                                                                                above_seconds=above_seconds)
     except PlacementInfeasible:
         return math.inf, math.inf
+    except PlacementAbove:
+        return above_seconds, above_seconds
     return lp.objective_seconds, lp.bound_seconds
 
 

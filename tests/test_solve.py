@@ -454,6 +454,29 @@ def test_the_lp_charging_cpu_adam_beside_copies_is_below_its_replay_and_above_th
     assert without.bound_seconds < lp.bound_seconds <= replay * (1 + 1e-9)
 
 
+def test_an_lp_with_cpu_adam_alone_is_solved_against_the_least_so_far_and_gives_the_same_least():
+    """Note [an LP stopped above a bound] (planner/mathopt_solver.py): of the proven bound's LPs (one per chunk
+    size), each after the first is solved by HiGHS's dual simplex against the least so far. Where its bound is
+    above that least the solve stops and reports the least itself (not its own value); where it is below, the
+    LP is solved through. Either order gives the least of the LPs solved apart. GPT-3 13B x a100-80g-12ssd on
+    the angel layout, and the same input with the PCIe link at half its rate (a higher LP)."""
+    from planner.solve import _alone_lp, _alone_lps, _value_lp
+
+    problem, fast, _ = _angel_13b()
+    slow = dataclasses.replace(fast, h2d_bytes_per_s=fast.h2d_bytes_per_s / 2, d2h_bytes_per_s=fast.d2h_bytes_per_s / 2)
+    apart = [_alone_lp(problem, d, 60.0) for d in (fast, slow)]
+    assert apart[0] < apart[1]
+    # stopped above: the cutoff comes back, not the LP's own (higher) bound
+    assert _alone_lp(problem, slow, 60.0, above_seconds=apart[0]) == apart[0]
+    # solved through below the cutoff: the LP's own bound
+    assert _alone_lp(problem, fast, 60.0, above_seconds=apart[1]) == pytest.approx(apart[0], rel=1e-7)
+    assert _alone_lps(problem, (fast, slow), 60.0) == apart[0]
+    assert _alone_lps(problem, (slow, fast), 60.0) == pytest.approx(apart[0], rel=1e-7)
+    # and the value LP of the search, stopped alike
+    value, bound = _value_lp(problem, slow, 60.0, above_seconds=1e-3)
+    assert value == bound == 1e-3
+
+
 def test_the_header_bound_of_13b_on_a100_is_the_lp_and_holds_for_every_replay():
     """GPT-3 13B x a100-80g-12ssd: the LPs (CPU Adam at its rate alone, charged the time lost beside copies:
     Note [CPU Adam beside copies, in the model]) are below every replay of the solve and the Angel-PTM-like
