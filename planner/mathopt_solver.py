@@ -145,7 +145,25 @@ class MathOptSolver:
         objective.is_maximize = False
 
     def NumVariables(self) -> int:  # noqa: N802
-        return sum(1 for _ in self.model.variables())
+        return self.model._elemental.get_num_elements(enums.ElementType.VARIABLE)  # noqa: SLF001
+
+    def integer_variables(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """(ids, names, lower bounds, upper bounds) of the integer variables, in id order, read in bulk: what
+        `model.variables()` and each variable's properties give, one C++ call per attribute (Note [rows in bulk])."""
+        elemental = self.model._elemental  # noqa: SLF001
+        ids = np.sort(elemental.get_elements(enums.ElementType.VARIABLE))
+        ids = ids[elemental.get_attrs(enums.BoolAttr1.VARIABLE_INTEGER, ids.reshape(-1, 1))]
+        keys = ids.reshape(-1, 1)
+        return (ids, elemental.get_element_names(enums.ElementType.VARIABLE, ids).tolist(),
+                elemental.get_attrs(enums.DoubleAttr1.VARIABLE_LOWER_BOUND, keys),
+                elemental.get_attrs(enums.DoubleAttr1.VARIABLE_UPPER_BOUND, keys))
+
+    def set_bounds(self, ids: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> None:
+        """The variables `ids` bounded by `lower` and `upper` (what setting each one's `lower_bound` and `upper_bound`
+        does, in two bulk calls)."""
+        elemental, keys = self.model._elemental, ids.reshape(-1, 1)  # noqa: SLF001
+        elemental.set_attrs(enums.DoubleAttr1.VARIABLE_LOWER_BOUND, keys, np.ascontiguousarray(lower, dtype=np.float64))
+        elemental.set_attrs(enums.DoubleAttr1.VARIABLE_UPPER_BOUND, keys, np.ascontiguousarray(upper, dtype=np.float64))
 
     def NumConstraints(self) -> int:  # noqa: N802
         return self._rows

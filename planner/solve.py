@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
+
 from planner.policies import policy_layout
 from planner.policies.patrickstar import patrickstar_layout
 from planner.bounds import decisions_bound, explain_infeasible, lower_bound
@@ -1335,19 +1337,15 @@ def _fixed(data: PlacementInput, flags: dict[str, int], modes: tuple | None, lp_
         model = lp_model.as_mip(fixed_flags=flags, fixed_modes=modes)
     else:
         model = lp_model.repin(fixed_flags=flags, fixed_modes=modes)
-    integer = [v for v in model.solver.model.variables() if v.integer]
-    original = {v.name: (v.lower_bound, v.upper_bound) for v in integer}
-    fractional = [v.name for v in integer
-                  if v.name in values and abs(values[v.name] - round(values[v.name])) > FIX_TOLERANCE]
+    ids, names, lo, hi = model.solver.integer_variables()
+    fractional = [n for n in names if n in values and abs(values[n] - round(values[n])) > FIX_TOLERANCE]
     skip = set(fractional)
+    rounded = np.array([float(round(values[n])) if n in values else math.nan for n in names])
+    classes = [_chunk_class_of(n) for n in names]
+    outside = ~((lo <= rounded) & (rounded <= hi))  # (a NaN is outside)
     for free_classes in (set(), _chunk_classes_near(data, fractional)):
-        for v in integer:
-            lo, hi = original[v.name]
-            x = float(round(values[v.name])) if v.name in values else math.nan
-            if v.name in skip or _chunk_class_of(v.name) in free_classes or not lo <= x <= hi:
-                v.lower_bound, v.upper_bound = lo, hi
-            else:
-                v.lower_bound = v.upper_bound = x
+        free = outside | np.array([n in skip or g in free_classes for n, g in zip(names, classes)], dtype=bool)
+        model.solver.set_bounds(ids, np.where(free, lo, rounded), np.where(free, hi, rounded))
         try:
             return model.solve(time_limit_seconds=budget, node_limit=MIP_NODE_LIMIT)
         except PlacementInfeasible as exc:
