@@ -110,7 +110,8 @@ REPLAY_AGAIN_MAX_BLOCKS = 128
 # goldens (only their notes' runner-up lists change), bench_solve's GPT-3 13B and 175B pairs (175B x rtx4090:
 # 118.467 s from the fastest base, the second base's variants 129.10 and 122.33 s; x a100: 112.125 s, the second's
 # 116.02 and 113.64 s), the depth ladder's 32-96 blocks, the rank ladder's one-rank rung and bench/published.py
-# (the same 32 rows). 175B then solves in 8.2-8.6 wall s on the 2-core box instead of 11.3-12.8 (issue 18: 10 s).
+# (the same 32 rows). With one base 175B solved in 8.15 and 8.56 wall s (rtx4090, a100; bench_solve, Python
+# reference 0.861 CPU s) where session 24 measured 11.33 and 12.75 s (0.742): issue 18 asks 10 s.
 REPLAYED_AGAIN = 1
 # the steps at the end of a chain whose mean spacing estimates one more (or one fewer) step's seconds
 CHAIN_STEPS_MEASURED = 10
@@ -157,7 +158,7 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # (49.4 without), bound 30.947 s, true gap 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound
 # 64.067 s, true gap 3.75%. Since session 25 they are one job (`_alone_lps`), the chunk sizes in the order of
 # their LPs' bounds, each after the first solved only against the least so far (Note [an LP stopped above a bound] in
-# planner/mathopt_solver.py): the same least, GPT-3 175B's second LP in 0.4-0.6 instead of 1.0-1.1 CPU s.
+# planner/mathopt_solver.py): the same least, GPT-3 175B's second LP in 0.38-0.64 instead of 1.03-1.13 CPU s.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
