@@ -784,14 +784,22 @@ def _alone_lps(problem, datas: tuple[PlacementInput, ...], safety: float) -> flo
 def _alone_lp(problem, data: PlacementInput, safety: float, *, above_seconds: float | None = None) -> float | None:
     """The bound of `data`'s LP with CPU Adam at its fastest rate alone (either thread count a replay steps with:
     costmodel.optimizer_step_price without copies) and charged the least time lost beside copies (Note [CPU Adam
-    beside copies, in the model]); None where no plan fits; `above_seconds` where it is proven above them."""
+    beside copies, in the model]); None where no plan fits; `above_seconds` where it is proven above them; 0.0 (no
+    bound) where it stops short of its optimum."""
     hw, threads = problem.hardware, (problem.hardware.host.cores, cpu_adam_threads(problem.hardware, overlapped=True))
     alone = min(optimizer_step_price(hw, Tier.HOST, 1, threads=t, mixed_precision=problem.mixed_precision).seconds
                 for t in threads)
     beside = max(cpu_adam_beside_copies(hw, threads=t, mixed_precision=problem.mixed_precision) for t in threads)
-    bound = _value_lp(problem, dataclasses.replace(data, cpu_adam_seconds_per_element=alone,
-                                                   cpu_adam_beside_copies=beside), safety, above_seconds=above_seconds)[1]
-    return bound if math.isfinite(bound) else None
+    data = dataclasses.replace(data, cpu_adam_seconds_per_element=alone, cpu_adam_beside_copies=beside)
+    try:
+        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety,
+                                                                                above_seconds=above_seconds)
+    except PlacementAbove:
+        return above_seconds
+    except PlacementInfeasible as exc:
+        # stopped short of its optimum (time, numerics): no bound, rather than a chunk size left out of the least
+        return 0.0 if "no solution within" in str(exc) else None
+    return lp.bound_seconds
 
 
 def _computed(problem, key: tuple, run: Callable[..., T], *args, meanwhile: Callable[[], bool] = lambda: False) -> T:
@@ -1086,19 +1094,13 @@ def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, 
         return vertex, exc
 
 
-def _value_lp(problem, data: PlacementInput, safety: float, *,
-              above_seconds: float | None = None) -> tuple[float, float]:
+def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:
     """(value, bound) of `data`'s LP solved without crossover (Note [the LP of an unlikely chunk size, for its value]);
-    (inf, inf) where no plan fits; (above_seconds, above_seconds) where its bound is proven above them (Note [an LP
-    stopped above a bound] in planner/mathopt_solver.py). In a worker where the solve has workers (Note [replays
-    ahead])."""
+    (inf, inf) where no plan fits. In a worker where the solve has workers (Note [replays ahead])."""
     try:
-        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety,
-                                                                                above_seconds=above_seconds)
+        lp = SparsePlacementModel(data, relax=True, lp_solver=BOUND_ONLY).solve(time_limit_seconds=safety)
     except PlacementInfeasible:
         return math.inf, math.inf
-    except PlacementAbove:
-        return above_seconds, above_seconds
     return lp.objective_seconds, lp.bound_seconds
 
 
