@@ -156,9 +156,10 @@ ROOT_AFTER_REPLAY_MAX_BLOCKS = 64
 # (planner.mathopt_solver.BOUND_ONLY; 256 blocks, chunk 67257720: 7.8 instead of 20.9 CPU s). Measured with it
 # (bench/RESULTS.md, session 16, bench_solve --prove-bound, hidden 4096 on a100-80g-12ssd): 256 blocks 68.8 CPU s
 # (49.4 without), bound 30.947 s, true gap 4.38%; 512 blocks 167.6 CPU s (113.0 without, session 15), bound
-# 64.067 s, true gap 3.75%. Since session 25 they are one job (`_alone_lps`), the chunk sizes in the order of
-# their LPs' bounds, each after the first solved only against the least so far (Note [an LP stopped above a bound] in
-# planner/mathopt_solver.py): the same least, GPT-3 175B's second LP in 0.38-0.64 instead of 1.03-1.13 CPU s.
+# 64.067 s, true gap 3.75%. Since session 25, up to PROVEN_BOUND_MAX_BLOCKS, they are one job (`_alone_jobs`), the
+# chunk sizes in the order of their LPs' bounds, each after the first solved only against the least so far (Note [an
+# LP stopped above a bound] in planner/mathopt_solver.py): the same least, GPT-3 175B's second LP in 0.38-0.64
+# instead of 1.03-1.13 CPU s.
 PROVEN_BOUND_MAX_BLOCKS = 128
 # the words of a header note saying its bound was checked against the solve's replays only (planner.compare reads it)
 UNPROVEN_BOUND = "not proven for every plan"
@@ -753,23 +754,37 @@ def _proves_alone(problem, priced_with_copies: bool, prove_bound: bool) -> bool:
 
 def _adam_alone_bound(problem, inputs: dict[int, PlacementInput], bounds: dict[int, float], safety: float,
                       say: Callable[[str], None], *, nvme_home: bool) -> float:
-    """The least of `_alone_lp` over the chunk sizes of `inputs` (`_alone_lps`: the search's, with `nvme_home`,
-    in the order of `bounds`; worked out by a worker where it has them, Note [replays ahead]); 0.0 when one stops
+    """The least of `_alone_lp` over the chunk sizes of `inputs` (the search's, with `nvme_home`, in the order of
+    `bounds`: `_alone_jobs`, worked out by the workers where it has them, Note [replays ahead]); 0.0 when one stops
     short of its optimum (no bound)."""
-    sizes = _alone_order(inputs, bounds)
-    say(f"chunk size{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}: LP with CPU Adam alone")
-    return _computed(problem, ("alone LPs", sizes, nvme_home), _alone_lps, tuple(inputs[x] for x in sizes), safety)
+    least = math.inf
+    for key, args in _alone_jobs(problem, inputs, bounds, safety, nvme_home=nvme_home):
+        say(f"chunk size{'s' if len(key[1]) > 1 else ''} {', '.join(map(str, key[1]))}: LP with CPU Adam alone")
+        value = _computed(problem, key, _alone_lps, *args)
+        if value <= 0.0:
+            return 0.0
+        least = min(least, value)
+    return least if math.isfinite(least) else 0.0
 
 
-def _alone_order(inputs: dict[int, PlacementInput], bounds: dict[int, float]) -> tuple[int, ...]:
-    """The chunk sizes of `inputs` by their LP's bound (at the rate with copies), the least first: the likeliest
-    least LP at the rate alone, which the others are then solved against (`_alone_lps`)."""
-    return tuple(sorted(inputs, key=lambda x: (bounds.get(x, math.inf), x)))
+def _alone_jobs(problem, inputs: dict[int, PlacementInput], bounds: dict[int, float], safety: float, *,
+                nvme_home: bool) -> list[tuple[tuple, tuple]]:
+    """(memo key, `_alone_lps`' arguments) of the jobs that solve the proven bound's LPs, the chunk sizes by their LP's
+    bound (at the rate with copies), the least first: the likeliest least LP at the rate alone. Up to
+    PROVEN_BOUND_MAX_BLOCKS blocks one job, each LP after the first solved against the least so far (Note [an LP
+    stopped above a bound] in planner/mathopt_solver.py); deeper (`--prove-bound`) one job per chunk size, each
+    solved through: there an LP takes 7-19 CPU s and the jobs run side by side (256 blocks x 4096, a100-80g-12ssd:
+    the second size's LP 0.2% above the first, the dual simplex took 12.2 s where IPX takes ~7 s, and as one job
+    the solve took 40.1 wall s against 33.9 s; bench/RESULTS.md, session 25)."""
+    sizes = tuple(sorted(inputs, key=lambda x: (bounds.get(x, math.inf), x)))
+    groups = [sizes] if len(problem.blocks) <= PROVEN_BOUND_MAX_BLOCKS else [(x,) for x in sizes]
+    return [(("alone LPs", group, nvme_home), (tuple(inputs[x] for x in group), safety)) for group in groups]
 
 
 def _alone_lps(problem, datas: tuple[PlacementInput, ...], safety: float) -> float:
-    """The least of `_alone_lp` over `datas` (0.0: no bound), each after the first solved only to tell whether it is
-    below the least so far (Note [an LP stopped above a bound] in planner/mathopt_solver.py): the same least."""
+    """The least of `_alone_lp` over `datas` (inf where no plan fits, 0.0: no bound), each after the first solved only
+    to tell whether it is below the least so far (Note [an LP stopped above a bound] in planner/mathopt_solver.py):
+    the same least."""
     least = math.inf
     for data in datas:
         value = _alone_lp(problem, data, safety, above_seconds=least if math.isfinite(least) else None)
@@ -778,7 +793,7 @@ def _alone_lps(problem, datas: tuple[PlacementInput, ...], safety: float) -> flo
         if value <= 0.0:
             return 0.0
         least = min(least, value)
-    return least if math.isfinite(least) else 0.0
+    return least
 
 
 def _alone_lp(problem, data: PlacementInput, safety: float, *, above_seconds: float | None = None) -> float | None:
@@ -992,9 +1007,10 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # plans' replays that the solve may have named by now (Note [a size's MIP in a worker]), which it reads first
     if memo is not None and _proves_alone(problem, _priced_with_copies(problem, [d for _, d in inputs.values()]),
                                           prove_bound):
+        # what `_adam_alone_bound` reads where no MIP turns out infeasible
         finite = {x: inputs[x][1] for x in layouts if math.isfinite(bounds[x])}
-        sizes = _alone_order(finite, bounds)  # what `_adam_alone_bound` reads where no MIP turns out infeasible
-        memo.ahead(problem, _alone_lps, [(("alone LPs", sizes, nvme_home), None, (tuple(finite[x] for x in sizes), safety))])
+        memo.ahead(problem, _alone_lps, [(key, None, args) for key, args in
+                                         _alone_jobs(problem, finite, bounds, safety, nvme_home=nvme_home)])
     for size, layout in layouts.items():
         candidates.append(Candidate(chunk_elements=size, relaxation_seconds=values[size],
                                     wasted_elements=wasted_elements(layout), chunks=len(layout.chunks)))
