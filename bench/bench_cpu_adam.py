@@ -7,7 +7,7 @@ which `executor profile` measures as torch's fused AdamW over ONE fp32 tensor. T
 chunk with `ChunkAdamW.step_chunk` (executor/optim.py): in fp32 that is the same kernel over the
 chunk's tensors; in bf16/fp16 it is three passes (the half-precision grad cast into an fp32 scratch,
 the fused kernel over the fp32 master, the master copied back into the half-precision PARAM), made one
-cache-sized tile at a time (Note [mixed-precision CPU steps in tiles]). This bench times them on one
+cache-sized tile at a time (Note [mixed-precision steps in tiles]). This bench times them on one
 GPT block's params (the widths of GPT-3 1.3B by default), on the CPU, in one process, in interleaved
 rounds, the bf16 step also in whole passes (as before the tiles), and prints params/s and the ratio to
 the priced kernel. `executor profile` measures the tiled bf16 step as `adam_rates[].mixed_precision_params_per_s`,
@@ -55,7 +55,7 @@ def chunk_step(optimizer: ChunkAdamW, chunk: int, numel: int, *, half: torch.dty
                tile_elements: int | None = optim.CPU_TILE_ELEMENTS):  # noqa: ANN201
     """ChunkAdamW.step_chunk over one chunk as the engine calls it: fp32 (PARAM is the master) or mixed
     (half-precision PARAM and GRAD, fp32 MASTER), in tiles of `tile_elements` (None: whole passes, as
-    before Note [mixed-precision CPU steps in tiles])."""
+    before Note [mixed-precision steps in tiles])."""
     m, v = torch.zeros(numel), torch.zeros(numel)
     if half is None:
         param, grad, master = torch.randn(numel), torch.randn(numel), None

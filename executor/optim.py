@@ -13,7 +13,7 @@ Equivalence with plain PyTorch (what tests/test_optim.py checks):
 - fp32: `master=None`, PARAM is the master; bit-identical to `torch.optim.AdamW(fused=True)`.
 - mixed precision (bf16/fp16 PARAM, fp32 MASTER): the GRAD chunk is cast to fp32 (a scratch
   buffer), MASTER is updated, then copied into PARAM (one tile at a time: cache-sized on the CPU, a bounded
-  scratch on a GPU; bit for bit the same: Note [mixed-precision CPU steps in tiles]). The reference loop is: fp32 master copies,
+  scratch on a GPU; bit for bit the same: Note [mixed-precision steps in tiles]). The reference loop is: fp32 master copies,
   `master.grad = param.grad.float()`, fused AdamW on the masters, `param.copy_(master)`.
 - `grad_scale` multiplies grads (1/loss scale x clip coefficient). It is handed to the kernel as
   its `grad_scale` argument (the kernel divides by it, as with `GradScaler`), i.e. as 1/grad_scale:
@@ -45,7 +45,7 @@ __all__ = ["CPU_TILE_ELEMENTS", "DEVICE_TILE_ELEMENTS", "ChunkAdam", "ChunkAdamW
 
 _HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "maximize", "decoupled_weight_decay")
 
-# Note [mixed-precision CPU steps in tiles]:
+# Note [mixed-precision steps in tiles]:
 # A bf16/fp16 step makes three passes: the GRAD cast into an fp32 scratch, the fused kernel over the fp32
 # MASTER, the MASTER copied back into PARAM. Over a whole chunk each pass streams the chunk through DRAM
 # (28 B/param for the kernel, 6 more for each of the other two). On the CPU the chunk goes through them one
@@ -258,7 +258,7 @@ class ChunkAdamW(torch.optim.Optimizer):
                              f"and exp_avg_sq must be float32, found {target.dtype}, {exp_avg.dtype}, {exp_avg_sq.dtype}; "
                              "with a bf16/fp16 PARAM list pass the fp32 MASTER chunk as master=")
         # The fused kernels need grads in the master's dtype: a half-precision GRAD is cast into a reused
-        # fp32 scratch, one tile at a time (Note [mixed-precision CPU steps in tiles]).
+        # fp32 scratch, one tile at a time (Note [mixed-precision steps in tiles]).
         cast = grad.dtype != torch.float32
         tile_elements = (CPU_TILE_ELEMENTS if device.type == "cpu" else DEVICE_TILE_ELEMENTS) if cast else None
         scale_t = None

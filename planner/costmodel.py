@@ -246,7 +246,7 @@ def optimizer_step_price(hardware: Hardware, tier: Tier, params: float, *, with_
 
     `mixed_precision`: the model trains in bf16/fp16 with fp32 masters (`Problem.mixed_precision`; a schedule with a
     MASTER list). A HOST step then also casts the half-precision grads and copies the masters back into
-    PARAM (Note [mixed-precision CPU steps in tiles] in executor/optim.py), priced at the profile's
+    PARAM (Note [mixed-precision steps in tiles] in executor/optim.py), priced at the profile's
     measured `adam_rates[].mixed_precision_params_per_s` where it has one (the fp32 rate where not: every preset).
     Every policy's steps get this one price: DeepSpeed's ZeRO-3 makes the same two passes on the CPU
     (stage3.py `partition_grads`: `fp32_grad_tensor.copy_(grad_buffer)`, a D2H copy whose dtype

@@ -182,7 +182,12 @@ class MathOptSolver:
             params.relative_gap_tolerance = relative_gap
             if node_limit is not None:
                 params.node_limit = node_limit
-        if self.name in ("HIGHS_IPM", BOUND_ONLY):
+        if objective_bound is not None:  # Note [an LP stopped above a bound]: the dual simplex, presolve off
+            assert self.kind is mathopt.SolverType.HIGHS, "an objective bound is HiGHS's"
+            params.lp_algorithm = mathopt.LPAlgorithm.DUAL_SIMPLEX
+            params.highs = highs_pb2.HighsOptionsProto(string_options={"presolve": "off"},
+                                                       double_options={"objective_bound": objective_bound})
+        elif self.name in ("HIGHS_IPM", BOUND_ONLY):
             # Note [the placement LP on HiGHS's interior point]: the chunk-size search's LP, on the
             # sparse DEVICE rows (placement.SparsePlacementModel), by HiGHS's IPX with crossover (a
             # vertex, as LP-integral fixing needs). Measured on the 512-block LP (hidden 4096,
@@ -199,11 +204,6 @@ class MathOptSolver:
                 params.highs = highs_pb2.HighsOptionsProto(string_options={"run_crossover": "off"})
             # (MathOpt refuses `threads` for HiGHS; IPX and its crossover run serially: the same
             # bytes twice is checked by tests/test_solve.py and bench/bench_solve.py --twice)
-        if objective_bound is not None:
-            assert self.kind is mathopt.SolverType.HIGHS, "an objective bound is HiGHS's"
-            params.lp_algorithm = mathopt.LPAlgorithm.DUAL_SIMPLEX
-            params.highs = highs_pb2.HighsOptionsProto(string_options={"presolve": "off"},
-                                                       double_options={"objective_bound": objective_bound})
         model = self.model
         # one HiGHS solve at a time in this process (Note [one HiGHS solve at a time])
         with ONE_HIGHS_SOLVE, quiet_stdout():

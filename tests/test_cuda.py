@@ -316,7 +316,7 @@ def test_cuda_recording_times_moments_with_cuda_events():
 
 def test_cuda_bf16_step_in_bounded_tiles_is_bit_identical_to_whole_passes(monkeypatch):
     """A bf16 chunk stepped on the GPU in tiles of DEVICE_TILE_ELEMENTS (a bounded fp32 scratch: Note
-    [mixed-precision CPU steps in tiles]) gives every bit that whole passes give, and the scratch stays a tile."""
+    [mixed-precision steps in tiles]) gives every bit that whole passes give, and the scratch stays a tile."""
     from executor import optim
     from executor.optim import ChunkAdamW
     from test_optim_support import TinyLM, layout_for

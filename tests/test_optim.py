@@ -93,7 +93,7 @@ def test_chunk_order_does_not_matter_and_fp32_master_none_updates_param_in_place
 def test_bf16_mixed_precision_matches_reference_master_loop(tile_elements: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # 150-element tiles cut the larger tensors at multiples of 64 elements and put pieces of several
     # tensors in one tile
-    # (Note [mixed-precision CPU steps in tiles]): still bit-identical to the reference loop
+    # (Note [mixed-precision steps in tiles]): still bit-identical to the reference loop
     monkeypatch.setattr(optim, "CPU_TILE_ELEMENTS", tile_elements)
     torch.manual_seed(0)
     ref = TinyLM().to(torch.bfloat16)
@@ -282,7 +282,7 @@ def test_step_chunk_on_cuda_matches_fused_cuda_adamw() -> None:
 
 def test_a_gpu_steps_a_bf16_chunk_through_a_bounded_fp32_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Off the CPU the grads are cast in tiles of DEVICE_TILE_ELEMENTS, so the fp32 scratch (GPU memory no
-    plan counts) stays that size whatever the chunk (Note [mixed-precision CPU steps in tiles]). On the meta
+    plan counts) stays that size whatever the chunk (Note [mixed-precision steps in tiles]). On the meta
     device: the shapes and the allocations are real, the numbers are not (tests/test_cuda.py has the bits)."""
     monkeypatch.setattr(optim, "DEVICE_TILE_ELEMENTS", 128)
     model = TinyLM().to(torch.bfloat16)
