@@ -169,10 +169,11 @@ class MathOptSolver:
         return self._rows
 
     def solve(self, *, time_limit_seconds: float, relative_gap: float, node_limit: int | None = None,
-              objective_bound: float | None = None) -> Any:
+              objective_bound: float | None = None, lean_search: bool = False) -> Any:
         """`node_limit` (HiGHS): stop after that many branch-and-bound nodes, so that the outcome does
         not depend on the machine's speed; the time limit is then only a safety net. `objective_bound` (an LP on
-        HiGHS): stop once its optimum is proven above it (Note [an LP stopped above a bound])."""
+        HiGHS): stop once its optimum is proven above it (Note [an LP stopped above a bound]). `lean_search` (a MIP
+        on HiGHS under a node limit): no root restart, no strong branching (Note [a polish's work in nodes])."""
         params = mathopt.SolveParameters(
             time_limit=datetime.timedelta(seconds=max(0.5, time_limit_seconds)),
             random_seed=0,  # deterministic (HiGHS runs its MIP search on one thread)
@@ -187,6 +188,10 @@ class MathOptSolver:
             params.lp_algorithm = mathopt.LPAlgorithm.DUAL_SIMPLEX
             params.highs = highs_pb2.HighsOptionsProto(string_options={"presolve": "off"},
                                                        double_options={"objective_bound": objective_bound})
+        elif lean_search:  # Note [a polish's work in nodes]
+            assert self.kind is mathopt.SolverType.HIGHS and node_limit is not None, "a lean search is HiGHS's, in nodes"
+            params.highs = highs_pb2.HighsOptionsProto(bool_options={"mip_allow_restart": False},
+                                                       int_options={"mip_pscost_minreliable": 0})
         elif self.name in ("HIGHS_IPM", BOUND_ONLY):
             # Note [the placement LP on HiGHS's interior point]: the chunk-size search's LP, on the
             # sparse DEVICE rows (placement.SparsePlacementModel), by HiGHS's IPX with crossover (a
@@ -226,6 +231,22 @@ class MathOptSolver:
 # (bench/RESULTS.md, session 25, GPT-3 175B's LPs with CPU Adam alone, chunk 1812099072 after chunk 605212776, CPU s on
 # the 2-core box): rtx4090-768g-12ssd 0.38 s instead of IPX's 1.13 s, a100-80g-12ssd 0.64 instead of 1.03 s;
 # solved through to an optimum below the bound the dual simplex took 1.5-2.0 s where IPX took 1.0-1.25 s.
+
+# Note [a polish's work in nodes]:
+# A polish (planner.solve `_polished`: the pinned MIP under POLISH_NODE_LIMIT nodes) bounds its search in nodes, so
+# that the machine's speed never decides the plan; but HiGHS spends work the node limit does not count before its
+# first branch: a root restart (the MIP presolved again once reduced-cost fixing has fixed enough columns, then a
+# new root with its cuts) and reliability branching's strong branching (HiGHS's options, HighsOptions.h:
+# `mip_pscost_minreliable`, "minimal number of observations before pseudo costs are considered reliable", 8 by
+# default; until then a branching candidate is scored by an LP per direction). A lean search turns both
+# off (`mip_allow_restart` false, `mip_pscost_minreliable` 0: pseudocosts from the first branch), so its work is
+# its nodes. Measured (bench/RESULTS.md, session 26; CPU s, 2-core box): GPT-1.3B (24 x 2048, batch 8) at a 16 GB
+# DEVICE budget on measured-nvidia-h200.toml, chunk 16818876: the polish 12.7 -> 5.1 s, the solve 20.0 -> 12.7 s
+# (one job), the same model objective (0.192069 s; an alternative optimum, replayed 0.20457 -> 0.20308 s); each
+# option alone 8.8 and 7.9 s. The rank ladder (pstar-gpt-4b, 2 x 8 V100), where every chunk size is polished with
+# its switch releases: 8 ranks 60.7 -> 52.1 s, 16 ranks 47.7 -> 43.0 s, the same plans. The goldens, the depth
+# ladder, bench/published.py and bench/bench_compare_multi.py give the same plans and bytes as without it.
+# Session 24 measured the options on the captured 1.3B polish MIP alone: 26.3 -> 10.7 s, the same incumbent.
 
 # The placement reads the primal values only: no dual values or reduced costs are handed back (MathOpt
 # filters what it returns, the solve is the same), which were half of parsing an LP's result (256 blocks:

@@ -67,15 +67,17 @@ class SolutionExtraction:
     """Solve the built model and read the solution out of it."""
 
     def solve(self, *, time_limit_seconds: float = 60.0, gap: float = MIP_RELATIVE_GAP,
-              node_limit: int | None = None, above_seconds: float | None = None) -> PlacementSolution:
-        """The solution; with `above_seconds` (a relaxation), PlacementAbove where its bound is proven above it."""
+              node_limit: int | None = None, above_seconds: float | None = None,
+              lean_search: bool = False) -> PlacementSolution:
+        """The solution; with `above_seconds` (a relaxation), PlacementAbove where its bound is proven above it;
+        `lean_search`: `MathOptSolver.solve`'s (Note [a polish's work in nodes] in planner/mathopt_solver.py)."""
         start = time.perf_counter()
         # the bound in the model's objective (`bound_seconds` below, inverted)
         raw_above = (None if above_seconds is None else
                      above_seconds / TIME_UNIT * (1 + SECONDARY_TERMS * SECONDARY_WEIGHT))
         try:
             result = self.solver.solve(time_limit_seconds=time_limit_seconds, relative_gap=gap, node_limit=node_limit,
-                                       objective_bound=raw_above)
+                                       objective_bound=raw_above, lean_search=lean_search)
         except Exception as exc:  # HiGHS reports numerical trouble as a status error (pybind11 StatusNotOk)
             raise PlacementInfeasible(f"{self.solver_name}: no solution within {time_limit_seconds:g} s "
                                       f"(solver error: {str(exc)[:200]})") from None

@@ -1274,7 +1274,7 @@ def _polished(data: PlacementInput, lp_flags: dict[str, float], lp_modes: tuple 
     # a100-80g-12ssd, chunk 605212776: 93.21 s dense, 93.58 s sparse; 7.0 vs 2.3 s CPU)
     try:
         polished = PlacementModel(data, fixed_flags=flags, fixed_modes=modes).solve(
-            time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
+            time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT, lean_search=True)
     except PlacementInfeasible:
         polished = None
     # a tie goes to the pinned MIP's plan: alternative optima of the model replay differently
@@ -1298,7 +1298,7 @@ def _polished(data: PlacementInput, lp_flags: dict[str, float], lp_modes: tuple 
         for later, later_modes in later_tries:
             try:
                 other = PlacementModel(data, fixed_flags=later, fixed_modes=later_modes).solve(
-                    time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT)
+                    time_limit_seconds=budget, node_limit=POLISH_NODE_LIMIT, lean_search=True)
             except PlacementInfeasible:
                 continue
             if other.objective_seconds < best.objective_seconds * (1 - 1e-9):

@@ -77,6 +77,32 @@ def test_memory_rows_hold_and_lp_bounds_the_mip():
             assert row[s] == g.count
 
 
+def test_a_lean_search_passes_highs_its_options_and_bounds_the_same_mip(monkeypatch):
+    """Note [a polish's work in nodes] (planner/mathopt_solver.py): a lean search hands HiGHS no root restart and
+    no strong branching, options HiGHS knows (an unknown option name fails the solve), and its plan is the same
+    model's: between the LP and the plain search's plan plus the MIP gap, with a valid dual bound."""
+    import planner.mathopt_solver as mathopt_solver
+
+    data = synthetic(device_mib=40)
+    seen = []
+    solve = mathopt_solver.mathopt.solve
+
+    def recorded(model, kind, *, params, **kw):
+        seen.append(params.highs)
+        return solve(model, kind, params=params, **kw)
+
+    monkeypatch.setattr(mathopt_solver.mathopt, "solve", recorded)
+    lean = PlacementModel(data).solve(node_limit=100, lean_search=True)
+    plain = PlacementModel(data).solve(node_limit=100)
+    assert seen[0].bool_options["mip_allow_restart"] is False and seen[0].int_options["mip_pscost_minreliable"] == 0
+    assert not seen[1].bool_options and not seen[1].int_options
+    lp = PlacementModel(data, relax=True).solve()
+    assert lp.objective_seconds * (1 - 1e-6) <= lean.objective_seconds <= plain.objective_seconds * (1 + MIP_RELATIVE_GAP)
+    assert lean.bound_seconds <= lean.objective_seconds
+    with pytest.raises(PlacementInfeasible, match="in nodes"):  # the solver error, named
+        PlacementModel(data).solve(lean_search=True)
+
+
 def test_aggregation_loses_nothing():
     data = synthetic(layers=3, chunks=3, device_mib=40)
     aggregated = PlacementModel(data).solve()
