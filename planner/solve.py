@@ -869,7 +869,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
     # 3.0-3.1 s; bench/RESULTS.md, session 20). The MIN_MIPS sizes that waste the fewest elements are solved
     # with it; the others without (their value and bound), and again with it only where the search then
     # reaches their MIP: the same plans.
-    likely = _vertex_first(layouts)
+    likely = _vertex_first(layouts, ranks=problem.world_size)
 
     def lp_built(size: int) -> SparsePlacementModel | None:
         """`size`'s LP on the sparse DEVICE rows, for HiGHS's interior point to a vertex (Note [the placement LP on
@@ -896,8 +896,9 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         if found is None:
             bounds[size] = math.inf
             return math.inf
-        # a worker's comes with its MIP's fixed plan (Note [a size's MIP in a worker])
-        vertex, fixed = found if lp_model is None else (found, None)
+        # a worker's comes with its MIP's fixed plan, polished where that reads no leader (Note [a size's MIP in a
+        # worker])
+        vertex, worked = found if lp_model is None else (found, None)
         lp, flags[size], lp_values[size] = vertex
         # 0 unless the LP solver reached the LP's optimum; a bound of every replay: the simulator
         # charges both ways on a link in the rows this LP charges (Note [two-way links in the
@@ -905,7 +906,7 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         bounds[size] = lp.bound_seconds
         lp_modes[size] = lp.activation_modes
         if lp_model is None:
-            solved_ahead(size, fixed)
+            solved_ahead(size, *worked)
         else:
             lp_models[size] = lp_model
         return lp.objective_seconds
@@ -956,10 +957,13 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
         here), or why it has none."""
         return polished(size, fixed_ahead.pop(size) if size in fixed_ahead else fixed_mip(size), leader_seconds)
 
-    def solved_ahead(size: int, fixed: _Fixed | PlacementInfeasible) -> None:
-        """`size`'s fixed plan, solved before the branch and bound reaches it: its MIP's plan at once, its replays
-        named (`solved_mip`), where its polish reads no leader; else kept for the branch and bound to polish."""
-        plan = polished(size, fixed, None)
+    def solved_ahead(size: int, fixed: _Fixed | PlacementInfeasible,
+                     plan: PlacementSolution | PlacementInfeasible | None = None) -> None:
+        """`size`'s fixed plan, solved before the branch and bound reaches it: its MIP's plan at once (`plan`, where
+        a worker polished it), its replays named (`solved_mip`), where its polish reads no leader; else kept for the
+        branch and bound to polish."""
+        if plan is None:
+            plan = polished(size, fixed, None)
         if plan is None:
             fixed_ahead[size] = fixed
             return
@@ -1056,6 +1060,8 @@ def _search(problem, sizes: list[int], *, time_limit_s: float, optimizer_overlap
 
 _Vertex = tuple[PlacementSolution, dict[str, float], dict[str, float]]  # an LP's solution, switches, values
 _Fixed = tuple[PlacementSolution, int | None]  # a MIP's fixed plan and its pin set (`_fixed_mip`)
+# a size's fixed plan (or why it has none) and its MIP's plan where its polish reads no leader (else None)
+_Mip = tuple[_Fixed | PlacementInfeasible, PlacementSolution | PlacementInfeasible | None]
 
 
 def _solved_vertex(lp_model: SparsePlacementModel, safety: float) -> _Vertex:
@@ -1088,16 +1094,19 @@ def _solved_vertex(lp_model: SparsePlacementModel, safety: float) -> _Vertex:
 # back (`_vertex_mip`); the solve builds no model of that size. While it waits for them, the solve solves its own
 # likely size's fixed plan (`meanwhile`). A fixed plan whose polish reads no leader (at POLISH_MAX_BLOCKS blocks or
 # more, within the MIP's gap of its LP, modes free at FREE_MODE_POLISH_MAX_BLOCKS blocks or more, several ranks) is
-# its size's plan at once: its replays are named then (`solved_mip`), and the solve replays them while it waits
-# (`ReplayMemo.work_here`); the others wait for the branch and bound to polish them. The LPs of the proven bound,
+# its size's plan at once, polished where the worker solved it (since session 26: with several ranks the polishes,
+# each chunk size's switch releases, were most of a solve, all in the solve's process while the worker idled): its
+# replays are named then (`solved_mip`), and the solve replays them while it waits (`ReplayMemo.work_here`); the
+# others wait for the branch and bound to polish them. The LPs of the proven bound,
 # read last, are named after the search's LPs, behind those replays. The branch and bound reads every plan in the
 # order it does with one job: the same bytes (tests/test_replays.py, the goldens). Until session 22 every MIP below
 # POLISH_MAX_BLOCKS blocks was solved in the solve's process after every LP, one after the other (GPT-3 13B x
 # a100-80g-12ssd: 1.26 + 0.96 s, its first MIP replay at 3.5 s of a 5.3-s solve; GPT-3 175B x rtx4090-768g-12ssd:
 # chunk 1812099072's seven fixing MIPs, 2.3 s, none of its plans replayed). Measured: bench/RESULTS.md, session 23.
-def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, _Fixed | PlacementInfeasible] | None:
+def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, _Mip] | None:
     """In a worker: `data`'s LP built and solved to a vertex (Note [a vertex LP in a worker]), and its MIP's fixed
-    plan or why it has none (Note [a size's MIP in a worker]); None where no plan fits."""
+    plan or why it has none, with the plan polished where its polish reads no leader (Note [a size's MIP in a
+    worker]); None where no plan fits."""
     try:
         lp_model = SparsePlacementModel(data, relax=True, lp_solver=LP_SOLVER)
         vertex = _solved_vertex(lp_model, safety)
@@ -1105,9 +1114,15 @@ def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, 
         return None
     lp, lp_flags, lp_values = vertex
     try:
-        return vertex, _fixed_mip(data, lp_flags, safety, lp.activation_modes, lp_values=lp_values, lp_model=lp_model)
+        fixed = _fixed_mip(data, lp_flags, safety, lp.activation_modes, lp_values=lp_values, lp_model=lp_model)
     except PlacementInfeasible as exc:
-        return vertex, exc
+        return vertex, (exc, exc)
+    try:
+        plan = _polished(data, lp_flags, lp.activation_modes, fixed, safety, lp_bound_seconds=lp.bound_seconds,
+                         leader_seconds=None)
+    except PlacementInfeasible as exc:
+        plan = exc
+    return vertex, (fixed, plan)
 
 
 def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, float]:
@@ -1120,24 +1135,68 @@ def _value_lp(problem, data: PlacementInput, safety: float) -> tuple[float, floa
     return lp.objective_seconds, lp.bound_seconds
 
 
-def _vertex_first(layouts: dict[int, ChunkLayout]) -> set[int]:
+# Note [every size likely with several ranks]:
+# With one rank a chunk size whose LP wastes more elements than MIN_MIPS others is rarely reached by the branch and
+# bound, so its LP is solved for its value alone (Note [the LP of an unlikely chunk size, for its value]) and to a
+# vertex, with its MIP, in the solve's process only where the branch and bound reaches it. With several ranks the
+# comm groups make the waste a poor guide (PatrickStar's 4B on 2 x 4 V100: the size that wins, 21285139, was the
+# unlikely one), the LPs are small (0.05-0.25 s) and each size's polish, which reads no leader there, is most of
+# the solve (5-25 s of switch releases per size): so every size is likely, and with several jobs a worker solves
+# every size's vertex, fixed plan and polish but the first's (`_vertex_mip`) while the solve polishes the first.
+# The values are then the vertex LPs' (with crossover), with one job too: the same bytes with any number of jobs,
+# and, measured, the same bytes as before on the rank ladder and PatrickStar's node (below). Measured
+# (bench/RESULTS.md, session 26; 2 jobs, wall s, the 2-core box; with the polishes in the worker and Note [root nodes
+# ahead]): pstar-gpt-4b on v100-32g-240g-2x8gpu at 2 / 4 / 8 / 16 ranks 23.9 / 20.8 / 51.9 / 42.8 -> 19.5 / 13.0 /
+# 29.9 / 25.3 s; on v100-32g-240g-8gpu 1.3B 0.4 s, 4B 14.5 -> 9.4 s, 12B 19.4 -> 11.0 s, GPT-3 13B 10.7 -> 7.6 s.
+def _vertex_first(layouts: dict[int, ChunkLayout], *, ranks: int) -> set[int]:
     """The chunk sizes whose LP is solved to a vertex at once: the MIN_MIPS that waste the fewest elements (Note
-    [the LP of an unlikely chunk size, for its value])."""
+    [the LP of an unlikely chunk size, for its value]); with several ranks every size (Note [every size likely with
+    several ranks])."""
+    if ranks > 1:
+        return set(layouts)
     return set(sorted(layouts, key=lambda x: (wasted_elements(layouts[x]), x))[:MIN_MIPS])
 
 
 def _root_bounds(problem, inputs, bounds: dict[int, float], rooted: set[int], target: float, safety: float,
                  say: Callable[[str], None]) -> None:
     """While the least bound (or the physical limit) is more than ROOT_BOUND_GAP below `target`, the
-    unpinned root node's bound for the chunk size whose LP is the least (each size once: `rooted`)."""
+    unpinned root node's bound for the chunk size whose LP is the least (each size once: `rooted`); with several
+    jobs the roots it may read named ahead for an idle worker (Note [root nodes ahead])."""
     physical = lower_bound(problem).seconds
-    while bounds and max(physical, min(bounds.values())) < target * (1 - ROOT_BOUND_GAP):
+    below = target * (1 - ROOT_BOUND_GAP)
+    # only a size whose bound is below `below` is ever rooted (it is the least bound when it is), in this order
+    maybe = [] if physical >= below else sorted((x for x in bounds if x not in rooted and bounds[x] < below),
+                                                key=lambda x: (bounds[x], x))
+    jobs = [(("root node", x, inputs[x][1].param_nvme_home), None, (inputs[x][1], safety)) for x in maybe]
+    memo = replays.current()
+    if memo is not None and len(jobs) > 1:
+        memo.ahead(problem, _root_bound, jobs, spare=True)
+    while bounds and max(physical, min(bounds.values())) < below:
         size = min((x for x in bounds if x not in rooted), key=lambda x: (bounds[x], x), default=None)
         if size is None or bounds[size] > min(bounds.values()):
             break  # the least bound is already a root node's
         rooted.add(size)
         say(f"chunk size {size}: root node bound")
-        bounds[size] = max(bounds[size], root_bound_seconds(inputs[size][1], time_limit_seconds=safety))
+        bounds[size] = max(bounds[size], _computed(problem, ("root node", size, inputs[size][1].param_nvme_home),
+                                                   _root_bound, inputs[size][1], safety))
+    if memo is not None:
+        memo.drop(problem, [(key, None) for key, _, _ in jobs if key[1] not in rooted])
+
+
+def _root_bound(problem, data: PlacementInput, safety: float) -> float:
+    """`root_bound_seconds` of `data`, perhaps in a worker (Note [root nodes ahead])."""
+    return root_bound_seconds(data, time_limit_seconds=safety)
+
+
+# Note [root nodes ahead]:
+# `_root_bounds` computes the root node's bound of one chunk size at a time, the least bound first, until the least
+# bound is within ROOT_BOUND_GAP of the target; each root is a HiGHS call of seconds in the solve's process. With
+# several jobs, the roots it may compute (each size whose bound is below the line, in its order) are named ahead as
+# spare work (`ReplayMemo.ahead(..., spare=True)`: an idle worker takes the first), so that while the solve reads
+# one root a worker computes another; the roots it did not read are dropped (a worker on one is killed and forked
+# anew). Each root is the same HiGHS call with the same input wherever it runs (node limit 1): the same bound, the
+# same bytes with any number of jobs. Measured (bench/RESULTS.md, session 26): PatrickStar's 4B on 2 x 4 V100 (the
+# rank ladder's 8-rank rung, 2 jobs), three roots of 5.2, 1.3 and 3.3 s one after another.
 
 
 def _replan_for_host(problem, layout, data: PlacementInput, sol: PlacementSolution, lp_flags: dict[str, float],

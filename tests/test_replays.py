@@ -184,6 +184,74 @@ def test_a_solve_with_two_jobs_writes_the_bytes_of_a_solve_with_one(tmp_path, mo
     assert two.evaluated == one.evaluated and two.chosen == one.chosen
 
 
+POLISHED = solve_module._polished
+
+
+def polished_saying_where(data, *args, **kwargs):
+    """planner.solve._polished, leaving a file named by the process that polished a plan of several ranks."""
+    plan = POLISHED(data, *args, **kwargs)
+    if plan is not None and data.ranks > 1:
+        (FIXED_MIPS / str(os.getpid())).touch()
+    return plan
+
+
+def test_with_several_ranks_a_worker_polishes_the_sizes_it_solves_and_the_bytes_are_one_jobs(tmp_path, monkeypatch):
+    # Note [every size likely with several ranks]: every chunk size's LP solved to a vertex (none for its value
+    # alone), a worker solving and polishing the MIP of every size but the first, the solve polishing the first
+    # (PatrickStar's 1B on its 8 x V100 node); the same bytes as one job
+    value_lps = []
+    value_lp = solve_module._value_lp
+    monkeypatch.setattr(solve_module, "_value_lp", lambda *a: (value_lps.append(a), value_lp(*a))[1])
+    one = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g-8gpu", jobs=1)
+    assert not value_lps
+    monkeypatch.setattr(sys.modules[__name__], "FIXED_MIPS", tmp_path)
+    monkeypatch.setattr(solve_module, "_polished", polished_saying_where)
+    two = _solve(str(TRACES / "pstar-gpt-1b.msgpack"), "v100-32g-240g-8gpu", jobs=2)
+    where = sorted(p.name for p in tmp_path.iterdir())
+    assert str(SOLVE) in where and len(where) == 2  # polished here and in a worker
+    assert two.schedule.to_msgpack() == one.schedule.to_msgpack()
+    assert two.evaluated == one.evaluated and two.chosen == one.chosen
+
+
+ROOT_BOUND = solve_module._root_bound
+
+
+def root_saying_where(problem, data, safety):
+    """planner.solve._root_bound, leaving a file named by the process that computed it; 1 s slower in the solve's (a
+    worker takes the other meanwhile)."""
+    (FIXED_MIPS / str(os.getpid())).touch()
+    if os.getpid() == SOLVE:
+        time.sleep(1.0)
+    return ROOT_BOUND(problem, data, safety)
+
+
+def test_the_root_nodes_a_solve_may_read_are_named_ahead_and_give_one_jobs_bounds(tmp_path, monkeypatch):
+    # Note [root nodes ahead]: two chunk sizes whose LPs are far below the target, so both roots are read; with two
+    # jobs one is computed by a worker while the solve computes the other, the same bounds as with one job
+    import types
+
+    from planner.placement import PlacementModel
+    from test_placement import synthetic
+
+    monkeypatch.setattr(solve_module, "lower_bound", lambda problem: types.SimpleNamespace(seconds=0.0))
+    inputs = {size: (None, synthetic(device_mib=mib)) for size, mib in ((1, 40), (2, 30))}
+    lps = {size: PlacementModel(data, relax=True).solve().bound_seconds for size, (_, data) in inputs.items()}
+    target = 10 * max(lps.values())
+
+    def rooted_bounds(jobs: int) -> dict[int, float]:
+        bounds, rooted = dict(lps), set()
+        with replay_memo(jobs=jobs):
+            solve_module._root_bounds(("the problem",), inputs, bounds, rooted, target, 60.0, lambda _msg: None)
+        assert rooted == {1, 2}
+        return bounds
+
+    one = rooted_bounds(1)
+    monkeypatch.setattr(sys.modules[__name__], "FIXED_MIPS", tmp_path)
+    monkeypatch.setattr(solve_module, "_root_bound", root_saying_where)
+    assert rooted_bounds(2) == one
+    assert str(SOLVE) in (where := sorted(p.name for p in tmp_path.iterdir())) and len(where) == 2
+
+
 VERTEX_MIP = solve_module._vertex_mip
 
 

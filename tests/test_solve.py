@@ -360,7 +360,8 @@ def test_only_the_chunk_sizes_whose_mip_is_solved_get_an_lp_vertex(monkeypatch, 
     default_bytes, default_calls = plan()
     if vertex_first == "most waste":
         real_first = solve_mod._vertex_first
-        monkeypatch.setattr(solve_mod, "_vertex_first", lambda layouts: set(layouts) - real_first(layouts))
+        monkeypatch.setattr(solve_mod, "_vertex_first",
+                            lambda layouts, *, ranks: set(layouts) - real_first(layouts, ranks=ranks))
     got, calls = plan()
     first_pass = calls[:3]  # the three sizes' LPs, before any MIP
     mips = sum(not relax for _, relax in calls)
