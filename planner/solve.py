@@ -1196,7 +1196,8 @@ def _root_bound(problem, data: PlacementInput, safety: float) -> float:
 # one root a worker computes another; the roots it did not read are dropped (a worker on one is killed and forked
 # anew). Each root is the same HiGHS call with the same input wherever it runs (node limit 1): the same bound, the
 # same bytes with any number of jobs. Measured (bench/RESULTS.md, session 26): PatrickStar's 4B on 2 x 4 V100 (the
-# rank ladder's 8-rank rung, 2 jobs), three roots of 5.2, 1.3 and 3.3 s one after another.
+# rank ladder's 8-rank rung, 2 jobs), three roots of 5.2, 1.3 and 3.3 s one after another, now 5.2 s in all; the depth
+# ladder's 32 blocks (single rank, two roots) the same wall time within the box's noise (three interleaved pairs).
 
 
 def _replan_for_host(problem, layout, data: PlacementInput, sol: PlacementSolution, lp_flags: dict[str, float],
