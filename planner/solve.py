@@ -1116,7 +1116,7 @@ def _vertex_mip(problem, data: PlacementInput, safety: float) -> tuple[_Vertex, 
     try:
         fixed = _fixed_mip(data, lp_flags, safety, lp.activation_modes, lp_values=lp_values, lp_model=lp_model)
     except PlacementInfeasible as exc:
-        return vertex, (exc, exc)
+        return vertex, (exc, None)
     try:
         plan = _polished(data, lp_flags, lp.activation_modes, fixed, safety, lp_bound_seconds=lp.bound_seconds,
                          leader_seconds=None)
@@ -1169,8 +1169,7 @@ def _root_bounds(problem, inputs, bounds: dict[int, float], rooted: set[int], ta
                                                 key=lambda x: (bounds[x], x))
     jobs = [(("root node", x, inputs[x][1].param_nvme_home), None, (inputs[x][1], safety)) for x in maybe]
     memo = replays.current()
-    if memo is not None and len(jobs) > 1:
-        memo.ahead(problem, _root_bound, jobs, spare=True)
+    named = memo is not None and len(jobs) > 1 and memo.ahead(problem, _root_bound, jobs, spare=True)
     while bounds and max(physical, min(bounds.values())) < below:
         size = min((x for x in bounds if x not in rooted), key=lambda x: (bounds[x], x), default=None)
         if size is None or bounds[size] > min(bounds.values()):
@@ -1179,7 +1178,7 @@ def _root_bounds(problem, inputs, bounds: dict[int, float], rooted: set[int], ta
         say(f"chunk size {size}: root node bound")
         bounds[size] = max(bounds[size], _computed(problem, ("root node", size, inputs[size][1].param_nvme_home),
                                                    _root_bound, inputs[size][1], safety))
-    if memo is not None:
+    if named:
         memo.drop(problem, [(key, None) for key, _, _ in jobs if key[1] not in rooted])
 
 
